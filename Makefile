@@ -1,0 +1,41 @@
+# Developer entry points. `make demo` and `make test` are the two commands in README.md.
+PYTHON ?= python3
+PIP ?= $(PYTHON) -m pip
+PYTEST_ARGS ?=
+
+.PHONY: setup system-deps build lint test test-rust test-python bench demo clean
+
+system-deps:
+	@if ! command -v redis-server >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server chromium nginx >/dev/null; \
+	fi
+
+build:
+	$(PIP) install -q -e '.[dev]'
+
+setup: system-deps build
+
+lint:
+	cargo fmt --check
+	cargo clippy --all-targets -- -D warnings
+	$(PYTHON) -m ruff check python tests bench
+	$(PYTHON) -m ruff format --check python tests bench
+	$(PYTHON) -m mypy
+	$(PYTHON) -m mypy.stubtest router._native
+
+test-rust:
+	cargo test --quiet
+
+test-python:
+	$(PYTHON) -m pytest $(PYTEST_ARGS)
+
+test: setup lint test-rust test-python
+
+bench: build
+	$(PYTHON) -m pytest bench/micro --benchmark-only --benchmark-columns=min,median,mean,ops
+
+demo: setup
+	router demo
+
+clean:
+	rm -rf target dist python/router/*.so

@@ -1,0 +1,5 @@
+"""`python -m router` is the `router` command."""
+
+from router.cli import main
+
+raise SystemExit(main())

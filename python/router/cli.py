@@ -1,0 +1,36 @@
+"""The `router` command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from router import __version__
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with one sub-command per job."""
+    parser = argparse.ArgumentParser(
+        prog="router",
+        description="Multi-region failover router for OpenAI-compatible LLM inference.",
+    )
+    parser.add_argument("--version", action="version", version=f"router {__version__}")
+    parser.add_subparsers(dest="command", metavar="COMMAND")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `router` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help()
+        return 0
+    result: int = handler(args)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,13 @@
+//! Native hot path of `router`: pure modules plus thin pyo3 wrappers under `py/`.
+
+pub mod py;
+
+use pyo3::prelude::*;
+
+/// The `router._native` extension module.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    py::errors::register(m)?;
+    Ok(())
+}

@@ -1,0 +1,101 @@
+"""Shared helpers for tests: free ports, subprocesses polled until ready, a real redis-server."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def wait_for_port(port: int, timeout: float = 15.0, proc: subprocess.Popen[bytes] | None = None) -> None:
+    """Poll until something accepts connections on 127.0.0.1:port."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before listening on {port}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout}s")
+
+
+@dataclass
+class Proc:
+    """A child process started by a test, with its port and captured output file."""
+
+    args: Sequence[str]
+    port: int
+    log: Path
+    popen: subprocess.Popen[bytes] = field(repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Send a signal (SIGKILL by default) and reap the process."""
+        if self.popen.poll() is None:
+            self.popen.send_signal(sig)
+            try:
+                self.popen.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(timeout=5)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def spawn(args: Sequence[str], port: int, log: Path, env: dict[str, str] | None = None,
+          ready_timeout: float = 20.0) -> Proc:
+    """Start a process, wait until it listens on `port`, return its handle."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    fh = log.open("wb")
+    popen = subprocess.Popen(list(args), stdout=fh, stderr=subprocess.STDOUT, env=full_env,
+                             cwd=REPO)
+    proc = Proc(args=args, port=port, log=log, popen=popen)
+    try:
+        wait_for_port(port, ready_timeout, popen)
+    except Exception:
+        proc.kill()
+        raise RuntimeError(f"{args} failed to start:\n{proc.output()}") from None
+    return proc
+
+
+def router_cmd(*args: str) -> list[str]:
+    """The `router` command, run with this interpreter."""
+    return [sys.executable, "-m", "router", *args]
+
+
+def redis_server_binary() -> str | None:
+    return shutil.which("redis-server")
+
+
+def start_redis(tmp: Path, port: int | None = None) -> Proc:
+    """A real redis-server on 127.0.0.1, no persistence."""
+    binary = redis_server_binary()
+    if binary is None:
+        raise RuntimeError("redis-server is not installed (make system-deps installs it)")
+    port = port or free_port()
+    args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+            "--dir", str(tmp)]
+    return spawn(args, port, tmp / f"redis-{port}.log")
