@@ -1,0 +1,51 @@
+"""Server-sent events: incremental decoding of `data:` payloads and their encoding."""
+
+from __future__ import annotations
+
+DONE = b"[DONE]"
+
+
+def encode(payload: bytes) -> bytes:
+    """One SSE event carrying `payload` as its data (single line, as OpenAI sends)."""
+    return b"data: " + payload + b"\n\n"
+
+
+def encode_done() -> bytes:
+    """The terminating `data: [DONE]` event."""
+    return encode(DONE)
+
+
+class Decoder:
+    """Splits an SSE byte stream into the data payload of each event, across arbitrary chunking."""
+
+    __slots__ = ("_buf", "_data")
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._data: list[bytes] = []
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        """Consume bytes; the data payloads of the events completed by them, in order."""
+        self._buf += chunk
+        out: list[bytes] = []
+        while True:
+            nl = self._buf.find(b"\n")
+            if nl < 0:
+                return out
+            line = self._buf[:nl]
+            self._buf = self._buf[nl + 1 :]
+            if line.endswith(b"\r"):
+                line = line[:-1]
+            if not line:
+                if self._data:
+                    out.append(b"\n".join(self._data))
+                    self._data = []
+            elif line.startswith(b"data:"):
+                value = line[5:]
+                self._data.append(value[1:] if value.startswith(b" ") else value)
+            # Comments (":"), `event:`, `id:` and `retry:` lines carry nothing the cache replays.
+
+    @property
+    def pending(self) -> bool:
+        """True when bytes of an unfinished event are buffered."""
+        return bool(self._buf) or bool(self._data)
