@@ -1,0 +1,188 @@
+"""Canary tracking and automatic rollback, on an injected clock."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from router.canary import CanaryMonitor, CanaryPolicy, CanaryTracker, WindowStats, judge, p95
+from router.rollout import Alias, Deployment, Rollout, RoutingTable
+
+
+class Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def table(stable_weight: float = 95.0, canary_weight: float = 5.0) -> RoutingTable:
+    return RoutingTable.build(
+        [
+            Alias(
+                name="chat",
+                deployments=(
+                    Deployment("v1", "up-v1", weight=stable_weight),
+                    Deployment("v2", "up-v2", weight=canary_weight),
+                ),
+                stable="v1",
+            )
+        ]
+    )
+
+
+POLICY = CanaryPolicy(
+    auto_rollback=True,
+    window_s=60.0,
+    min_samples=20,
+    max_error_rate_delta=0.05,
+    max_ttft_p95_ratio=2.0,
+    check_interval_s=1.0,
+)
+
+
+def feed(
+    target: CanaryTracker | CanaryMonitor,
+    version: str,
+    n: int,
+    *,
+    errors: int = 0,
+    ttft: float = 0.1,
+) -> None:
+    for i in range(n):
+        ok = i >= errors
+        target.record("chat", version, ok=ok, ttft_s=ttft if ok else None)
+
+
+def stats(
+    samples: int, errors: int, p: float | None, ttft_samples: int | None = None
+) -> WindowStats:
+    return WindowStats(
+        samples=samples,
+        errors=errors,
+        ttft_samples=samples - errors if ttft_samples is None else ttft_samples,
+        ttft_p95=p,
+    )
+
+
+def test_p95_nearest_rank() -> None:
+    assert p95([]) is None
+    assert p95([3.0]) == 3.0
+    assert p95([float(i) for i in range(1, 101)]) == 95.0
+    assert p95([float(i) for i in range(20, 0, -1)]) == 19.0
+
+
+def test_judge_needs_min_samples_on_both_sides() -> None:
+    assert judge(POLICY, stats(19, 0, 0.1), stats(100, 100, None)) is None
+    assert judge(POLICY, stats(100, 0, 0.1), stats(19, 19, None)) is None
+    assert judge(POLICY, stats(20, 0, 0.1), stats(20, 20, None)) is not None
+
+
+def test_judge_error_rate_delta_threshold() -> None:
+    assert judge(POLICY, stats(100, 1, 0.1), stats(100, 6, 0.1)) is None  # delta 0.05, not over
+    reason = judge(POLICY, stats(100, 1, 0.1), stats(100, 7, 0.1))
+    assert reason is not None
+    assert "error rate 0.070" in reason
+
+
+def test_judge_ttft_ratio_threshold() -> None:
+    assert judge(POLICY, stats(100, 0, 0.1), stats(100, 0, 0.2)) is None  # ratio 2.0, not over
+    reason = judge(POLICY, stats(100, 0, 0.1), stats(100, 0, 0.25))
+    assert reason is not None
+    assert "TTFT p95 250.0ms" in reason
+
+
+def test_judge_ttft_needs_min_ttft_samples() -> None:
+    assert judge(POLICY, stats(100, 0, 0.1), stats(100, 0, 9.0, ttft_samples=5)) is None
+
+
+def test_canary_better_than_stable_is_kept() -> None:
+    assert judge(POLICY, stats(100, 10, 0.3), stats(100, 0, 0.1)) is None
+
+
+def test_tracker_window_drops_old_samples() -> None:
+    clock = Clock()
+    tracker = CanaryTracker(POLICY, clock)
+    feed(tracker, "v2", 30, errors=30)
+    clock.now += 30
+    feed(tracker, "v2", 10)
+    assert tracker.stats("chat", "v2") == stats(40, 30, 0.1)
+    clock.now += 31  # the first 30 are now older than 60 s
+    assert tracker.stats("chat", "v2") == stats(10, 0, 0.1)
+
+
+def test_tracker_caps_samples_per_version() -> None:
+    tracker = CanaryTracker(CanaryPolicy(max_samples=50), Clock())
+    feed(tracker, "v1", 80, errors=30)
+    assert tracker.stats("chat", "v1") == stats(50, 0, 0.1)
+
+
+def test_tracker_unknown_version_is_empty() -> None:
+    assert CanaryTracker(POLICY, Clock()).stats("chat", "v9") == stats(0, 0, None)
+
+
+def test_evaluate_skips_zero_weight_canary_and_missing_stable() -> None:
+    tracker = CanaryTracker(POLICY, Clock())
+    feed(tracker, "v1", 50)
+    feed(tracker, "v2", 50, errors=50)
+    assert [v.canary for v in tracker.evaluate(table())] == ["v2"]
+    assert tracker.evaluate(table(canary_weight=0.0)) == []
+    assert tracker.evaluate(table(stable_weight=0.0)) == []
+
+
+def test_monitor_rolls_back_worse_canary_and_logs_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = Clock()
+    rollout = Rollout(table())
+    monitor = CanaryMonitor(rollout, POLICY, clock)
+    feed(monitor, "v1", 40)
+    feed(monitor, "v2", 40, errors=10)
+    assert rollout.table.alias("chat").weights() == {"v1": 95.0, "v2": 5.0}  # not yet due
+    clock.now += 1.0
+    with caplog.at_level(logging.WARNING, logger="router"):
+        verdicts = monitor.record("chat", "v1", ok=True, ttft_s=0.1)
+    assert [(v.alias, v.canary, v.stable) for v in verdicts] == [("chat", "v2", "v1")]
+    assert rollout.table.alias("chat").weights() == {"v1": 95.0, "v2": 0.0}
+    [line] = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert line.name == "router"
+    assert "canary rollback: model chat version v2" in line.getMessage()
+    assert monitor.tracker.stats("chat", "v2").samples == 0  # a returning canary starts clean
+
+
+def test_monitor_rolls_back_slow_canary() -> None:
+    clock = Clock()
+    rollout = Rollout(table())
+    monitor = CanaryMonitor(rollout, POLICY, clock)
+    feed(monitor, "v1", 40, ttft=0.1)
+    feed(monitor, "v2", 40, ttft=0.5)
+    clock.now += 1.0
+    assert [v.canary for v in monitor.check()] == ["v2"]
+    assert rollout.table.alias("chat").weights()["v2"] == 0.0
+
+
+def test_monitor_without_auto_rollback_only_tracks() -> None:
+    clock = Clock()
+    rollout = Rollout(table())
+    monitor = CanaryMonitor(rollout, CanaryPolicy(auto_rollback=False, min_samples=5), clock)
+    feed(monitor, "v1", 40)
+    feed(monitor, "v2", 40, errors=40)
+    clock.now += 5
+    assert monitor.record("chat", "v2", ok=False, ttft_s=None) == []
+    assert rollout.table.alias("chat").weights()["v2"] == 5.0
+    assert monitor.tracker.stats("chat", "v2").errors == 41
+
+
+def test_monitor_healthy_canary_keeps_its_weight() -> None:
+    clock = Clock()
+    rollout = Rollout(table())
+    monitor = CanaryMonitor(rollout, POLICY, clock)
+    feed(monitor, "v1", 100, errors=2)
+    feed(monitor, "v2", 100, errors=3, ttft=0.15)
+    clock.now += 2
+    assert monitor.check() == []
+    assert rollout.table.alias("chat").weights()["v2"] == 5.0
