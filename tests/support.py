@@ -70,8 +70,9 @@ def spawn(args: Sequence[str], port: int, log: Path, env: dict[str, str] | None 
     """Start a process, wait until it listens on `port`, return its handle."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     fh = log.open("wb")
-    popen = subprocess.Popen(list(args), stdout=fh, stderr=subprocess.STDOUT, env=full_env,
-                             cwd=REPO)
+    with fh:  # the child keeps its own copy of the descriptor
+        popen = subprocess.Popen(list(args), stdout=fh, stderr=subprocess.STDOUT, env=full_env,
+                                 cwd=REPO)
     proc = Proc(args=args, port=port, log=log, popen=popen)
     try:
         wait_for_port(port, ready_timeout, popen)
