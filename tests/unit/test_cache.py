@@ -17,6 +17,7 @@ from router.cache import (
     parse_cache_control,
     storage_key,
 )
+from router.cache_redis import decode_entry, encode_entry, redis_key
 
 
 class Clock:
@@ -292,3 +293,25 @@ def test_storage_key_separates_stream_and_endpoint() -> None:
         storage_key(fp, endpoint="/v1/completions", stream=False),
     }
     assert len(keys) == 3
+
+
+def test_redis_envelope_round_trips_and_rejects_other_versions() -> None:
+    e = Entry(
+        namespace="t",
+        model="m",
+        content_type="text/event-stream",
+        created=1.0,
+        expires=2.0,
+        chunks=(b"a", b"b"),
+        stream=True,
+    )
+    blob = encode_entry(e)
+    assert blob.startswith(b"RC\x01")
+    assert decode_entry(blob) == e
+    assert decode_entry(b"RC\x02" + blob[3:]) is None
+    assert decode_entry(blob[:-3]) is None
+    assert decode_entry(b"") is None
+
+
+def test_redis_key_quotes_separators() -> None:
+    assert redis_key("p", b"\x00\xff", "a:b", "m*") == "p:v1:a%3Ab:m%2A:00ff"
