@@ -1,0 +1,155 @@
+"""Structured access log: one line per request on the `router.access` logger."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import IO, Literal
+
+import msgspec
+
+LogFormat = Literal["json", "plain"]
+CacheResult = Literal["hit", "miss", "bypass", "none"]
+
+LOGGER_NAME = "router.access"
+
+
+class AccessRecord(msgspec.Struct, kw_only=True):
+    """What one finished request did; the access log line and the metrics are built from it.
+
+    It carries no credentials by construction: there is no field for headers or keys.
+    """
+
+    request_id: str
+    method: str = "POST"
+    path: str = ""
+    status: int
+    tenant: str | None = None
+    model: str | None = None
+    region: str | None = None
+    attempts: int = 0
+    retries: int = 0
+    failovers: int = 0
+    hedges: int = 0
+    cache: CacheResult = "none"
+    stream: bool = False
+    # Nanoseconds per stage (timing.STAGES); the log renders them in ms.
+    stages: dict[str, int] = msgspec.field(default_factory=dict)
+    tokens_in: int | None = None
+    tokens_out: int | None = None
+    error: str | None = None
+
+
+class _Line(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """The JSON shape of one access log line."""
+
+    ts: float
+    request_id: str
+    method: str
+    path: str
+    status: int
+    tenant: str | None = None
+    model: str | None = None
+    region: str | None = None
+    attempts: int = 0
+    retries: int = 0
+    failovers: int = 0
+    hedges: int = 0
+    cache: str = "none"
+    stream: bool = False
+    stages_ms: dict[str, float] = msgspec.field(default_factory=dict)
+    tokens_in: int | None = None
+    tokens_out: int | None = None
+    error: str | None = None
+
+
+_encode = msgspec.json.Encoder().encode
+
+
+def render_json(record: AccessRecord, ts: float) -> str:
+    """One JSON object, no newline."""
+    line = _Line(
+        ts=round(ts, 3),
+        request_id=record.request_id,
+        method=record.method,
+        path=record.path,
+        status=record.status,
+        tenant=record.tenant,
+        model=record.model,
+        region=record.region,
+        attempts=record.attempts,
+        retries=record.retries,
+        failovers=record.failovers,
+        hedges=record.hedges,
+        cache=record.cache,
+        stream=record.stream,
+        stages_ms={n: round(ns / 1e6, 3) for n, ns in record.stages.items()},
+        tokens_in=record.tokens_in,
+        tokens_out=record.tokens_out,
+        error=record.error,
+    )
+    return _encode(line).decode()
+
+
+def render_plain(record: AccessRecord, ts: float) -> str:
+    """A compact human line: `<id> POST /v1/chat/completions 200 eu-west miss 2 12.3ms ...`."""
+    total = record.stages.get("total")
+    total_ms = "-" if total is None else f"{total / 1e6:.1f}ms"
+    stages = " ".join(f"{n}={ns / 1e6:.3f}" for n, ns in record.stages.items() if n != "total")
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts))
+    return (
+        f"{stamp} {record.request_id} {record.method} {record.path} {record.status} "
+        f"tenant={record.tenant or '-'} model={record.model or '-'} "
+        f"region={record.region or '-'} cache={record.cache} attempts={record.attempts} "
+        f"tokens={record.tokens_in or 0}/{record.tokens_out or 0} total={total_ms} {stages}"
+    ).rstrip()
+
+
+class _MessageOnly(logging.Formatter):
+    """The line is already rendered; the formatter adds nothing."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return record.getMessage()
+
+
+class AccessLog:
+    """Writes one line per request to `router.access` (stdout unless a stream is given)."""
+
+    __slots__ = ("_clock", "_logger", "_render", "enabled")
+
+    def __init__(
+        self,
+        *,
+        level: str = "info",
+        fmt: LogFormat = "json",
+        stream: IO[str] | None = None,
+        enabled: bool = True,
+    ) -> None:
+        self._logger = logging.getLogger(LOGGER_NAME)
+        self._logger.setLevel(level.upper())
+        # Access lines are not application logs: keep them off the root logger's handlers.
+        self._logger.propagate = False
+        for old in [h for h in self._logger.handlers if getattr(h, "_router_access", False)]:
+            self._logger.removeHandler(old)
+        handler = logging.StreamHandler(stream if stream is not None else sys.stdout)
+        handler.setFormatter(_MessageOnly())
+        handler._router_access = True  # type: ignore[attr-defined]
+        self._logger.addHandler(handler)
+        self._render = render_json if fmt == "json" else render_plain
+        self._clock = time.time
+        self.enabled = enabled
+
+    def emit(self, record: AccessRecord) -> None:
+        """Log the request at INFO (at WARNING when it failed on our side)."""
+        if not self.enabled:
+            return
+        level = logging.WARNING if record.status >= 500 else logging.INFO
+        if self._logger.isEnabledFor(level):
+            self._logger.log(level, self._render(record, self._clock()))
+
+    def close(self) -> None:
+        """Detach the handler this log added."""
+        for h in [h for h in self._logger.handlers if getattr(h, "_router_access", False)]:
+            self._logger.removeHandler(h)
+            h.flush()

@@ -1,0 +1,46 @@
+"""Stage names and the `Server-Timing` header, over the stages context.StageTimer records."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+# The stages of one request, in request order; metrics and the access log use these names.
+AUTH = "auth"
+RATE_LIMIT = "ratelimit"
+CACHE = "cache"
+QUEUE = "queue"
+CONNECT = "connect"
+REGION_TTFT = "region_ttft"
+TTFT = "ttft"
+TOTAL = "total"
+STAGES = (AUTH, RATE_LIMIT, CACHE, QUEUE, CONNECT, REGION_TTFT, TTFT, TOTAL)
+
+# Stages measured from the start of the request rather than as spans of their own: they
+# overlap the others, so they are left out when checking that the spans fit in the total.
+FROM_START = frozenset({TTFT, TOTAL})
+
+
+def totals(stages: Iterable[tuple[str, int]]) -> dict[str, int]:
+    """(name, ns) pairs -> ns per name; a stage entered twice (a retry) adds up."""
+    out: dict[str, int] = {}
+    for name, ns in stages:
+        out[name] = out.get(name, 0) + ns
+    return out
+
+
+def server_timing(durations: Mapping[str, int], only: Iterable[str] | None = None) -> str:
+    """The `Server-Timing` header value: `auth;dur=0.041, total;dur=12.500` (ms)."""
+    names = durations if only is None else [n for n in only if n in durations]
+    return ", ".join(f"{n};dur={durations[n] / 1e6:.3f}" for n in names)
+
+
+def parse_server_timing(header: str) -> dict[str, float]:
+    """Stage -> milliseconds from a `Server-Timing` header (tests, `router top`)."""
+    out: dict[str, float] = {}
+    for part in header.split(","):
+        name, _, params = part.strip().partition(";")
+        for param in params.split(";"):
+            key, _, value = param.strip().partition("=")
+            if key == "dur" and name:
+                out[name] = float(value)
+    return out

@@ -1,0 +1,55 @@
+"""Rolling SLO figures: error rate and TTFT quantiles per region against the targets."""
+
+from __future__ import annotations
+
+import pytest
+
+from router.quantiles import OVERALL
+from router.slo import RollingCounts, SloTargets, SloTracker, is_error
+
+
+def test_errors_are_5xx_only() -> None:
+    assert is_error(500)
+    assert is_error(503)
+    assert not is_error(429)
+    assert not is_error(404)
+
+
+def test_rolling_counts_forget_after_the_window() -> None:
+    counts = RollingCounts(window_s=10.0, slots=10)
+    for i in range(10):
+        counts.add(i % 2 == 0, now=float(i))
+    assert counts.totals(9.5) == (10, 5)
+    assert counts.totals(14.5) == (5, 2)  # slots 5..9 remain: errors at 6 and 8
+    assert counts.totals(100.0) == (0, 0)
+
+
+def test_compliance_per_region_and_overall() -> None:
+    slo = SloTracker(SloTargets(ttft_p95_s=0.2, error_rate=0.001, window_s=60.0))
+    for _ in range(1000):
+        slo.observe("eu", 200, 0.05, now=1.0)
+    slo.observe("eu", 500, None, now=1.0)
+    for _ in range(100):
+        slo.observe("us", 200, 0.3, now=1.0)
+    slo.observe(None, 200, 0.001, now=1.0)  # a cache hit: overall only
+    eu = slo.status("eu", 2.0)
+    assert (eu.requests, eu.errors) == (1001, 1)
+    assert eu.ttft_p95_s == pytest.approx(0.05, rel=0.01)
+    assert eu.ttft_ok
+    assert eu.errors_ok  # 1/1001 < 0.1%
+    us = slo.status("us", 2.0)
+    assert not us.ttft_ok
+    assert not us.ok
+    overall = slo.status(OVERALL, 2.0)
+    assert overall.requests == 1102
+    assert overall.ttft_p50_s == pytest.approx(0.05, rel=0.01)
+    assert slo.keys() == [OVERALL, "eu", "us"]
+    slo.observe("eu", 502, None, now=2.0)
+    assert not slo.status("eu", 2.0).errors_ok  # 2/1002 > 0.1%
+
+
+def test_no_traffic_meets_the_objectives() -> None:
+    st = SloTracker().status("nowhere", 0.0)
+    assert st.ok
+    assert st.error_rate is None
+    assert st.ttft_p95_s is None
