@@ -16,8 +16,20 @@ def build_parser() -> argparse.ArgumentParser:
         description="Multi-region failover router for OpenAI-compatible LLM inference.",
     )
     parser.add_argument("--version", action="version", version=f"router {__version__}")
-    parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_bench(commands)
     return parser
+
+
+def _add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`router bench`: the load generator (router.loadgen; never imports matplotlib unasked)."""
+    from router.loadgen import cli as loadgen_cli
+
+    bench = commands.add_parser(
+        "bench", help="load-test an OpenAI-compatible endpoint (closed or open loop)"
+    )
+    loadgen_cli.add_arguments(bench)
+    bench.set_defaults(handler=loadgen_cli.run)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

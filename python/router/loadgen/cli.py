@@ -1,0 +1,147 @@
+"""The load generator's command line: `router bench` and `python -m bench.load`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import cast
+
+import uvloop
+
+from router.loadgen.progress import Progress
+from router.loadgen.requests import endpoint_url, round_robin
+from router.loadgen.runner import LoadSpec, RunResult, run_load
+from router.loadgen.sse import Endpoint
+from router.loadgen.summary import summarize
+
+DEFAULT_PROMPT = "Say hello in one short sentence."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The generator's options, shared by both entry points."""
+    parser.add_argument(
+        "--url", required=True, help="base URL of an OpenAI-compatible API (http://host:port[/v1])"
+    )
+    parser.add_argument(
+        "--api-key",
+        default=None,
+        help="sent as a Bearer token (default: $ROUTER_BENCH_API_KEY, $OPENAI_API_KEY)",
+    )
+    parser.add_argument("--model", default="default")
+    parser.add_argument("--endpoint", choices=["chat", "completions"], default="chat")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=8,
+        help="closed loop: workers; open loop: cap on requests in flight",
+    )
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="requests/s with Poisson arrivals (open loop); omit for closed loop",
+    )
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds (upper bound)")
+    parser.add_argument("--count", type=int, default=1000, help="requests (upper bound)")
+    parser.add_argument("--timeout", type=float, default=30.0, help="per request, seconds")
+    parser.add_argument(
+        "--grace",
+        type=float,
+        default=10.0,
+        help="seconds requests in flight may finish after --duration",
+    )
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument(
+        "--prompt",
+        action="append",
+        default=None,
+        help="a prompt (repeatable; requests cycle through them)",
+    )
+    parser.add_argument("--prompts-file", type=Path, default=None, help="one prompt per line")
+    parser.add_argument("--no-stream", action="store_true", help="ask for whole responses")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the Poisson schedule")
+    parser.add_argument("--name", default="load", help="run name in the results")
+    parser.add_argument(
+        "--results", type=Path, default=None, help="folder for results.json, results.md (and plots)"
+    )
+    parser.add_argument("--plot", action="store_true", help="also write PNG plots (matplotlib)")
+    parser.add_argument("--samples", action="store_true", help="also write every sample")
+    parser.add_argument("--progress-interval", type=float, default=1.0)
+    parser.add_argument("--quiet", action="store_true", help="no progress line")
+
+
+def _prompts(args: argparse.Namespace) -> list[str]:
+    prompts: list[str] = list(args.prompt or [])
+    if args.prompts_file is not None:
+        lines = args.prompts_file.read_text().splitlines()
+        prompts += [line for line in lines if line.strip()]
+    return prompts or [DEFAULT_PROMPT]
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the load the options describe; print the table; 0 when every request succeeded."""
+    endpoint = cast(Endpoint, args.endpoint)
+    stream = not args.no_stream
+    try:
+        url = endpoint_url(args.url, endpoint)
+        spec = LoadSpec(
+            concurrency=args.concurrency,
+            rate=args.rate,
+            duration_s=args.duration,
+            max_requests=args.count,
+            timeout_s=args.timeout,
+            grace_s=args.grace,
+            endpoint=endpoint,
+            stream=stream,
+            seed=args.seed,
+        )
+        spec.validate()
+        prompts = _prompts(args)
+    except (ValueError, OSError) as exc:
+        print(f"router bench: {exc}", file=sys.stderr)
+        return 2
+    key = args.api_key or os.environ.get("ROUTER_BENCH_API_KEY") or os.environ.get("OPENAI_API_KEY")
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    factory = round_robin(
+        url, prompts, model=args.model, endpoint=endpoint, max_tokens=args.max_tokens, stream=stream
+    )
+    progress = None if args.quiet else Progress(args.name, args.progress_interval)
+    # asyncio.run has no loop_factory before 3.12; a Runner does.
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        result: RunResult = runner.run(
+            run_load(args.name, spec, factory, headers=headers, progress=progress)
+        )
+    config = {
+        "url": url,
+        "model": args.model,
+        "mode": "open" if args.rate else "closed",
+        **{f: getattr(spec, f) for f in spec.__struct_fields__},
+    }
+    summary = summarize(args.name, result.samples, result.wall_s, config=config)
+    from router.loadgen.report import markdown_table, write_results
+
+    print(markdown_table([summary]), end="")
+    if args.results is not None:
+        paths = write_results(
+            args.results,
+            [summary],
+            title=args.name,
+            samples={args.name: result.samples} if (args.plot or args.samples) else None,
+            plots=args.plot,
+            timeline=args.name if args.plot else None,
+        )
+        print("wrote " + " ".join(str(p) for p in paths), file=sys.stderr)
+    return 0 if summary.ok == summary.sent else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m bench.load` / `python -m router.loadgen`."""
+    parser = argparse.ArgumentParser(
+        prog="router bench", description="Load-test an OpenAI-compatible endpoint."
+    )
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

@@ -1,0 +1,129 @@
+"""I/O: send one OpenAI-compatible request and measure it, streaming-aware."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+import msgspec
+
+from router.loadgen.sample import Planned, Sample
+from router.loadgen.sse import DONE, Endpoint, SseParser, StreamError, chunk_content
+
+REGION_HEADER = "x-router-region"
+CACHE_HEADER = "x-router-cache"
+
+
+class _ErrorBody(msgspec.Struct):
+    error: dict[str, object] | None = None
+
+
+_error_body = msgspec.json.Decoder(_ErrorBody)
+
+
+def http_error_kind(status: int, body: bytes) -> str:
+    """`http_<status>` plus the OpenAI error code when the body carries one."""
+    try:
+        err = _error_body.decode(body).error
+    except msgspec.DecodeError:
+        err = None
+    code = err.get("code") if err else None
+    return f"http_{status}:{code}" if isinstance(code, str) and code else f"http_{status}"
+
+
+async def send(
+    session: aiohttp.ClientSession,
+    planned: Planned,
+    *,
+    endpoint: Endpoint,
+    stream: bool,
+    timeout_s: float,
+    start_s: float,
+    t0: float,
+) -> Sample:
+    """Send `planned`; times are measured from t0 + start_s (the intended send time)."""
+    begin = t0 + start_s
+    sample = Sample(start_s=start_s, total_s=0.0, label=planned.label)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async with session.post(planned.url, data=planned.body) as resp:
+                sample.status = resp.status
+                sample.region = resp.headers.get(REGION_HEADER)
+                sample.cache = resp.headers.get(CACHE_HEADER)
+                if resp.status >= 400:
+                    sample.error = http_error_kind(resp.status, await resp.read())
+                elif stream:
+                    await _read_stream(resp, sample, endpoint, begin)
+                else:
+                    await _read_body(resp, sample, endpoint)
+    except TimeoutError:
+        sample.error = "timeout"
+    except aiohttp.ClientConnectorError:
+        sample.error = "connect"
+    except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError):
+        sample.error = "stream_cut"
+    except aiohttp.ClientError as exc:
+        sample.error = f"client:{type(exc).__name__}"
+    except StreamError:
+        sample.error = "stream_error"
+    sample.total_s = time.perf_counter() - begin
+    return sample
+
+
+async def _read_stream(
+    resp: aiohttp.ClientResponse, sample: Sample, endpoint: Endpoint, begin: float
+) -> None:
+    parser = SseParser()
+    last: float | None = None
+    done = False
+    async for raw in resp.content.iter_any():
+        now = time.perf_counter()
+        for payload in parser.feed(raw):
+            if payload.strip() == DONE:
+                done = True
+                continue
+            if not chunk_content(payload, endpoint):
+                continue
+            sample.chunks += 1
+            if last is None:
+                sample.ttft_s = now - begin
+            else:
+                sample.itl_s.append(now - last)
+            last = now
+    if not done:
+        # The server closed the stream without the terminating [DONE]: a cut, not a success.
+        sample.error = "stream_cut"
+
+
+async def _read_body(resp: aiohttp.ClientResponse, sample: Sample, endpoint: Endpoint) -> None:
+    body = await resp.read()
+    try:
+        text = chunk_content(body, endpoint) if endpoint != "chat" else _message_text(body)
+    except StreamError:
+        sample.error = "bad_response"
+        return
+    sample.chunks = 1 if text else 0
+
+
+class _Message(msgspec.Struct):
+    content: str | None = None
+
+
+class _MessageChoice(msgspec.Struct):
+    message: _Message | None = None
+
+
+class _Completion(msgspec.Struct):
+    choices: list[_MessageChoice] = []
+
+
+_completion = msgspec.json.Decoder(_Completion)
+
+
+def _message_text(body: bytes) -> str:
+    try:
+        choices = _completion.decode(body).choices
+    except msgspec.DecodeError as exc:
+        raise StreamError("undecodable response body") from exc
+    return "".join(c.message.content or "" for c in choices if c.message is not None)
