@@ -1,0 +1,232 @@
+"""Limits shared by router instances: a token bucket per key in Redis, one atomic Lua call."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+if TYPE_CHECKING:
+    from redis.commands.core import AsyncScript
+
+    from router.config import LimitsConfig
+
+log = logging.getLogger("router")
+
+# Two buckets (requests, tokens) in one hash, refilled from Redis TIME so every instance shares
+# one clock. KEYS[1] the hash; ARGV: request capacity, requests/s, token capacity, tokens/s,
+# requests wanted, tokens wanted. Both are taken or neither. Returns allowed (0/1), retry-after
+# ms, remaining requests, remaining tokens, ms until each bucket is full again.
+_ACQUIRE = """
+local rcap = tonumber(ARGV[1]); local rrate = tonumber(ARGV[2])
+local tcap = tonumber(ARGV[3]); local trate = tonumber(ARGV[4])
+local nr = tonumber(ARGV[5]); local nt = tonumber(ARGV[6])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local s = redis.call('HMGET', KEYS[1], 'r', 't', 'ts')
+local r = tonumber(s[1]) or rcap
+local k = tonumber(s[2]) or tcap
+local dt = math.max(0, now - (tonumber(s[3]) or now))
+r = math.min(rcap, r + dt * rrate)
+k = math.min(tcap, k + dt * trate)
+local wait = 0
+if r < nr then wait = math.max(wait, (nr - r) / rrate) end
+if nt > 0 and k < nt then wait = math.max(wait, (nt - k) / trate) end
+local allowed = 0
+if wait == 0 then
+  allowed = 1
+  r = r - nr
+  k = k - nt
+end
+redis.call('HSET', KEYS[1], 'r', r, 't', k, 'ts', now)
+local rfull = (rcap - r) / rrate
+local tfull = (tcap - k) / trate
+redis.call('PEXPIRE', KEYS[1], math.ceil(math.max(rfull, tfull) * 1000) + 1000)
+return {allowed, math.ceil(wait * 1000), math.floor(math.max(r, 0)), math.floor(math.max(k, 0)),
+        math.ceil(rfull * 1000), math.ceil(tfull * 1000)}
+"""
+
+# Adjust a key's token bucket by ARGV[3] tokens (positive gives back, negative takes more), after
+# refilling it like _ACQUIRE; a debt is bounded by one bucket so one huge answer cannot block a
+# key for long. ARGV: token capacity, tokens/s, delta. A missing key (expired, Redis restarted)
+# is left alone.
+_ADJUST = """
+local tcap = tonumber(ARGV[1]); local trate = tonumber(ARGV[2]); local delta = tonumber(ARGV[3])
+local s = redis.call('HMGET', KEYS[1], 't', 'ts')
+if not s[1] then return 0 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local dt = math.max(0, now - (tonumber(s[2]) or now))
+local k = math.min(tcap, tonumber(s[1]) + dt * trate)
+k = math.max(-tcap, math.min(tcap, k + delta))
+redis.call('HSET', KEYS[1], 't', k, 'ts', now)
+return 1
+"""
+
+# Failures that mean "Redis is not answering", as opposed to a bug in our call.
+_OUTAGE = (RedisError, OSError, TimeoutError)
+
+
+@dataclass(frozen=True, slots=True)
+class Rates:
+    """One key's limits as bucket parameters."""
+
+    request_capacity: float
+    requests_per_s: float
+    token_capacity: float
+    tokens_per_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Redis's answer for one acquire."""
+
+    allowed: bool
+    retry_after_s: float
+    remaining_requests: int
+    remaining_tokens: int
+    reset_requests_s: float
+    reset_tokens_s: float
+
+
+class RedisBuckets:
+    """Atomic per-key buckets in Redis, with outage detection and recovery in the background."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float = 0.05,
+        retry_s: float = 1.0,
+        prefix: str = "router:rl:",
+    ) -> None:
+        self.url = url
+        self.timeout_s = timeout_s
+        self.retry_s = retry_s
+        self.prefix = prefix
+        # No client-side retries: a slow or absent Redis must cost one short timeout, not several.
+        self._client = aioredis.Redis.from_url(
+            url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 0),
+            retry_on_timeout=False,
+            health_check_interval=0,
+        )
+        self._acquire: AsyncScript = self._client.register_script(_ACQUIRE)
+        self._adjust: AsyncScript = self._client.register_script(_ADJUST)
+        self.available = True
+        self._recovery: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[None]] = set()
+        self.outages = 0
+
+    @classmethod
+    def from_config(cls, config: LimitsConfig) -> RedisBuckets:
+        """Build from the `[limits]` section."""
+        return cls(
+            config.redis_url,
+            timeout_s=config.redis_timeout_ms / 1000,
+            retry_s=config.redis_retry_s,
+            prefix=config.redis_key_prefix,
+        )
+
+    def key(self, key_id: str) -> str:
+        """The Redis key holding `key_id`'s buckets."""
+        return self.prefix + key_id
+
+    async def acquire(self, key_id: str, rates: Rates, tokens: int) -> Decision | None:
+        """Take one request and `tokens` from the shared buckets; None while Redis is out."""
+        if not self.available:
+            return None
+        args = (
+            rates.request_capacity,
+            rates.requests_per_s,
+            rates.token_capacity,
+            rates.tokens_per_s,
+            1,
+            tokens,
+        )
+        try:
+            async with asyncio.timeout(self.timeout_s * 2):
+                raw = await self._acquire(keys=[self.key(key_id)], args=args)
+        except _OUTAGE as exc:
+            self._outage(exc)
+            return None
+        allowed, wait_ms, rem_r, rem_t, reset_r, reset_t = (int(v) for v in raw)
+        return Decision(
+            allowed=bool(allowed),
+            retry_after_s=wait_ms / 1000,
+            remaining_requests=rem_r,
+            remaining_tokens=rem_t,
+            reset_requests_s=reset_r / 1000,
+            reset_tokens_s=reset_t / 1000,
+        )
+
+    def adjust_later(self, key_id: str, rates: Rates, delta_tokens: int) -> None:
+        """Give back (or take more) tokens once usage is known, without making the caller wait."""
+        if not self.available or delta_tokens == 0:
+            return
+        task = asyncio.get_running_loop().create_task(self._adjust_now(key_id, rates, delta_tokens))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _adjust_now(self, key_id: str, rates: Rates, delta_tokens: int) -> None:
+        args = (rates.token_capacity, rates.tokens_per_s, delta_tokens)
+        try:
+            async with asyncio.timeout(self.timeout_s * 2):
+                await self._adjust(keys=[self.key(key_id)], args=args)
+        except _OUTAGE as exc:
+            self._outage(exc)
+
+    def _outage(self, exc: BaseException) -> None:
+        """Switch to local-only limits and start probing for Redis's return (logged once)."""
+        if not self.available:
+            return
+        self.available = False
+        self.outages += 1
+        log.warning(
+            "global limits: redis at %s unreachable (%s: %s); serving with local limits only "
+            "until it answers again",
+            self.url,
+            type(exc).__name__,
+            exc,
+        )
+        self._recovery = asyncio.get_running_loop().create_task(self._recover())
+
+    async def _recover(self) -> None:
+        """Ping every retry_s until Redis answers, then resume global limits."""
+        began = time.monotonic()
+        while True:
+            await asyncio.sleep(self.retry_s)
+            try:
+                async with asyncio.timeout(self.timeout_s * 2):
+                    await self._client.ping()
+            except _OUTAGE:
+                continue
+            # EVALSHA fails with NOSCRIPT after a restart; redis-py's Script reloads by itself.
+            self.available = True
+            log.warning(
+                "global limits: redis at %s answers again after %.1f s; global limits resumed",
+                self.url,
+                time.monotonic() - began,
+            )
+            return
+
+    async def close(self) -> None:
+        """Stop background work and close connections."""
+        tasks = [*self._background, *([self._recovery] if self._recovery else [])]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, *_OUTAGE):
+                await task
+        with contextlib.suppress(*_OUTAGE):
+            await self._client.aclose()
