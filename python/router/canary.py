@@ -9,26 +9,10 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from router.config import CanaryConfig
 from router.rollout import Rollout, RoutingTable
 
 log = logging.getLogger("router")
-
-
-@dataclass(frozen=True, slots=True)
-class CanaryPolicy:
-    """When a canary counts as worse than its alias's stable version."""
-
-    auto_rollback: bool = False
-    window_s: float = 60.0
-    min_samples: int = 50
-    """Both versions need this many requests in the window before they are compared."""
-    max_error_rate_delta: float = 0.05
-    """Roll back when canary error rate minus stable error rate exceeds this."""
-    max_ttft_p95_ratio: float = 2.0
-    """Roll back when canary TTFT p95 over stable TTFT p95 exceeds this."""
-    max_samples: int = 4096
-    """Per-version memory cap; the oldest samples go first."""
-    check_interval_s: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +72,7 @@ class VersionWindow:
         )
 
 
-def judge(policy: CanaryPolicy, stable: WindowStats, canary: WindowStats) -> str | None:
+def judge(policy: CanaryConfig, stable: WindowStats, canary: WindowStats) -> str | None:
     """Why the canary is worse than stable beyond the policy's thresholds, or None."""
     if min(stable.samples, canary.samples) < policy.min_samples:
         return None
@@ -116,7 +100,7 @@ def judge(policy: CanaryPolicy, stable: WindowStats, canary: WindowStats) -> str
 class CanaryTracker:
     """Rolling windows for every (alias, version) that served traffic."""
 
-    def __init__(self, policy: CanaryPolicy, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, policy: CanaryConfig, clock: Callable[[], float] = time.monotonic) -> None:
         self.policy = policy
         self._clock = clock
         self._windows: dict[tuple[str, str], VersionWindow] = {}
@@ -167,7 +151,7 @@ class CanaryMonitor:
     def __init__(
         self,
         rollout: Rollout,
-        policy: CanaryPolicy,
+        policy: CanaryConfig,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.rollout = rollout
@@ -176,11 +160,11 @@ class CanaryMonitor:
         self._next_check = clock() + policy.check_interval_s
 
     @property
-    def policy(self) -> CanaryPolicy:
+    def policy(self) -> CanaryConfig:
         """The thresholds in force."""
         return self.tracker.policy
 
-    def set_policy(self, policy: CanaryPolicy) -> None:
+    def set_policy(self, policy: CanaryConfig) -> None:
         """New thresholds (a reload); windows restart since their bounds may have changed."""
         self.tracker = CanaryTracker(policy, self._clock)
 

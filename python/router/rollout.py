@@ -9,8 +9,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
-import msgspec
-
+from router.config import Config
 from router.errors import InvalidRequest, NotFound, Unavailable
 
 VERSION_HEADER = "x-router-model-version"
@@ -154,6 +153,9 @@ class RoutingTable:
     ) -> Deployment:
         """The deployment that serves this request: sticky when the request carries a key."""
         a = self.alias(name)
+        live = [d for d in a.deployments if d.weight > 0]
+        if len(live) == 1:
+            return live[0]
         key = sticky_key(a, user=user, api_key=api_key)
         return assign(a, key) if key is not None else _sample(a, rand)
 
@@ -229,13 +231,27 @@ class Rollout:
         return self._table
 
 
-def rewrite_model(body: bytes, upstream_model: str) -> bytes:
-    """The request body with only `model` replaced by the upstream's name for it."""
-    doc = msgspec.json.decode(body)
-    if not isinstance(doc, dict):
-        raise InvalidRequest("request body must be a JSON object")
-    doc["model"] = upstream_model
-    return msgspec.json.encode(doc)
+def table_from_config(config: Config, generation: int = 0) -> RoutingTable:
+    """Every model a client may name: [rollout] versions, [models] aliases, region models.
+
+    A plain alias or model is one deployment whose version tag is the upstream model name, so
+    every response can carry a version.
+    """
+    aliases: list[Alias] = []
+    for name, spec in config.rollout.models.items():
+        deployments = tuple(
+            Deployment(d.version, d.model, tuple(d.regions), d.weight) for d in spec.deployments
+        )
+        stable = spec.stable if spec.stable is not None else deployments[0].version
+        aliases.append(Alias(name, deployments, stable=stable, sticky=spec.sticky))
+    plain = dict(config.models.aliases)
+    for region in config.regions:
+        for model in region.models:
+            plain.setdefault(model, model)
+    for name, target in plain.items():
+        if name not in config.rollout.models:
+            aliases.append(Alias(name, (Deployment(target, target, (), 1.0),), target, "none"))
+    return RoutingTable.build(aliases, generation)
 
 
 def describe(table: RoutingTable) -> dict[str, object]:

@@ -6,7 +6,8 @@ import logging
 
 import pytest
 
-from router.canary import CanaryMonitor, CanaryPolicy, CanaryTracker, WindowStats, judge, p95
+from router.canary import CanaryMonitor, CanaryTracker, WindowStats, judge, p95
+from router.config import CanaryConfig
 from router.rollout import Alias, Deployment, Rollout, RoutingTable
 
 
@@ -35,7 +36,7 @@ def table(stable_weight: float = 95.0, canary_weight: float = 5.0) -> RoutingTab
     )
 
 
-POLICY = CanaryPolicy(
+POLICY = CanaryConfig(
     auto_rollback=True,
     window_s=60.0,
     min_samples=20,
@@ -116,7 +117,7 @@ def test_tracker_window_drops_old_samples() -> None:
 
 
 def test_tracker_caps_samples_per_version() -> None:
-    tracker = CanaryTracker(CanaryPolicy(max_samples=50), Clock())
+    tracker = CanaryTracker(CanaryConfig(max_samples=50), Clock())
     feed(tracker, "v1", 80, errors=30)
     assert tracker.stats("chat", "v1") == stats(50, 0, 0.1)
 
@@ -168,7 +169,7 @@ def test_monitor_rolls_back_slow_canary() -> None:
 def test_monitor_without_auto_rollback_only_tracks() -> None:
     clock = Clock()
     rollout = Rollout(table())
-    monitor = CanaryMonitor(rollout, CanaryPolicy(auto_rollback=False, min_samples=5), clock)
+    monitor = CanaryMonitor(rollout, CanaryConfig(auto_rollback=False, min_samples=5), clock)
     feed(monitor, "v1", 40)
     feed(monitor, "v2", 40, errors=40)
     clock.now += 5

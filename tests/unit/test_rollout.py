@@ -8,7 +8,8 @@ from collections import Counter
 import msgspec
 import pytest
 
-from router.errors import InvalidRequest, NotFound
+from router.config import loads
+from router.errors import ConfigError, InvalidRequest, NotFound
 from router.rollout import (
     Alias,
     Deployment,
@@ -16,7 +17,7 @@ from router.rollout import (
     RoutingTable,
     assign,
     describe,
-    rewrite_model,
+    table_from_config,
 )
 
 N = 10_000
@@ -220,18 +221,88 @@ def test_describe_lists_every_deployment() -> None:
     }
 
 
-def test_rewrite_model_changes_only_model() -> None:
-    body = (
-        b'{"model":"chat-default","messages":[{"role":"user","content":"hi \\u00e9"}],'
-        b'"temperature":0.25,"stream":true,"n":1,"extra":{"x":[1,2,null]}}'
-    )
-    out = msgspec.json.decode(rewrite_model(body, "llama-3-8b-v2"))
-    original = msgspec.json.decode(body)
-    assert out.pop("model") == "llama-3-8b-v2"
-    original.pop("model")
-    assert out == original
+CONFIG = """
+[[regions]]
+name = "us"
+base_url = "http://127.0.0.1:1"
+models = ["llama-v1", "llama-v2"]
+
+[[regions]]
+name = "eu"
+base_url = "http://127.0.0.1:2"
+models = ["llama-v1"]
+
+[models]
+aliases = { fast = "llama-v1" }
+
+[rollout.canary]
+auto_rollback = true
+min_samples = 10
+
+[rollout.models.chat-default]
+stable = "v1"
+sticky = "api_key"
+deployments = [
+  { version = "v1", model = "llama-v1", weight = 95 },
+  { version = "v2", model = "llama-v2", regions = ["us"], weight = 5 },
+]
+"""
 
 
-def test_rewrite_model_rejects_non_object() -> None:
-    with pytest.raises(InvalidRequest):
-        rewrite_model(b"[1,2]", "x")
+def test_table_from_config_covers_versions_aliases_and_region_models() -> None:
+    config = loads(CONFIG, "router.toml")
+    table = table_from_config(config)
+    chat = table.alias("chat-default")
+    assert chat.weights() == {"v1": 95.0, "v2": 5.0}
+    assert chat.deployment("v2") == Deployment("v2", "llama-v2", ("us",), 5.0)
+    assert (chat.stable, chat.sticky) == ("v1", "api_key")
+    assert table.pick("fast").upstream_model == "llama-v1"
+    assert table.pick("fast").version == "llama-v1"
+    assert table.pick("llama-v2").upstream_model == "llama-v2"
+    assert set(table.aliases) == {"chat-default", "fast", "llama-v1", "llama-v2"}
+    assert "chat-default" in config.served_models()
+    assert config.rollout.canary.min_samples == 10
+
+
+def test_stable_defaults_to_first_deployment() -> None:
+    text = CONFIG.replace('stable = "v1"\n', "")
+    assert table_from_config(loads(text)).alias("chat-default").stable == "v1"
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "field"),
+    [
+        (
+            'model = "llama-v2"',
+            'model = "nope"',
+            "rollout.models.chat-default.deployments[1].model",
+        ),
+        (
+            'regions = ["us"]',
+            'regions = ["eu"]',
+            "rollout.models.chat-default.deployments[1].regions",
+        ),
+        (
+            '{ version = "v2"',
+            '{ version = "v1"',
+            "rollout.models.chat-default.deployments[1].version",
+        ),
+        ('stable = "v1"', 'stable = "v3"', "rollout.models.chat-default.stable"),
+        ("weight = 5 ", "weight = -5 ", "rollout.models[...].deployments[1].weight"),
+        ('sticky = "api_key"', 'sticky = "ip"', "rollout.models[...].sticky"),
+        ("min_samples = 10", "min_samples = 0", "rollout.canary.min_samples"),
+        ("min_samples = 10", "min_sample = 10", "rollout.canary"),
+        ("fast = ", '"chat-default" = ', "rollout.models.chat-default"),
+    ],
+)
+def test_bad_rollout_config_names_file_and_field(old: str, new: str, field: str) -> None:
+    assert old in CONFIG
+    with pytest.raises(ConfigError) as err:
+        loads(CONFIG.replace(old, new), "router.toml")
+    assert str(err.value).startswith(f"router.toml: field `{field}`"), str(err.value)
+
+
+def test_all_zero_weights_rejected() -> None:
+    text = CONFIG.replace("weight = 95", "weight = 0").replace("weight = 5 ", "weight = 0 ")
+    with pytest.raises(ConfigError, match="deployments`: expected at least one positive weight"):
+        loads(text, "router.toml")
