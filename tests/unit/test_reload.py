@@ -1,0 +1,134 @@
+"""Reload: a broken file is rejected and the old config stays; a valid one swaps every component."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from router.config import Config, load, loads
+from router.reload import Commit, LiveConfig, Reloader
+from router.rollout import Rollout, table_from_config
+
+GOOD = """
+[[regions]]
+name = "us"
+base_url = "http://127.0.0.1:1"
+models = ["llama-v1", "llama-v2"]
+
+[rollout.models.chat]
+deployments = [
+  { version = "v1", model = "llama-v1", weight = 95 },
+  { version = "v2", model = "llama-v2", weight = 5 },
+]
+"""
+
+
+def setup(tmp_path: Path, text: str = GOOD) -> tuple[Path, Reloader, Rollout]:
+    path = tmp_path / "router.toml"
+    path.write_text(text)
+    config = load(path)
+    rollout = Rollout(table_from_config(config))
+    reloader = Reloader(LiveConfig(config, path))
+
+    def prepare(old: Config, new: Config) -> Commit:
+        table = table_from_config(new)
+        return lambda: rollout.replace(table)
+
+    reloader.register("rollout", prepare)
+    return path, reloader, rollout
+
+
+def test_valid_reload_applies_new_weights(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path, reloader, rollout = setup(tmp_path)
+    path.write_text(
+        GOOD.replace("weight = 95", "weight = 50").replace("weight = 5 ", "weight = 50 ")
+    )
+    with caplog.at_level(logging.INFO, logger="router"):
+        result = reloader.reload()
+    assert result.applied
+    assert result.generation == 1
+    assert reloader.live.generation == 1
+    assert rollout.table.alias("chat").weights() == {"v1": 50.0, "v2": 50.0}
+    assert reloader.live.config.rollout.models["chat"].deployments[0].weight == 50.0
+    assert f"config reloaded from {path}" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("broken", "named"),
+    [
+        ("[[regions]\n", "invalid TOML"),
+        (
+            GOOD.replace('model = "llama-v2"', 'model = "gone"'),
+            "rollout.models.chat.deployments[1]",
+        ),
+        (GOOD.replace("weight = 5 ", 'weight = "five" '), "deployments[1].weight"),
+        (GOOD + "\n[nonsense]\n", "nonsense"),
+    ],
+)
+def test_invalid_reload_rejected_and_old_config_keeps_serving(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, broken: str, named: str
+) -> None:
+    path, reloader, rollout = setup(tmp_path)
+    before_config, before_table = reloader.live.config, rollout.table
+    path.write_text(broken)
+    with caplog.at_level(logging.ERROR, logger="router"):
+        result = reloader.reload()
+    assert not result.applied
+    assert reloader.live.config is before_config
+    assert rollout.table is before_table
+    [line] = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert str(path) in line.getMessage()
+    assert named in line.getMessage()
+    assert "rejected, still serving generation 0" in line.getMessage()
+
+
+def test_missing_file_rejected(tmp_path: Path) -> None:
+    path, reloader, _ = setup(tmp_path)
+    path.unlink()
+    result = reloader.reload()
+    assert not result.applied
+    assert "cannot read config" in result.message
+
+
+def test_a_refusing_component_rejects_the_whole_reload(tmp_path: Path) -> None:
+    path, reloader, rollout = setup(tmp_path)
+    applied: list[str] = []
+
+    def refuses(old: Config, new: Config) -> Commit:
+        raise ValueError("field `limits.x`: cannot shrink below in-use")
+
+    def records(old: Config, new: Config) -> Commit:
+        return lambda: applied.append("late")
+
+    reloader.register("limits", refuses)
+    reloader.register("cache", records)
+    before = rollout.table
+    path.write_text(GOOD.replace("weight = 95", "weight = 10"))
+    result = reloader.reload()
+    assert not result.applied
+    assert "limits: field `limits.x`" in result.message
+    # the rollout preparer ran but its commit did not
+    assert rollout.table is before
+    assert applied == []
+
+
+def test_restart_only_change_applies_rest_and_warns(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path, reloader, rollout = setup(tmp_path)
+    text = GOOD.replace("weight = 95", "weight = 90") + '\n[server]\nlisten = "127.0.0.1:9999"\n'
+    path.write_text(text)
+    with caplog.at_level(logging.WARNING, logger="router"):
+        assert reloader.reload().applied
+    assert rollout.table.alias("chat").weights()["v1"] == 90.0
+    assert "server.listen changed" in caplog.text
+    assert "takes effect on restart" in caplog.text
+
+
+def test_no_file_to_reload() -> None:
+    config = loads(GOOD)
+    result = Reloader(LiveConfig(config, None)).reload()
+    assert not result.applied
+    assert "no config file" in result.message
