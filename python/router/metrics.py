@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
@@ -44,15 +51,53 @@ class RegionState:
 RegionSource = Callable[[], Iterable[RegionState]]
 
 
-class _Children:
-    """Label children pre-resolved for one (region, model, status, cache) combination."""
+class _Histogram:
+    """A histogram over nanosecond values; plain ints, one event loop, so no locks."""
+
+    __slots__ = ("bounds", "counts", "sum_ns")
+
+    def __init__(self, bounds_ns: tuple[int, ...]) -> None:
+        self.bounds = bounds_ns
+        self.counts = [0] * (len(bounds_ns) + 1)
+        self.sum_ns = 0
+
+    def observe(self, ns: int) -> None:
+        # bisect_left puts a value equal to a bound in that bound's bucket, as `le` means.
+        self.counts[bisect_left(self.bounds, ns)] += 1
+        self.sum_ns += ns
+
+    def buckets(self, les: tuple[str, ...]) -> list[tuple[str, float]]:
+        """Cumulative (le, count) pairs ending with +Inf."""
+        out: list[tuple[str, float]] = []
+        running = 0
+        for le, n in zip(les, self.counts, strict=True):
+            running += n
+            out.append((le, float(running)))
+        return out
+
+
+def _ns(bounds_s: tuple[float, ...]) -> tuple[int, ...]:
+    return tuple(round(b * 1e9) for b in bounds_s)
+
+
+def _les(bounds_s: tuple[float, ...]) -> tuple[str, ...]:
+    # repr matches prometheus-client's own `le` strings for these bounds ("0.001", "60.0").
+    return (*(repr(float(b)) for b in bounds_s), "+Inf")
+
+
+_LATENCY_NS = _ns(LATENCY_BUCKETS)
+_STAGE_NS = _ns(STAGE_BUCKETS)
+
+
+class _Series:
+    """The request counter and latency histograms of one (region, model, status, cache)."""
 
     __slots__ = ("requests", "total", "ttft")
 
-    def __init__(self, requests: Counter, ttft: Histogram, total: Histogram) -> None:
-        self.requests = requests
-        self.ttft = ttft
-        self.total = total
+    def __init__(self) -> None:
+        self.requests = 0
+        self.ttft = _Histogram(_LATENCY_NS)
+        self.total = _Histogram(_LATENCY_NS)
 
 
 class _Bounded:
@@ -75,7 +120,11 @@ class _Bounded:
 
 
 class Metrics:
-    """The router's Prometheus metrics; `observe` costs a dict lookup and a few increments."""
+    """The router's Prometheus metrics; `observe` is a dict lookup and a few int increments.
+
+    prometheus-client's own metric objects take a lock and cost ~1 us per observation; a
+    request makes a dozen, so the hot path keeps plain counters and a collector renders them.
+    """
 
     def __init__(
         self,
@@ -85,91 +134,55 @@ class Metrics:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
-        labels = ("region", "model", "status", "cache")
-        self.requests = Counter("router_requests", "Finished requests.", labels, registry=r)
-        self.ttft = Histogram(
-            "router_ttft_seconds",
-            "Time to first token as the client sees it.",
-            labels,
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.total = Histogram(
-            "router_request_duration_seconds",
-            "Total request latency.",
-            labels,
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.stages = Histogram(
-            "router_stage_seconds",
-            "Time spent per request stage.",
-            ("stage",),
-            buckets=STAGE_BUCKETS,
-            registry=r,
-        )
-        self._stage = {s: self.stages.labels(s) for s in STAGES}
-        self.cache_hits = Counter("router_cache_hits", "Cache hits.", registry=r)
-        self.cache_misses = Counter("router_cache_misses", "Cache misses.", registry=r)
-        self.retries = Counter("router_retries", "Upstream retries.", registry=r)
-        self.failovers = Counter("router_failovers", "Failovers to another region.", registry=r)
-        self.hedges = Counter("router_hedges", "Hedged requests sent.", registry=r)
-        self.rate_limited = Counter("router_rate_limited", "Requests answered 429.", registry=r)
-        self.server_errors = Counter(
-            "router_server_errors", "Requests answered 5xx.", ("region",), registry=r
-        )
-        self._children: dict[tuple[str, str, int, str], _Children] = {}
+        self.series: dict[tuple[str, str, int, str], _Series] = {}
+        self.stages = {s: _Histogram(_STAGE_NS) for s in STAGES}
+        self.cache_hits = 0
+        self.cache_misses = 0
+        self.retries = 0
+        self.failovers = 0
+        self.hedges = 0
+        self.rate_limited = 0
+        self.server_errors: dict[str, int] = {}
         self._region = _Bounded()
         self._model = _Bounded()
         self.slo = slo
         self._clock = clock
-        r.register(_StateCollector(regions, slo, clock))
-
-    def _resolve(self, key: tuple[str, str, int, str]) -> _Children:
-        region, model, status, cache = key
-        values = (region, model, str(status), cache)
-        children = _Children(
-            self.requests.labels(*values), self.ttft.labels(*values), self.total.labels(*values)
-        )
-        self._children[key] = children
-        return children
+        self.registry.register(_RequestCollector(self))
+        self.registry.register(_StateCollector(regions, slo, clock))
 
     def observe(self, rec: AccessRecord) -> None:
         """Count one finished request and feed the SLO tracker."""
-        key = (self._region(rec.region), self._model(rec.model), rec.status, rec.cache)
-        children = self._children.get(key)
-        if children is None:
-            children = self._resolve(key)
-        children.requests.inc()
+        region = self._region(rec.region)
+        key = (region, self._model(rec.model), rec.status, rec.cache)
+        series = self.series.get(key)
+        if series is None:
+            series = self.series[key] = _Series()
+        series.requests += 1
         stages = rec.stages
         ttft_ns = stages.get(TTFT)
         if ttft_ns is not None:
-            children.ttft.observe(ttft_ns / 1e9)
+            series.ttft.observe(ttft_ns)
         total_ns = stages.get(TOTAL)
         if total_ns is not None:
-            children.total.observe(total_ns / 1e9)
-        stage = self._stage
+            series.total.observe(total_ns)
+        hists = self.stages
         for name, ns in stages.items():
-            child = stage.get(name)
-            if child is not None:
-                child.observe(ns / 1e9)
+            hist = hists.get(name)
+            if hist is not None:
+                hist.observe(ns)
         cache = rec.cache
         if cache == "hit":
-            self.cache_hits.inc()
+            self.cache_hits += 1
         elif cache == "miss":
-            self.cache_misses.inc()
-        if rec.retries:
-            self.retries.inc(rec.retries)
-        if rec.failovers:
-            self.failovers.inc(rec.failovers)
-        if rec.hedges:
-            self.hedges.inc(rec.hedges)
+            self.cache_misses += 1
+        self.retries += rec.retries
+        self.failovers += rec.failovers
+        self.hedges += rec.hedges
         status = rec.status
         if status == 429:
-            self.rate_limited.inc()
+            self.rate_limited += 1
         elif status >= 500:
-            self.server_errors.labels(self._region(rec.region)).inc()
+            self.server_errors[region] = self.server_errors.get(region, 0) + 1
         if self.slo is not None:
             ttft_s = None if ttft_ns is None else ttft_ns / 1e9
             self.slo.observe(rec.region, status, ttft_s, self._clock())
@@ -177,6 +190,58 @@ class Metrics:
     def exposition(self) -> tuple[bytes, str]:
         """The text exposition and its content type."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+_LABELS = ["region", "model", "status", "cache"]
+
+
+class _RequestCollector(Collector):
+    """Renders the hot-path counters and histograms of a Metrics at scrape time."""
+
+    def __init__(self, m: Metrics) -> None:
+        self._m = m
+        self._latency_les = _les(LATENCY_BUCKETS)
+        self._stage_les = _les(STAGE_BUCKETS)
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        m = self._m
+        requests = CounterMetricFamily("router_requests", "Finished requests.", labels=_LABELS)
+        ttft = HistogramMetricFamily(
+            "router_ttft_seconds", "Time to first token as the client sees it.", labels=_LABELS
+        )
+        total = HistogramMetricFamily(
+            "router_request_duration_seconds", "Total request latency.", labels=_LABELS
+        )
+        for (region, model, status, cache), series in m.series.items():
+            values = [region, model, str(status), cache]
+            requests.add_metric(values, float(series.requests))
+            for fam, hist in ((ttft, series.ttft), (total, series.total)):
+                if any(hist.counts):
+                    fam.add_metric(values, hist.buckets(self._latency_les), hist.sum_ns / 1e9)
+        stages = HistogramMetricFamily(
+            "router_stage_seconds", "Time spent per request stage.", labels=["stage"]
+        )
+        for name, hist in m.stages.items():
+            stages.add_metric([name], hist.buckets(self._stage_les), hist.sum_ns / 1e9)
+        yield from (requests, ttft, total, stages)
+        for name, doc, value in (
+            ("router_cache_hits", "Cache hits.", m.cache_hits),
+            ("router_cache_misses", "Cache misses.", m.cache_misses),
+            ("router_retries", "Upstream retries.", m.retries),
+            ("router_failovers", "Failovers to another region.", m.failovers),
+            ("router_hedges", "Hedged requests sent.", m.hedges),
+            ("router_rate_limited", "Requests answered 429.", m.rate_limited),
+        ):
+            yield CounterMetricFamily(name, doc, value=float(value))
+        errors = CounterMetricFamily(
+            "router_server_errors", "Requests answered 5xx.", labels=["region"]
+        )
+        for region, n in m.server_errors.items():
+            errors.add_metric([region], float(n))
+        yield errors
 
 
 class _StateCollector(Collector):
@@ -280,3 +345,16 @@ class Telemetry:
         self.metrics.observe(rec)
         if self.log is not None:
             self.log.emit(rec)
+
+
+def add_routes(app: web.Application, telemetry: Telemetry) -> None:
+    """Serve the Prometheus text exposition at `/metrics`."""
+
+    async def metrics(request: web.Request) -> web.Response:
+        body, content_type = telemetry.metrics.exposition()
+        # aiohttp wants the charset apart from the media type.
+        media, _, params = content_type.partition(";")
+        charset = params.partition("charset=")[2] or "utf-8"
+        return web.Response(body=body, content_type=media.strip(), charset=charset)
+
+    app.router.add_get("/metrics", metrics)

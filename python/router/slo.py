@@ -99,7 +99,7 @@ class SloTracker:
         if ttft_s is not None and not error:
             self.ttft.add(region if region is not None else OVERALL, ttft_s, now)
 
-    def keys(self) -> list[str]:
+    def names(self) -> list[str]:
         """OVERALL first, then every region seen."""
         seen = dict.fromkeys([*self._counts, *self.ttft.keys()])
         return list(seen)
@@ -124,4 +124,4 @@ class SloTracker:
 
     def report(self, now: float) -> list[SloStatus]:
         """Status of every key, OVERALL first."""
-        return [self.status(k, now) for k in self.keys()]
+        return [self.status(k, now) for k in self.names()]

@@ -31,7 +31,7 @@ def totals(stages: Iterable[tuple[str, int]]) -> dict[str, int]:
 def server_timing(durations: Mapping[str, int], only: Iterable[str] | None = None) -> str:
     """The `Server-Timing` header value: `auth;dur=0.041, total;dur=12.500` (ms)."""
     names = durations if only is None else [n for n in only if n in durations]
-    return ", ".join(f"{n};dur={durations[n] / 1e6:.3f}" for n in names)
+    return ", ".join(["%s;dur=%.3f" % (n, durations[n] / 1e6) for n in names])  # noqa: UP031
 
 
 def parse_server_timing(header: str) -> dict[str, float]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 
 import pytest
 
@@ -36,7 +37,7 @@ def test_json_line_has_every_field(stream: io.StringIO) -> None:
     assert line["attempts"] == 2
     assert line["cache"] == "miss"
     assert line["status"] == 200
-    assert line["stages_ms"] == {"auth": 0.041, "total": 12.5}
+    assert line["stages_us"] == {"auth": 41, "total": 12500}
     assert (line["tokens_in"], line["tokens_out"]) == (12, 34)
     assert isinstance(line["ts"], float)
 
@@ -78,3 +79,23 @@ def test_a_second_log_replaces_the_first_handler(stream: io.StringIO) -> None:
         second.close()
     assert other.getvalue() == ""
     assert stream.getvalue().count("once") == 1
+
+
+def test_other_handlers_on_the_logger_get_the_line_too(stream: io.StringIO) -> None:
+    log = AccessLog(stream=stream)
+    seen: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    extra = Collect()
+    logging.getLogger("router.access").addHandler(extra)
+    try:
+        log.emit(AccessRecord(request_id="both", status=503))
+    finally:
+        logging.getLogger("router.access").removeHandler(extra)
+        log.close()
+    assert len(seen) == 1
+    assert json.loads(seen[0])["request_id"] == "both"
+    assert json.loads(stream.getvalue())["status"] == 503

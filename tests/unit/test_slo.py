@@ -43,7 +43,7 @@ def test_compliance_per_region_and_overall() -> None:
     overall = slo.status(OVERALL, 2.0)
     assert overall.requests == 1102
     assert overall.ttft_p50_s == pytest.approx(0.05, rel=0.01)
-    assert slo.keys() == [OVERALL, "eu", "us"]
+    assert slo.names() == [OVERALL, "eu", "us"]
     slo.observe("eu", 502, None, now=2.0)
     assert not slo.status("eu", 2.0).errors_ok  # 2/1002 > 0.1%
 
