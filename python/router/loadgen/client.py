@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 
 import aiohttp
 import msgspec
@@ -12,7 +13,8 @@ from router.loadgen.sample import Planned, Sample
 from router.loadgen.sse import DONE, Endpoint, SseParser, StreamError, chunk_content
 
 REGION_HEADER = "x-router-region"
-CACHE_HEADER = "x-router-cache"
+# The router's cache says hit/miss in x-cache (as CDNs do); x-router-cache is accepted too.
+CACHE_HEADERS = ("x-router-cache", "x-cache")
 
 
 class _ErrorBody(msgspec.Struct):
@@ -30,6 +32,14 @@ def http_error_kind(status: int, body: bytes) -> str:
         err = None
     code = err.get("code") if err else None
     return f"http_{status}:{code}" if isinstance(code, str) and code else f"http_{status}"
+
+
+def _cache_outcome(headers: Mapping[str, str]) -> str | None:
+    for name in CACHE_HEADERS:
+        value = headers.get(name)
+        if value:
+            return value.lower()
+    return None
 
 
 async def send(
@@ -50,7 +60,7 @@ async def send(
             async with session.post(planned.url, data=planned.body) as resp:
                 sample.status = resp.status
                 sample.region = resp.headers.get(REGION_HEADER)
-                sample.cache = resp.headers.get(CACHE_HEADER)
+                sample.cache = _cache_outcome(resp.headers)
                 if resp.status >= 400:
                     sample.error = http_error_kind(resp.status, await resp.read())
                 elif stream:

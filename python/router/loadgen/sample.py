@@ -24,7 +24,7 @@ class Sample(msgspec.Struct, kw_only=True):
     status: int = 0  # HTTP status, 0 when no response arrived
     error: str | None = None  # kind of failure, None for success
     region: str | None = None  # x-router-region: which origin served it
-    cache: str | None = None  # x-router-cache: hit/miss when the router reports it
+    cache: str | None = None  # x-cache (or x-router-cache), lower-cased: hit, miss, ...
     label: str = ""
 
     @property
