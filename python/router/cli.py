@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from router import __version__
+
+if TYPE_CHECKING:
+    from router.config import Config
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,6 +51,104 @@ def _hash_key(args: argparse.Namespace) -> int:
         return 2
     print(hash_key(key))
     return 0
+
+
+def _add_core(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`serve`, `check-config`, `sim-region`, `demo`: the router core's commands."""
+    serve = commands.add_parser("serve", help="run the router with a config file")
+    serve.add_argument("--config", required=True, metavar="FILE", help="TOML config file")
+    serve.set_defaults(handler=_serve)
+    check = commands.add_parser("check-config", help="validate a config file and exit")
+    check.add_argument("file", metavar="FILE")
+    check.set_defaults(handler=_check_config)
+    sim = commands.add_parser("sim-region", help="run a simulated OpenAI-compatible region")
+    sim.add_argument("--port", type=int, required=True)
+    sim.add_argument("--host", default="127.0.0.1")
+    sim.add_argument("--name", default="sim")
+    sim.add_argument("--models", default="sim-1", help="comma-separated model names to list")
+    sim.add_argument("--rtt-ms", type=float, default=0.0, help="added before each response")
+    sim.add_argument("--ttft-ms", type=float, default=0.0, help="time to first token")
+    sim.add_argument("--tokens-per-s", type=float, default=0.0, help="0: as fast as possible")
+    sim.add_argument(
+        "--fail-mode", default="none", help="none|refuse|500|503|429|hang|die-mid-stream|drip"
+    )
+    sim.add_argument("--after-tokens", type=int, default=3, help="tokens before die/hang")
+    sim.add_argument("--drip-ms", type=float, default=1000.0, help="pause between drips")
+    sim.set_defaults(handler=_sim_region)
+    demo = commands.add_parser("demo", help="three simulated regions and the router in front")
+    demo.add_argument("--port", type=int, default=0, help="router port (0: a free one)")
+    demo.set_defaults(handler=_demo)
+
+
+def _load_config(path: str) -> Config | None:
+    from router.config import load
+    from router.errors import ConfigError
+
+    try:
+        return load(path)
+    except ConfigError as exc:
+        print(f"router: {exc}", file=sys.stderr)
+        return None
+
+
+def _serve(args: argparse.Namespace) -> int:
+    """`router serve --config FILE`."""
+    import logging
+
+    from router.server import serve
+
+    config = _load_config(args.config)
+    if config is None:
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    serve(config)
+    return 0
+
+
+def _check_config(args: argparse.Namespace) -> int:
+    """`router check-config FILE`: exit 0 and a summary, or 2 and the error."""
+    config = _load_config(args.file)
+    if config is None:
+        return 2
+    names = ", ".join(r.name for r in config.regions)
+    print(
+        f"{args.file}: ok ({len(config.regions)} regions: {names}; "
+        f"models: {', '.join(config.served_models())})"
+    )
+    return 0
+
+
+def _sim_region(args: argparse.Namespace) -> int:
+    """`router sim-region --port P --name N ...`."""
+    import uvloop
+
+    from router.sim.server import FAIL_MODES, SimOptions, serve_sim
+
+    if args.fail_mode not in FAIL_MODES:
+        print(
+            f"router sim-region: --fail-mode must be one of {', '.join(FAIL_MODES)}",
+            file=sys.stderr,
+        )
+        return 2
+    options = SimOptions(
+        name=args.name,
+        models=tuple(m.strip() for m in args.models.split(",") if m.strip()),
+        rtt_ms=args.rtt_ms,
+        ttft_ms=args.ttft_ms,
+        tokens_per_s=args.tokens_per_s,
+        fail_mode=args.fail_mode,
+        after_tokens=args.after_tokens,
+        drip_ms=args.drip_ms,
+    )
+    uvloop.run(serve_sim(options, args.host, args.port))
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    """`router demo`: the embedded default, until Ctrl-C."""
+    from router.demo import run_demo
+
+    return run_demo(args.port)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,190 @@
+"""build_app(config): the aiohttp application, its typed state and the request handlers."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+
+import msgspec
+from aiohttp import web
+
+from router import cache_http
+from router.config import Config
+from router.context import RequestContext, request_id
+from router.errors import ApiError, InvalidRequest, NotFound, Unavailable
+from router.proxy import AttemptHook, Tap, error_response, forward
+from router.request import (
+    CHAT,
+    COMPLETIONS,
+    EMBEDDINGS,
+    check_content_type,
+    parse_body,
+    read_body,
+    resolve_model,
+)
+from router.upstream import Upstream, Upstreams, open_upstreams
+
+log = logging.getLogger("router")
+
+# Orders the regions to try for one request; the health/routing feature replaces the default.
+Selector = Callable[[RequestContext, Upstreams], Sequence[Upstream]]
+# A step run on every proxied request in list order, after parsing and before selection. It may
+# change ctx (tenant, deployment, ...), raise an ApiError, or answer itself (a cache hit).
+Stage = Callable[[web.Request, RequestContext], Awaitable[web.StreamResponse | None]]
+# Region selection + forward for the request at hand; a tap sees what it sends the client.
+Origin = Callable[[Tap | None], Awaitable[web.StreamResponse]]
+# Wraps the origin after every stage: the response cache (lookup, miss tee, coalescing).
+Around = Callable[[web.Request, RequestContext, Origin], Awaitable[web.StreamResponse]]
+# Readiness conditions ANDed by /readyz (e.g. "at least one healthy region").
+ReadyCheck = Callable[[], bool]
+
+
+class RouterState:
+    """Mutable process-wide flags."""
+
+    __slots__ = ("draining",)
+
+    def __init__(self) -> None:
+        self.draining = False
+
+
+CONFIG: web.AppKey[Config] = web.AppKey("config")
+UPSTREAMS: web.AppKey[Upstreams] = web.AppKey("upstreams")
+SELECTOR: web.AppKey[Selector] = web.AppKey("selector")
+STAGES: web.AppKey[list[Stage]] = web.AppKey("stages")
+ATTEMPT_HOOKS: web.AppKey[list[AttemptHook]] = web.AppKey("attempt_hooks")
+READY_CHECKS: web.AppKey[list[ReadyCheck]] = web.AppKey("ready_checks")
+AROUND: web.AppKey[Around] = web.AppKey("around")
+STATE: web.AppKey[RouterState] = web.AppKey("state")
+CONTEXT: web.RequestKey[RequestContext] = web.RequestKey("context")
+
+
+def config_order(ctx: RequestContext, upstreams: Upstreams) -> Sequence[Upstream]:
+    """Default selection: regions serving the model, by bias_ms then weight then config order."""
+    return upstreams.serving(ctx.request.upstream_model)
+
+
+def _models_body(config: Config) -> bytes:
+    """GET /v1/models, computed once."""
+    data = [
+        {"id": name, "object": "model", "created": 0, "owned_by": "router"}
+        for name in config.served_models()
+    ]
+    return msgspec.json.encode({"object": "list", "data": data})
+
+
+@web.middleware
+async def _errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Every error leaves in OpenAI's shape: ApiErrors, aiohttp's own 404/405, and bugs (500)."""
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        return error_response(exc, _request_id(request))
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        error: ApiError = (
+            NotFound(f"Unknown path {request.path}.")
+            if exc.status == 404
+            else InvalidRequest(exc.reason, status=exc.status, code=None)
+        )
+        return error_response(error, _request_id(request))
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return error_response(ApiError("Internal router error."), _request_id(request))
+
+
+def _request_id(request: web.Request) -> str:
+    ctx = request.get(CONTEXT)
+    return ctx.request_id if ctx is not None else request_id(request.headers.get("X-Request-Id"))
+
+
+def _proxy_handler(
+    endpoint: str, config: Config
+) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """The handler for one forwarded endpoint; model lookups are fixed at build time."""
+    aliases = dict(config.models.aliases)
+    served = frozenset(config.served_models())
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        app = request.app
+        config = app[CONFIG]
+        ctx = RequestContext(request_id(request.headers.get("X-Request-Id")), endpoint)
+        request[CONTEXT] = ctx
+        timer = ctx.timer
+        timer.begin("parse")
+        check_content_type(request.headers.get("Content-Type"))
+        body = await read_body(request, config.server.max_body_bytes, config.server.body_timeout_s)
+        ctx.parsed = resolve_model(parse_body(endpoint, body), aliases, served)
+        timer.end("parse")
+        for stage in app[STAGES]:
+            answer = await stage(request, ctx)
+            if answer is not None:
+                return answer
+
+        async def origin(tap: Tap | None) -> web.StreamResponse:
+            candidates = app[SELECTOR](ctx, app[UPSTREAMS])
+            if not candidates:
+                raise Unavailable(f"No region can serve model `{ctx.request.model}` now.")
+            hooks: list[AttemptHook] = app[ATTEMPT_HOOKS]
+            return await forward(request, ctx, candidates, config.timeouts, hooks, tap=tap)
+
+        # The cache wraps selection + forward: it may answer, or tee the origin's answer.
+        around = app.get(AROUND)
+        if around is not None:
+            return await around(request, ctx, origin)
+        return await origin(None)
+
+    return handle
+
+
+async def _models(request: web.Request) -> web.Response:
+    return web.Response(body=request.app[_MODELS_BODY], content_type="application/json")
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def _readyz(request: web.Request) -> web.Response:
+    app = request.app
+    if app[STATE].draining:
+        return web.json_response({"status": "draining"}, status=503)
+    if not all(check() for check in app[READY_CHECKS]):
+        return web.json_response({"status": "not ready"}, status=503)
+    return web.json_response({"status": "ready"})
+
+
+_MODELS_BODY: web.AppKey[bytes] = web.AppKey("models_body")
+
+
+async def _upstreams_ctx(app: web.Application) -> AsyncIterator[None]:
+    """Region connection pools live exactly as long as the app."""
+    app[UPSTREAMS] = open_upstreams(app[CONFIG])
+    yield
+    await app[UPSTREAMS].close()
+
+
+def build_app(config: Config) -> web.Application:
+    """The router application for `config`; pools open on startup and close on cleanup."""
+    # client_max_size is a backstop; read_body enforces max_body_bytes with a proper 413.
+    app = web.Application(middlewares=[_errors], client_max_size=config.server.max_body_bytes + 1)
+    app[CONFIG] = config
+    app[SELECTOR] = config_order
+    app[STAGES] = []
+    app[ATTEMPT_HOOKS] = []
+    app[READY_CHECKS] = []
+    app[STATE] = RouterState()
+    if config.cache.enabled:
+        namespaces = cache_http.tenant_namespace(config.auth.enabled)
+        app[AROUND] = cache_http.install(app, config.cache, namespaces)
+    app[_MODELS_BODY] = _models_body(config)
+    app.cleanup_ctx.append(_upstreams_ctx)
+    for endpoint in (CHAT, COMPLETIONS, EMBEDDINGS):
+        app.router.add_post(endpoint, _proxy_handler(endpoint, config))
+    app.router.add_get("/v1/models", _models)
+    app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/readyz", _readyz)
+    return app

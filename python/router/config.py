@@ -1,0 +1,417 @@
+"""The router's config: one TOML file decoded once into frozen msgspec Structs."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Literal
+
+import msgspec
+
+from router.errors import ConfigError
+
+
+class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Base of every config section: immutable, keyword-only, unknown keys rejected."""
+
+
+class ServerConfig(_Section, frozen=True):
+    """[server]: where the router listens and how long it waits on clients."""
+
+    listen: str = "127.0.0.1:8080"
+    admin_listen: str | None = None
+    max_body_bytes: int = 1 << 20
+    # Slow-loris protection: a connection must complete a request head within header_timeout_s of
+    # connecting or of its previous response (aiohttp's keep-alive timer, so this is also the idle
+    # keep-alive timeout), and send its body within body_timeout_s.
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    # On SIGTERM: stop accepting, then give in-flight requests this long to finish.
+    drain_timeout_s: float = 10.0
+
+
+class TimeoutsConfig(_Section, frozen=True):
+    """[timeouts]: upstream deadlines, in seconds."""
+
+    connect: float = 2.0
+    first_byte: float = 30.0
+    idle: float = 30.0
+    total: float = 600.0
+
+
+class RegionConfig(_Section, frozen=True):
+    """One [[regions]] entry: an OpenAI-compatible endpoint serving some models."""
+
+    name: str
+    base_url: str
+    models: tuple[str, ...]
+    api_key_env: str | None = None
+    weight: float = 1.0
+    # Added to the region's measured latency when ranking; lower means preferred.
+    bias_ms: float = 0.0
+    max_connections: int = 256
+    # Idle pooled connections are dropped after this; keep it below the region's own keep-alive
+    # timeout (uvicorn, used by vLLM, closes after 5 s) so a reused connection is never stale.
+    keepalive_s: float = 4.0
+
+
+class ModelsConfig(_Section, frozen=True):
+    """[models]: client-facing aliases -> the model name regions serve."""
+
+    aliases: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+_SHA256_HEX = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
+_POSITIVE = Annotated[int, msgspec.Meta(ge=1)]
+
+
+class ApiKeyConfig(_Section, frozen=True):
+    """One [[auth.keys]] entry: a key (by SHA-256 hex, see `router hash-key`) and its tenant."""
+
+    sha256: _SHA256_HEX
+    tenant: str
+    models: tuple[str, ...] = ()  # empty: every model
+    requests_per_minute: _POSITIVE | None = None  # None: unlimited
+    tokens_per_minute: _POSITIVE | None = None
+    request_burst: _POSITIVE | None = None  # None: one minute's worth
+    token_burst: _POSITIVE | None = None
+    max_concurrent: _POSITIVE | None = None
+    priority: int = 0  # higher waits less in admission queues
+    cache_namespace: str | None = None  # None: the tenant name
+
+
+class AuthConfig(_Section, frozen=True):
+    """[auth]: API keys and tenants; off serves everyone anonymously (local use, loudly logged)."""
+
+    # None: on when any [[auth.keys]] is configured, off (with a loud warning) when none is.
+    enabled: bool | None = None
+    keys: tuple[ApiKeyConfig, ...] = ()
+    admin_token_sha256: _SHA256_HEX | None = None
+
+
+class LimitsConfig(_Section, frozen=True):
+    """[limits]: per-key request/token rates, local or shared by instances through Redis."""
+
+    backend: Literal["local", "redis"] = "local"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    # When Redis is unreachable: "open" keeps serving with local limits, "closed" answers 503.
+    on_redis_error: Literal["open", "closed"] = "open"
+    redis_timeout_ms: Annotated[float, msgspec.Meta(gt=0)] = 50.0
+    redis_retry_s: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+    redis_key_prefix: str = "router:rl:"
+    # Tokens reserved for the completion when a request sets no max_tokens.
+    default_max_tokens: Annotated[int, msgspec.Meta(ge=0)] = 256
+
+
+class AdmissionConfig(_Section, frozen=True):
+    """[admission]: per-region in-flight caps and the bounded priority wait queue."""
+
+    max_in_flight: _POSITIVE = 256
+    region_max_in_flight: dict[str, _POSITIVE] = msgspec.field(default_factory=dict)
+    queue_size: Annotated[int, msgspec.Meta(ge=0)] = 256
+    max_wait_s: Annotated[float, msgspec.Meta(ge=0)] = 2.0
+
+
+class CacheModelConfig(_Section, frozen=True):
+    """[cache.models.<model>]: per-model overrides of the [cache] defaults (unset: inherit)."""
+
+    enabled: bool | None = None
+    level: Literal["exact", "normalized"] | None = None
+    ttl_s: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    max_temperature: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    cache_unset_temperature: bool | None = None
+    allow_tools: bool | None = None
+
+
+class CacheConfig(_Section, frozen=True):
+    """[cache]: response cache: in-process tier, optional shared Redis tier, policy, coalescing."""
+
+    # Off unless asked for: a cache changes what a proxy answers, so it is an explicit choice.
+    enabled: bool = False
+    # "normalized" also folds case, spacing, punctuation and look-alike characters in prompts.
+    level: Literal["exact", "normalized"] = "exact"
+    max_bytes: Annotated[int, msgspec.Meta(gt=0)] = 64 << 20
+    # A response bigger than this is served but never stored (and never buffered for storing).
+    max_entry_bytes: Annotated[int, msgspec.Meta(gt=0)] = 1 << 20
+    ttl_s: Annotated[float, msgspec.Meta(gt=0)] = 300.0
+    # Cacheable only when temperature <= max_temperature; unset temperature means the upstream
+    # default (1.0 for OpenAI), so it is cacheable only when cache_unset_temperature says so.
+    max_temperature: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    cache_unset_temperature: bool = False
+    allow_tools: bool = False
+    # Concurrent identical misses share one upstream request.
+    coalesce: bool = True
+    redis_url: str | None = None
+    redis_prefix: str = "router:cache"
+    redis_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 0.05
+    # After a Redis failure, skip it for this long before trying again.
+    redis_retry_s: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+    models: dict[str, CacheModelConfig] = msgspec.field(default_factory=dict)
+
+
+_SECONDS = Annotated[float, msgspec.Meta(gt=0)]
+
+
+class HealthConfig(_Section, frozen=True):
+    """[health]: active probes (Rust prober thread), thresholds that flip health, ejection."""
+
+    enabled: bool = True
+    interval_s: _SECONDS = 1.0
+    # +/- this fraction of interval_s at random, so regions are not probed in lockstep.
+    jitter: Annotated[float, msgspec.Meta(ge=0, lt=1)] = 0.1
+    timeout_s: _SECONDS = 0.8
+    path: str = "/health"
+    # Used for a region whose `path` answers 404 (llama.cpp, OpenAI).
+    fallback_path: str = "/v1/models"
+    # Statuses that count as a good probe; empty means any 2xx.
+    expected_statuses: tuple[int, ...] = ()
+    healthy_after: _POSITIVE = 2
+    unhealthy_after: _POSITIVE = 2
+    ewma_alpha: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.3
+    window: _POSITIVE = 64
+    # Outlier ejection: this many consecutive 5xx / connect failures / timeouts from real traffic
+    # eject a region for base_ejection_s * 2^(k-1) (capped); a good probe afterwards reinstates it.
+    eject_after: _POSITIVE = 5
+    base_ejection_s: _SECONDS = 5.0
+    max_ejection_s: _SECONDS = 60.0
+
+
+class RoutingConfig(_Section, frozen=True):
+    """[routing]: region selection, failover attempts, retry budget, hedging, mid-stream policy."""
+
+    # Regions whose score (RTT + TTFT + bias) is within this of the best share load (P2C).
+    tolerance_ms: Annotated[float, msgspec.Meta(ge=0)] = 20.0
+    max_attempts: _POSITIVE = 3
+    # Retries (attempts after the first) stay under min + ratio * requests over the window.
+    retry_budget_ratio: Annotated[float, msgspec.Meta(ge=0, le=10)] = 0.2
+    retry_budget_min: Annotated[int, msgspec.Meta(ge=0)] = 10
+    retry_budget_window_s: _SECONDS = 10.0
+    # Give up on a region that sent no first byte in this long (None: timeouts.first_byte).
+    ttft_timeout_s: _SECONDS | None = None
+    # Endpoints (e.g. "/v1/chat/completions") that hedge: after hedge_delay_ms without a first
+    # byte (None: the region's p95 TTFT), also ask the next region; the first byte wins.
+    hedge_endpoints: tuple[str, ...] = ()
+    hedge_delay_ms: _SECONDS | None = None
+    # A stream that breaks after tokens were sent: "error" ends it with an SSE error event,
+    # "resume" continues on another region with the streamed text as an assistant prefill.
+    midstream: Literal["error", "resume"] = "error"
+    max_resumes: Annotated[int, msgspec.Meta(ge=0)] = 2
+    # When no region is available, still try them (ejected first) instead of answering 503.
+    panic_routing: bool = True
+
+
+class ObservabilityConfig(_Section, frozen=True):
+    """[observability]: metrics, access log, SLO targets, status page."""
+
+    # The `router.access` logger: one line per request, JSON or plain, to stdout.
+    access_log: bool = True
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["json", "plain"] = "json"
+    # SLO objectives over a rolling window: TTFT p95 and 5xx ratio.
+    slo_ttft_p95_ms: Annotated[float, msgspec.Meta(gt=0)] = 200.0
+    slo_error_rate: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.001
+    slo_window_s: Annotated[float, msgspec.Meta(gt=0)] = 300.0
+    # Relative error of the streaming TTFT quantiles.
+    quantile_accuracy: Annotated[float, msgspec.Meta(gt=0, lt=0.5)] = 0.01
+    # How often the /status page polls /status.json.
+    status_refresh_ms: Annotated[int, msgspec.Meta(ge=100)] = 1000
+
+
+class DeploymentConfig(_Section, frozen=True):
+    """One [[rollout.models.<alias>.deployments]] entry: a version of an alias."""
+
+    version: str
+    # The name regions serve it under (a model in some region's `models`).
+    model: str
+    # Regions allowed to serve this version; empty means every region serving `model`.
+    regions: tuple[str, ...] = ()
+    weight: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+
+
+class RolloutModelConfig(_Section, frozen=True):
+    """[rollout.models.<alias>]: a versioned alias; clients send the alias as `model`."""
+
+    deployments: tuple[DeploymentConfig, ...]
+    # Where a rollback sends everyone; defaults to the first deployment.
+    stable: str | None = None
+    # What keeps a client on one version: the `user` field (else the API key), the key, or nothing.
+    sticky: Literal["user", "api_key", "none"] = "user"
+
+
+class CanaryConfig(_Section, frozen=True):
+    """[rollout.canary]: when a canary counts as worse than stable; whether to roll it back."""
+
+    auto_rollback: bool = False
+    window_s: Annotated[float, msgspec.Meta(gt=0)] = 60.0
+    # Both versions need this many requests in the window before they are compared.
+    min_samples: Annotated[int, msgspec.Meta(ge=1)] = 50
+    # Roll back when canary error rate minus stable error rate exceeds this.
+    max_error_rate_delta: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.05
+    # Roll back when canary TTFT p95 over stable TTFT p95 exceeds this.
+    max_ttft_p95_ratio: Annotated[float, msgspec.Meta(gt=1)] = 2.0
+    # Per-version memory cap; the oldest samples go first.
+    max_samples: Annotated[int, msgspec.Meta(ge=1)] = 4096
+    check_interval_s: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+
+
+class RolloutConfig(_Section, frozen=True):
+    """[rollout]: versioned model aliases with weighted, sticky traffic split; canary policy."""
+
+    models: dict[str, RolloutModelConfig] = msgspec.field(default_factory=dict)
+    canary: CanaryConfig = msgspec.field(default_factory=CanaryConfig)
+
+
+class Config(_Section, frozen=True):
+    """The whole config file."""
+
+    regions: tuple[RegionConfig, ...]
+    server: ServerConfig = msgspec.field(default_factory=ServerConfig)
+    timeouts: TimeoutsConfig = msgspec.field(default_factory=TimeoutsConfig)
+    models: ModelsConfig = msgspec.field(default_factory=ModelsConfig)
+    auth: AuthConfig = msgspec.field(default_factory=AuthConfig)
+    limits: LimitsConfig = msgspec.field(default_factory=LimitsConfig)
+    admission: AdmissionConfig = msgspec.field(default_factory=AdmissionConfig)
+    cache: CacheConfig = msgspec.field(default_factory=CacheConfig)
+    health: HealthConfig = msgspec.field(default_factory=HealthConfig)
+    routing: RoutingConfig = msgspec.field(default_factory=RoutingConfig)
+    observability: ObservabilityConfig = msgspec.field(default_factory=ObservabilityConfig)
+    rollout: RolloutConfig = msgspec.field(default_factory=RolloutConfig)
+
+    def served_models(self) -> tuple[str, ...]:
+        """Every model name a client may ask for: aliases first, then region models, sorted."""
+        names = set(self.models.aliases) | set(self.rollout.models)
+        for region in self.regions:
+            names.update(region.models)
+        return tuple(sorted(names))
+
+
+_AT = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
+
+
+def _field_path(raw: str) -> str:
+    """`$.regions[0].name` -> `regions[0].name`."""
+    return raw.lstrip(".") or "(top level)"
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """`host:port` -> (host, port); raises ValueError naming what was expected."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"expected 'host:port', got {value!r}")
+    return host.strip("[]"), int(port)
+
+
+def _check(config: Config, source: str) -> None:
+    """Cross-field rules a schema cannot express."""
+
+    def fail(field: str, expected: str) -> ConfigError:
+        return ConfigError(f"{source}: field `{field}`: {expected}")
+
+    if not config.regions:
+        raise fail("regions", "expected at least one [[regions]] entry")
+    for key in ("listen", "admin_listen"):
+        value = getattr(config.server, key)
+        if value is not None:
+            try:
+                parse_listen(value)
+            except ValueError as exc:
+                raise fail(f"server.{key}", str(exc)) from None
+    if config.server.max_body_bytes <= 0:
+        raise fail("server.max_body_bytes", "expected a positive number of bytes")
+    for key in ("header_timeout_s", "body_timeout_s", "drain_timeout_s"):
+        if getattr(config.server, key) <= 0:
+            raise fail(f"server.{key}", "expected a positive number of seconds")
+    for key in ("connect", "first_byte", "idle", "total"):
+        if getattr(config.timeouts, key) <= 0:
+            raise fail(f"timeouts.{key}", "expected a positive number of seconds")
+    seen: set[str] = set()
+    served: set[str] = set()
+    for i, region in enumerate(config.regions):
+        where = f"regions[{i}]"
+        if not region.name:
+            raise fail(f"{where}.name", "expected a non-empty name")
+        if region.name in seen:
+            raise fail(f"{where}.name", f"expected a unique name, {region.name!r} is repeated")
+        seen.add(region.name)
+        if not region.base_url.startswith(("http://", "https://")):
+            raise fail(f"{where}.base_url", f"expected an http(s) URL, got {region.base_url!r}")
+        if not region.models:
+            raise fail(f"{where}.models", "expected at least one model name")
+        if region.weight <= 0:
+            raise fail(f"{where}.weight", "expected a positive weight")
+        if region.max_connections <= 0:
+            raise fail(f"{where}.max_connections", "expected a positive connection count")
+        if region.keepalive_s <= 0:
+            raise fail(f"{where}.keepalive_s", "expected a positive number of seconds")
+        served.update(region.models)
+    for alias, target in config.models.aliases.items():
+        if target not in served:
+            raise fail(
+                f"models.aliases.{alias}", f"expected a model some region serves, got {target!r}"
+            )
+    _check_rollout(config, source)
+
+
+def _check_rollout(config: Config, source: str) -> None:
+    """[rollout]: each version names a served model, in regions that serve it; weights add up."""
+
+    def fail(field: str, expected: str) -> ConfigError:
+        return ConfigError(f"{source}: field `{field}`: {expected}")
+
+    serving: dict[str, set[str]] = {}
+    for region in config.regions:
+        for model in region.models:
+            serving.setdefault(model, set()).add(region.name)
+    for alias, spec in config.rollout.models.items():
+        where = f"rollout.models.{alias}"
+        if alias in config.models.aliases:
+            raise fail(where, f"expected one definition, {alias!r} is also in models.aliases")
+        if not spec.deployments:
+            raise fail(f"{where}.deployments", "expected at least one deployment")
+        versions = [d.version for d in spec.deployments]
+        for i, d in enumerate(spec.deployments):
+            at = f"{where}.deployments[{i}]"
+            if not d.version:
+                raise fail(f"{at}.version", "expected a non-empty version tag")
+            if d.version in versions[:i]:
+                raise fail(f"{at}.version", f"expected a unique tag, {d.version!r} is repeated")
+            if d.model not in serving:
+                raise fail(f"{at}.model", f"expected a model some region serves, got {d.model!r}")
+            for r in d.regions:
+                if r not in serving[d.model]:
+                    raise fail(f"{at}.regions", f"expected regions serving {d.model!r}, got {r!r}")
+        if spec.stable is not None and spec.stable not in versions:
+            raise fail(f"{where}.stable", f"expected one of {versions}, got {spec.stable!r}")
+        if sum(d.weight for d in spec.deployments) <= 0:
+            raise fail(f"{where}.deployments", "expected at least one positive weight")
+
+
+def loads(text: str, source: str = "<config>") -> Config:
+    """Decode and check config text; `source` names the file in errors."""
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source}: invalid TOML: {exc}") from None
+    try:
+        config = msgspec.convert(raw, Config)
+    except msgspec.ValidationError as exc:
+        match = _AT.match(str(exc))
+        assert match is not None  # the pattern matches any string
+        path = match["path"]
+        what = match["what"]
+        if path is None:
+            raise ConfigError(f"{source}: {what}") from None
+        raise ConfigError(f"{source}: field `{_field_path(path)}`: {what}") from None
+    _check(config, source)
+    return config
+
+
+def load(path: str | Path) -> Config:
+    """Read, decode and check the config file at `path`."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{p}: cannot read config: {exc}") from None
+    return loads(text, str(p))

@@ -1,0 +1,282 @@
+"""Forwarding one request to a region: the attempt loop, then relaying the body or SSE stream."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+
+from router.config import TimeoutsConfig
+from router.context import RequestContext
+from router.errors import ApiError, UpstreamError
+from router.upstream import Upstream, response_headers
+
+log = logging.getLogger("router")
+
+# Statuses that mean "this region cannot take it now, another may": retried before the first byte.
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+
+class Opened:
+    """An attempt that got a usable answer: a whole body, or a stream and its first chunk."""
+
+    __slots__ = ("body", "first", "headers", "response", "status", "upstream")
+
+    def __init__(
+        self,
+        upstream: Upstream,
+        status: int,
+        headers: CIMultiDict[str],
+        *,
+        body: bytes | None = None,
+        response: aiohttp.ClientResponse | None = None,
+        first: bytes = b"",
+    ) -> None:
+        self.upstream = upstream
+        self.status = status
+        self.headers = headers
+        # Non-stream (or any non-200 answer): the whole body, byte-exact.
+        self.body = body
+        # Stream: the live upstream response, its first chunk already read.
+        self.response = response
+        self.first = first
+
+
+class AttemptError(Exception):
+    """One attempt at one region failed before anything reached the client."""
+
+    def __init__(
+        self,
+        region: str,
+        kind: str,
+        detail: str,
+        *,
+        retryable: bool = True,
+        status: int | None = None,
+        headers: CIMultiDict[str] | None = None,
+        body: bytes = b"",
+    ) -> None:
+        super().__init__(f"{region}: {kind}: {detail}")
+        self.region = region
+        # "connect" | "timeout" | "disconnect" | "status"
+        self.kind = kind
+        self.retryable = retryable
+        # For kind == "status": the region's answer, relayed if no other region does better.
+        self.status = status
+        self.headers = headers
+        self.body = body
+
+
+class Tap(Protocol):
+    """Sees what a cache miss sends the client (the response cache's tee)."""
+
+    def chunk(self, data: bytes) -> None: ...
+    def end(self, clean: bool) -> None: ...
+    def body(self, status: int, content_type: str | None, body: bytes) -> None: ...
+
+
+# Called after every attempt with (ctx, region, error or None, seconds): passive health, metrics.
+AttemptHook = Callable[[RequestContext, Upstream, AttemptError | None, float], None]
+Opener = Callable[[Upstream], Awaitable[Opened]]
+
+
+async def open_attempt(
+    upstream: Upstream, ctx: RequestContext, headers: CIMultiDict[str], timeouts: TimeoutsConfig
+) -> Opened:
+    """Send the request to one region and read up to the point of no return (the first byte)."""
+    parsed = ctx.request
+    resp: aiohttp.ClientResponse | None = None
+    try:
+        async with asyncio.timeout(timeouts.first_byte) as deadline:
+            resp = await upstream.session.post(
+                upstream.url(ctx.endpoint), data=parsed.body, headers=headers
+            )
+            status = resp.status
+            if parsed.stream and status == 200:
+                # Committing to a region only once it produced body bytes lets a region that
+                # dies between headers and first token be retried elsewhere.
+                first = await resp.content.readany()
+                if not first:
+                    raise AttemptError(upstream.name, "disconnect", "empty stream")
+                return Opened(
+                    upstream, status, response_headers(resp.headers), response=resp, first=first
+                )
+            # Nothing is sent to the client until the whole body is read, so a failure reading
+            # it can still go to another region; the session's total timeout bounds it.
+            deadline.reschedule(None)
+            body = await resp.read()
+            headers_out = response_headers(resp.headers)
+            if status in RETRY_STATUSES:
+                raise AttemptError(
+                    upstream.name,
+                    "status",
+                    f"HTTP {status}",
+                    status=status,
+                    headers=headers_out,
+                    body=body,
+                )
+            return Opened(upstream, status, headers_out, body=body)
+    except AttemptError:
+        if resp is not None:
+            resp.close()
+        raise
+    except TimeoutError:
+        if resp is not None:
+            resp.close()
+        raise AttemptError(upstream.name, "timeout", "no first byte in time") from None
+    except aiohttp.ClientConnectorError as exc:
+        raise AttemptError(upstream.name, "connect", str(exc)) from None
+    except aiohttp.ClientError as exc:
+        if resp is not None:
+            resp.close()
+        raise AttemptError(upstream.name, "disconnect", str(exc) or type(exc).__name__) from None
+    except BaseException:
+        # Client gone (cancelled) or a bug: never leave the upstream request running.
+        if resp is not None:
+            resp.close()
+        raise
+
+
+async def attempt_loop(
+    ctx: RequestContext,
+    candidates: Sequence[Upstream],
+    open_one: Opener,
+    hooks: Sequence[AttemptHook] = (),
+) -> Opened:
+    """Try `candidates` in order until one answers; raise the last AttemptError if none does."""
+    last: AttemptError | None = None
+    for upstream in candidates:
+        ctx.attempts += 1
+        ctx.region = upstream.name
+        began = time.perf_counter()
+        try:
+            opened = await open_one(upstream)
+        except AttemptError as exc:
+            for hook in hooks:
+                hook(ctx, upstream, exc, time.perf_counter() - began)
+            last = exc
+            if not exc.retryable:
+                break
+            log.warning("request %s: %s; trying the next region", ctx.request_id, exc)
+            continue
+        for hook in hooks:
+            hook(ctx, upstream, None, time.perf_counter() - began)
+        return opened
+    if last is None:
+        raise AttemptError("-", "connect", "no candidate regions", retryable=False)
+    raise last
+
+
+def failure_response(exc: AttemptError, request_id: str) -> web.Response:
+    """What the client gets when every attempt failed: the last region's answer, or 502/504."""
+    if exc.status is not None and exc.headers is not None:
+        exc.headers["X-Request-Id"] = request_id
+        return web.Response(status=exc.status, body=exc.body, headers=exc.headers)
+    status = 504 if exc.kind == "timeout" else 502
+    error = UpstreamError(
+        f"No region could answer the request (last: {exc}).",
+        status=status,
+        code="upstream_timeout" if status == 504 else "upstream_error",
+    )
+    return error_response(error, request_id)
+
+
+def error_response(error: ApiError, request_id: str) -> web.Response:
+    """An ApiError in OpenAI's shape."""
+    headers = {"Content-Type": "application/json", "X-Request-Id": request_id, **error.headers}
+    return web.Response(status=error.status, body=error.body(), headers=headers)
+
+
+def _stream_error_event(message: str) -> bytes:
+    """An SSE event OpenAI SDKs raise as an APIError, for a stream that broke mid-way."""
+    body = UpstreamError(message, code="upstream_stream_error").body()
+    return b"data: " + body + b"\n\n"
+
+
+async def relay_stream(
+    request: web.Request,
+    ctx: RequestContext,
+    opened: Opened,
+    idle_timeout: float,
+    tap: Tap | None = None,
+) -> web.StreamResponse:
+    """Relay an upstream SSE stream chunk by chunk; write() waits for the client (backpressure)."""
+    upstream = opened.response
+    assert upstream is not None
+    opened.headers["X-Request-Id"] = ctx.request_id
+    resp = web.StreamResponse(status=opened.status, headers=opened.headers)
+    complete = False
+    try:
+        await resp.prepare(request)
+        await resp.write(opened.first)
+        if tap is not None:
+            tap.chunk(opened.first)
+        content = upstream.content
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(None) as idle:
+                while True:
+                    idle.reschedule(loop.time() + idle_timeout)
+                    chunk = await content.readany()
+                    # A slow client is backpressure, not an idle upstream.
+                    idle.reschedule(None)
+                    if not chunk:
+                        break
+                    await resp.write(chunk)
+                    if tap is not None:
+                        tap.chunk(chunk)
+            complete = True
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            reason = "idle timeout" if isinstance(exc, TimeoutError) else str(exc) or "disconnect"
+            log.warning("request %s: stream from %s broke: %s", ctx.request_id, ctx.region, reason)
+            await resp.write(_stream_error_event(f"The region stopped mid-stream ({reason})."))
+    finally:
+        if tap is not None:
+            tap.end(complete)
+        if complete:
+            upstream.release()
+        else:
+            # Closing (not releasing) the connection is what tells the region to stop generating.
+            upstream.close()
+    await resp.write_eof()
+    return resp
+
+
+async def forward(
+    request: web.Request,
+    ctx: RequestContext,
+    candidates: Sequence[Upstream],
+    timeouts: TimeoutsConfig,
+    hooks: Sequence[AttemptHook] = (),
+    tap: Tap | None = None,
+) -> web.StreamResponse:
+    """Send the parsed request to the first candidate that answers and relay its answer."""
+    headers_in = request.headers
+
+    async def open_one(upstream: Upstream) -> Opened:
+        headers = upstream.request_headers(headers_in, ctx.request_id)
+        return await open_attempt(upstream, ctx, headers, timeouts)
+
+    ctx.timer.begin("upstream")
+    try:
+        opened = await attempt_loop(ctx, candidates, open_one, hooks)
+    except AttemptError as exc:
+        ctx.timer.end("upstream")
+        return failure_response(exc, ctx.request_id)
+    ctx.timer.end("upstream")
+    if opened.response is None:
+        if tap is not None:
+            tap.body(opened.status, opened.headers.get("Content-Type"), opened.body or b"")
+        opened.headers["X-Request-Id"] = ctx.request_id
+        return web.Response(status=opened.status, body=opened.body, headers=opened.headers)
+    ctx.timer.begin("stream")
+    try:
+        return await relay_stream(request, ctx, opened, timeouts.idle, tap)
+    finally:
+        ctx.timer.end("stream")

@@ -1,0 +1,227 @@
+"""Reading and validating a client request body: size cap, content type, decode, model lookup."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from router.errors import ApiError, InvalidRequest, NotFound, PayloadTooLarge
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+EMBEDDINGS = "/v1/embeddings"
+
+
+class UnsupportedMediaType(ApiError):
+    """415: the body is not JSON."""
+
+    status = 415
+    type = "invalid_request_error"
+    code = "unsupported_media_type"
+
+
+class RequestTimeout(ApiError):
+    """408: the client did not send its body in time."""
+
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
+
+
+class _StreamOptions(msgspec.Struct):
+    include_usage: bool | None = None
+
+
+class _Message(msgspec.Struct):
+    role: str
+    # Text or a list of content parts; None is legal for assistant tool-call messages.
+    content: str | list[dict[str, Any]] | None = None
+
+
+class _Chat(msgspec.Struct):
+    model: str
+    messages: list[_Message]
+    stream: bool | None = None
+    stream_options: _StreamOptions | None = None
+
+
+class _Completion(msgspec.Struct):
+    model: str
+    # str | list[str] | list[int] | list[list[int]]; msgspec allows one array type in a union,
+    # so the elements are checked by hand.
+    prompt: str | list[Any]
+    stream: bool | None = None
+    stream_options: _StreamOptions | None = None
+
+
+class _Embedding(msgspec.Struct):
+    model: str
+    input: str | list[Any]
+
+
+_DECODERS: dict[str, msgspec.json.Decoder[Any]] = {
+    CHAT: msgspec.json.Decoder(_Chat),
+    COMPLETIONS: msgspec.json.Decoder(_Completion),
+    EMBEDDINGS: msgspec.json.Decoder(_Embedding),
+}
+_RAW_OBJECT = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_ENCODER = msgspec.json.Encoder()
+_AT = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
+_MISSING = re.compile(r"missing required field `(?P<name>[^`]+)`")
+
+
+class ParsedRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """A validated request: the bytes to forward and the few fields the router acts on."""
+
+    endpoint: str
+    # The model the client named, and the name regions know it by (differs for an alias).
+    model: str
+    upstream_model: str = ""
+    body: bytes
+    stream: bool = False
+    include_usage: bool = False
+    # The decoded body (a _Chat/_Completion/_Embedding), for features that need messages or prompt.
+    decoded: Any = None
+
+    def with_model(self, upstream_model: str) -> ParsedRequest:
+        """A copy whose forwarded body names `upstream_model`; other fields stay byte-identical."""
+        if upstream_model == self.model:
+            return msgspec.structs.replace(self, upstream_model=upstream_model)
+        fields = _RAW_OBJECT.decode(self.body)
+        fields["model"] = msgspec.Raw(_ENCODER.encode(upstream_model))
+        return msgspec.structs.replace(
+            self, upstream_model=upstream_model, body=_ENCODER.encode(fields)
+        )
+
+
+def check_content_type(content_type: str | None) -> None:
+    """JSON or nothing; anything else is 415."""
+    if not content_type:
+        return
+    media = content_type.partition(";")[0].strip().lower()
+    if media == "application/json" or media.endswith("+json"):
+        return
+    raise UnsupportedMediaType(f"Unsupported content type {media!r}; send application/json.")
+
+
+async def read_body(request: web.Request, max_bytes: int, within_s: float) -> bytes:
+    """The whole body, at most `max_bytes` (else 413), within `within_s` seconds (else 408)."""
+    declared = request.content_length
+    if declared is not None and declared > max_bytes:
+        raise PayloadTooLarge(f"Request body is {declared} bytes; the limit is {max_bytes}.")
+    try:
+        async with asyncio.timeout(within_s):
+            if declared is not None:
+                return await request.content.readexactly(declared)
+            chunks: list[bytes] = []
+            size = 0
+            async for chunk in request.content.iter_any():
+                size += len(chunk)
+                if size > max_bytes:
+                    raise PayloadTooLarge(f"Request body exceeds the limit of {max_bytes} bytes.")
+                chunks.append(chunk)
+            return b"".join(chunks)
+    except TimeoutError:
+        raise RequestTimeout(f"Request body not received within {within_s:g} s.") from None
+    except asyncio.IncompleteReadError:
+        raise InvalidRequest("Request body ended before Content-Length bytes.") from None
+
+
+def _invalid(exc: msgspec.MsgspecError) -> InvalidRequest:
+    """A decode/validation error as a 400 naming the offending parameter."""
+    text = str(exc)
+    match = _AT.match(text)
+    assert match is not None  # the pattern matches any string
+    path = match["path"]
+    missing = _MISSING.search(text)
+    param = path.lstrip(".") if path else None
+    if missing is not None:
+        name = missing["name"]
+        param = f"{param}.{name}" if param else name
+    if isinstance(exc, msgspec.ValidationError):
+        message = f"Invalid request: {match['what']}" + (f" at `{param}`" if param else "")
+    elif "UTF-8" in text:
+        message = "Request body is not valid UTF-8."
+    else:
+        message = f"Request body is not valid JSON: {text}"
+    return InvalidRequest(message, param=param)
+
+
+def _check_token_list(value: list[Any], param: str) -> None:
+    """Prompt/input lists: all strings, all ints, or all lists of ints."""
+    if not value:
+        raise InvalidRequest(f"`{param}` must not be empty.", param=param)
+    first = value[0]
+    if isinstance(first, str):
+        ok = all(isinstance(v, str) for v in value)
+    elif isinstance(first, int) and not isinstance(first, bool):
+        ok = all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    elif isinstance(first, list):
+        ok = all(
+            isinstance(v, list)
+            and v
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
+            for v in value
+        )
+    else:
+        ok = False
+    if not ok:
+        raise InvalidRequest(
+            f"`{param}` must be a string, a list of strings, a list of token ids or a list of "
+            "token-id lists.",
+            param=param,
+        )
+
+
+def parse_body(endpoint: str, body: bytes) -> ParsedRequest:
+    """Decode and validate `body` for `endpoint`; 400 with the parameter named on any problem."""
+    if not body:
+        raise InvalidRequest("Request body is empty; expected a JSON object.")
+    try:
+        decoded = _DECODERS[endpoint].decode(body)
+    except msgspec.MsgspecError as exc:
+        raise _invalid(exc) from None
+    stream = False
+    include_usage = False
+    if isinstance(decoded, _Chat):
+        if not decoded.messages:
+            raise InvalidRequest("`messages` must not be empty.", param="messages")
+    elif isinstance(decoded, _Completion):
+        if isinstance(decoded.prompt, list):
+            _check_token_list(decoded.prompt, "prompt")
+    elif isinstance(decoded.input, list):
+        _check_token_list(decoded.input, "input")
+    if isinstance(decoded, _Chat | _Completion):
+        stream = bool(decoded.stream)
+        options = decoded.stream_options
+        include_usage = stream and options is not None and bool(options.include_usage)
+    if not decoded.model:
+        raise InvalidRequest("`model` must not be empty.", param="model")
+    return ParsedRequest(
+        endpoint=endpoint,
+        model=decoded.model,
+        upstream_model=decoded.model,
+        body=body,
+        stream=stream,
+        include_usage=include_usage,
+        decoded=decoded,
+    )
+
+
+def resolve_model(
+    parsed: ParsedRequest, aliases: Mapping[str, str], served: frozenset[str]
+) -> ParsedRequest:
+    """Map an alias to its upstream model; 404 for a model no region serves."""
+    if parsed.model not in served:
+        raise NotFound(
+            f"The model `{parsed.model}` does not exist or you do not have access to it.",
+            param="model",
+            code="model_not_found",
+        )
+    target = aliases.get(parsed.model, parsed.model)
+    return parsed.with_model(target)

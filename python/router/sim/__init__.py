@@ -1,0 +1,1 @@
+"""A simulated OpenAI-compatible region for the demo, tests and benchmarks."""

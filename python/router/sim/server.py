@@ -1,0 +1,447 @@
+"""The simulated region: an OpenAI-compatible aiohttp server with injected latency and faults."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import struct
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from router.sim import text
+
+FAIL_MODES = ("none", "refuse", "500", "503", "429", "hang", "die-mid-stream", "drip")
+# "hang" holds a request this long at most, so a forgotten client cannot pin a task forever.
+_HANG_S = 600.0
+_ENCODE = msgspec.json.Encoder()
+_DECODE = msgspec.json.Decoder()
+
+
+class SimOptions(msgspec.Struct, kw_only=True):
+    """Behaviour of the region; flags set it at start, POST /sim/config changes it live."""
+
+    name: str = "sim"
+    models: tuple[str, ...] = ("sim-1",)
+    rtt_ms: float = 0.0
+    ttft_ms: float = 0.0
+    # 0 means as fast as possible.
+    tokens_per_s: float = 0.0
+    fail_mode: str = "none"
+    # For die-mid-stream / hang: how many tokens go out first.
+    after_tokens: int = 3
+    # For drip: the pause between tokens (stream) or body pieces (non-stream).
+    drip_ms: float = 1000.0
+    embedding_dims: int = 16
+
+
+class SimStats(msgspec.Struct):
+    """Counters exposed at GET /sim/stats; tests prove cancellation and failover with them."""
+
+    requests: int = 0
+    active: int = 0
+    completed: int = 0
+    # Requests whose client went away before the sim finished answering.
+    cancelled: int = 0
+    injected_failures: int = 0
+    streams: int = 0
+    tokens_sent: int = 0
+    by_path: dict[str, int] = msgspec.field(default_factory=dict)
+    last_headers: dict[str, str] = msgspec.field(default_factory=dict)
+    last_body: str = ""
+
+
+class _Plan(msgspec.Struct, kw_only=True):
+    """One request's behaviour after applying per-request headers to the options."""
+
+    fail: str
+    rtt_s: float
+    ttft_s: float
+    token_s: float
+    after_tokens: int
+    drip_s: float
+
+
+def _plan(options: SimOptions, headers: Mapping[str, str]) -> _Plan:
+    """Options overridden by x-sim-* headers; faults only if x-sim-only (if present) names us."""
+    only = headers.get("x-sim-only")
+    targeted = only is None or options.name in {n.strip() for n in only.split(",")}
+    fail = options.fail_mode
+    if targeted and "x-sim-fail" in headers:
+        fail = headers["x-sim-fail"]
+    tps = float(headers.get("x-sim-tokens-per-s", options.tokens_per_s))
+    return _Plan(
+        fail=fail,
+        rtt_s=float(headers.get("x-sim-rtt-ms", options.rtt_ms)) / 1000,
+        ttft_s=float(headers.get("x-sim-ttft-ms", options.ttft_ms)) / 1000,
+        token_s=1 / tps if tps > 0 else 0.0,
+        after_tokens=int(headers.get("x-sim-after-tokens", options.after_tokens)),
+        drip_s=float(headers.get("x-sim-drip-ms", options.drip_ms)) / 1000,
+    )
+
+
+def _error(status: int, message: str, kind: str) -> web.Response:
+    body = _ENCODE.encode(
+        {"error": {"message": message, "type": kind, "param": None, "code": None}}
+    )
+    headers = {"Retry-After": "1"} if status in (429, 503) else None
+    return web.Response(status=status, body=body, content_type="application/json", headers=headers)
+
+
+class _Dropped(Exception):
+    """The sim dropped the connection on purpose (not a client cancellation)."""
+
+
+async def _pause(seconds: float) -> None:
+    if seconds > 0:
+        await asyncio.sleep(seconds)
+
+
+class SimRegion:
+    """State and handlers of one simulated region."""
+
+    def __init__(self, options: SimOptions) -> None:
+        self.options = options
+        self.stats = SimStats()
+        self.created = int(time.time())
+
+    # ---- fault injection shared by every generating endpoint ----
+
+    async def _pre_fault(
+        self, request: web.Request, plan: _Plan, stream: bool
+    ) -> web.Response | None:
+        """Faults that strike before the first byte; None when the request should proceed."""
+        fail = plan.fail
+        if fail == "none":
+            return None
+        if fail not in FAIL_MODES:
+            return _error(400, f"unknown x-sim-fail {fail!r}; one of {FAIL_MODES}", "invalid")
+        if fail in ("die-mid-stream", "drip") or (fail == "hang" and stream and plan.after_tokens):
+            return None
+        self.stats.injected_failures += 1
+        if fail == "refuse":
+            # The closest a running server gets to refusing: drop the connection unanswered.
+            assert request.transport is not None
+            request.transport.abort()
+            raise _Dropped
+        if fail == "hang":
+            await asyncio.sleep(_HANG_S)
+            return _error(504, "sim hang elapsed", "server_error")
+        status = int(fail)
+        kind = "rate_limit_error" if status == 429 else "server_error"
+        return _error(status, f"sim region {self.options.name}: injected {status}", kind)
+
+    # ---- endpoints ----
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=True)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=False)
+
+    async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+        stats = self.stats
+        stats.requests += 1
+        stats.by_path[request.path] = stats.by_path.get(request.path, 0) + 1
+        stats.active += 1
+        try:
+            response = await self._generate_inner(request, chat=chat)
+        except _Dropped:
+            raise asyncio.CancelledError from None
+        except (asyncio.CancelledError, ConnectionResetError):
+            stats.cancelled += 1
+            raise
+        finally:
+            stats.active -= 1
+        stats.completed += 1
+        return response
+
+    async def _generate_inner(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+        raw = await request.read()
+        self.stats.last_headers = dict(request.headers)
+        self.stats.last_body = raw.decode("utf-8", "replace")
+        try:
+            body = _DECODE.decode(raw)
+        except msgspec.DecodeError:
+            return _error(400, "invalid JSON", "invalid_request_error")
+        if not isinstance(body, dict) or not isinstance(body.get("model"), str):
+            return _error(400, "`model` is required", "invalid_request_error")
+        model: str = body["model"]
+        plan = _plan(self.options, request.headers)
+        stream = bool(body.get("stream"))
+        fault = await self._pre_fault(request, plan, stream)
+        if fault is not None:
+            return fault
+        await _pause(plan.rtt_s)
+        if chat:
+            messages = body.get("messages")
+            if not isinstance(messages, list):
+                return _error(400, "`messages` is required", "invalid_request_error")
+            tokens, _ = text.chat_tokens(model, messages)
+            prompt_tokens = text.count_prompt_tokens(messages)
+        else:
+            prompt = body.get("prompt", "")
+            tokens = text.completion_tokens(model, prompt)
+            prompt_tokens = text.count_prompt_tokens(prompt)
+        limit = body.get("max_completion_tokens", body.get("max_tokens"))
+        finish = "stop"
+        if isinstance(limit, int) and 0 <= limit < len(tokens):
+            tokens = tokens[:limit]
+            finish = "length"
+        seed = hashlib.sha256(raw).hexdigest()[:24]
+        ident = ("chatcmpl-" if chat else "cmpl-") + seed
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": len(tokens),
+            "total_tokens": prompt_tokens + len(tokens),
+        }
+        if stream:
+            options = body.get("stream_options")
+            include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+            return await self._stream(
+                request, plan, chat, ident, model, tokens, finish, usage if include_usage else None
+            )
+        await _pause(plan.ttft_s + plan.token_s * len(tokens))
+        content = "".join(tokens)
+        if chat:
+            choice: dict[str, Any] = {
+                "index": 0,
+                "message": {"role": "assistant", "content": content},
+                "logprobs": None,
+                "finish_reason": finish,
+            }
+        else:
+            choice = {"index": 0, "text": content, "logprobs": None, "finish_reason": finish}
+        payload = _ENCODE.encode(
+            {
+                "id": ident,
+                "object": "chat.completion" if chat else "text_completion",
+                "created": self.created,
+                "model": model,
+                "choices": [choice],
+                "usage": usage,
+            }
+        )
+        self.stats.tokens_sent += len(tokens)
+        if plan.fail in ("die-mid-stream", "drip"):
+            return await self._broken_body(request, plan, payload)
+        return web.Response(body=payload, content_type="application/json")
+
+    async def _broken_body(
+        self, request: web.Request, plan: _Plan, payload: bytes
+    ) -> web.StreamResponse:
+        """A non-stream body that dies half way or trickles out in small pieces."""
+        self.stats.injected_failures += 1
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        resp.content_length = len(payload)
+        await resp.prepare(request)
+        if plan.fail == "die-mid-stream":
+            await resp.write(payload[: len(payload) // 2])
+            assert request.transport is not None
+            request.transport.abort()
+            return resp
+        for i in range(0, len(payload), 16):
+            await resp.write(payload[i : i + 16])
+            await asyncio.sleep(plan.drip_s)
+        await resp.write_eof()
+        return resp
+
+    async def _stream(
+        self,
+        request: web.Request,
+        plan: _Plan,
+        chat: bool,
+        ident: str,
+        model: str,
+        tokens: list[str],
+        finish: str,
+        usage: dict[str, int] | None,
+    ) -> web.StreamResponse:
+        self.stats.streams += 1
+        resp = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await resp.prepare(request)
+        base: dict[str, Any] = {
+            "id": ident,
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": self.created,
+            "model": model,
+        }
+        if usage is not None:
+            base["usage"] = None
+
+        def event(choice: dict[str, Any]) -> bytes:
+            return b"data: " + _ENCODE.encode({**base, "choices": [choice]}) + b"\n\n"
+
+        def token_choice(tok: str, finish_reason: str | None = None) -> dict[str, Any]:
+            if chat:
+                delta = {"content": tok} if finish_reason is None else {}
+                return {
+                    "index": 0,
+                    "delta": delta,
+                    "logprobs": None,
+                    "finish_reason": finish_reason,
+                }
+            return {"index": 0, "text": tok, "logprobs": None, "finish_reason": finish_reason}
+
+        await _pause(plan.ttft_s)
+        if chat:
+            role = {"role": "assistant", "content": ""}
+            await resp.write(
+                event({"index": 0, "delta": role, "logprobs": None, "finish_reason": None})
+            )
+        fail = plan.fail
+        pause = plan.drip_s if fail == "drip" else plan.token_s
+        if fail == "drip":
+            self.stats.injected_failures += 1
+        for i, tok in enumerate(tokens):
+            if i and pause:
+                await asyncio.sleep(pause)
+            if i == plan.after_tokens and fail in ("die-mid-stream", "hang"):
+                self.stats.injected_failures += 1
+                if fail == "hang":
+                    await asyncio.sleep(_HANG_S)
+                assert request.transport is not None
+                request.transport.abort()
+                return resp
+            await resp.write(event(token_choice(tok)))
+            self.stats.tokens_sent += 1
+        await resp.write(event(token_choice("", finish)))
+        if usage is not None:
+            await resp.write(
+                b"data: " + _ENCODE.encode({**base, "choices": [], "usage": usage}) + b"\n\n"
+            )
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    async def embeddings(self, request: web.Request) -> web.StreamResponse:
+        stats = self.stats
+        stats.requests += 1
+        stats.by_path[request.path] = stats.by_path.get(request.path, 0) + 1
+        try:
+            body = _DECODE.decode(await request.read())
+        except msgspec.DecodeError:
+            return _error(400, "invalid JSON", "invalid_request_error")
+        if not isinstance(body, dict) or not isinstance(body.get("model"), str):
+            return _error(400, "`model` is required", "invalid_request_error")
+        plan = _plan(self.options, request.headers)
+        try:
+            fault = await self._pre_fault(request, plan, False)
+        except _Dropped:
+            raise asyncio.CancelledError from None
+        if fault is not None:
+            return fault
+        await _pause(plan.rtt_s)
+        model: str = body["model"]
+        inputs = body.get("input")
+        items = (
+            inputs
+            if isinstance(inputs, list) and inputs and not isinstance(inputs[0], int)
+            else [inputs]
+        )
+        dims = body.get("dimensions") or self.options.embedding_dims
+        b64 = body.get("encoding_format") == "base64"
+        data = []
+        for i, item in enumerate(items):
+            vector = text.embedding(model, item, int(dims))
+            value: Any = (
+                base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+                if b64
+                else vector
+            )
+            data.append({"object": "embedding", "index": i, "embedding": value})
+        prompt_tokens = text.count_prompt_tokens(inputs)
+        payload = {
+            "object": "list",
+            "data": data,
+            "model": model,
+            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+        }
+        stats.completed += 1
+        return web.Response(body=_ENCODE.encode(payload), content_type="application/json")
+
+    async def models(self, request: web.Request) -> web.Response:
+        data = [
+            {"id": m, "object": "model", "created": self.created, "owned_by": self.options.name}
+            for m in self.options.models
+        ]
+        return web.json_response({"object": "list", "data": data})
+
+    async def health(self, request: web.Request) -> web.StreamResponse:
+        # Only the region-wide mode affects health: per-request headers model one bad request.
+        fail = self.options.fail_mode
+        if fail in ("500", "503", "429"):
+            return _error(int(fail), "unhealthy", "server_error")
+        if fail == "hang":
+            await asyncio.sleep(_HANG_S)
+        if fail == "refuse":
+            assert request.transport is not None
+            request.transport.abort()
+            raise asyncio.CancelledError
+        await _pause(self.options.rtt_ms / 1000)
+        return web.json_response({"status": "ok", "name": self.options.name})
+
+    async def get_stats(self, request: web.Request) -> web.Response:
+        return web.Response(body=_ENCODE.encode(self.stats), content_type="application/json")
+
+    async def reset_stats(self, request: web.Request) -> web.Response:
+        self.stats = SimStats()
+        return web.Response(body=_ENCODE.encode(self.stats), content_type="application/json")
+
+    async def get_config(self, request: web.Request) -> web.Response:
+        return web.Response(body=_ENCODE.encode(self.options), content_type="application/json")
+
+    async def set_config(self, request: web.Request) -> web.Response:
+        """Merge a JSON object of SimOptions fields into the live options."""
+        try:
+            changes = _DECODE.decode(await request.read())
+            merged = msgspec.convert({**msgspec.to_builtins(self.options), **changes}, SimOptions)
+        except (msgspec.DecodeError, msgspec.ValidationError, TypeError) as exc:
+            return _error(400, f"bad sim config: {exc}", "invalid_request_error")
+        if merged.fail_mode not in FAIL_MODES:
+            return _error(400, f"fail_mode must be one of {FAIL_MODES}", "invalid_request_error")
+        self.options = merged
+        return web.Response(body=_ENCODE.encode(merged), content_type="application/json")
+
+
+SIM: web.AppKey[SimRegion] = web.AppKey("sim")
+
+
+def build_sim_app(options: SimOptions) -> web.Application:
+    """The aiohttp app of one simulated region."""
+    sim = SimRegion(options)
+    app = web.Application(client_max_size=64 << 20)
+    app[SIM] = sim
+    app.router.add_post("/v1/chat/completions", sim.chat)
+    app.router.add_post("/v1/completions", sim.completions)
+    app.router.add_post("/v1/embeddings", sim.embeddings)
+    app.router.add_get("/v1/models", sim.models)
+    app.router.add_get("/health", sim.health)
+    app.router.add_get("/sim/stats", sim.get_stats)
+    app.router.add_post("/sim/reset", sim.reset_stats)
+    app.router.add_get("/sim/config", sim.get_config)
+    app.router.add_post("/sim/config", sim.set_config)
+    return app
+
+
+def sim_runner(app: web.Application) -> web.AppRunner:
+    """A runner that cancels handlers whose client left, so the stats see it at once."""
+    return web.AppRunner(
+        app, handle_signals=False, handler_cancellation=True, access_log=None, shutdown_timeout=1.0
+    )
+
+
+async def serve_sim(options: SimOptions, host: str, port: int) -> None:
+    """Serve one simulated region until SIGTERM/SIGINT."""
+    from router.server import run_until_signal
+
+    def ready(url: str) -> None:
+        print(f"sim region {options.name} listening on {url}", flush=True)
+
+    await run_until_signal(sim_runner(build_sim_app(options)), f"{host}:{port}", ready)

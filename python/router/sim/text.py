@@ -1,0 +1,102 @@
+"""Deterministic completions: the token sequence is a pure function of model + prompt."""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+_VOCABULARY = (
+    "the a of to and in is it that for on with as was at by an be this from or are have not "
+    "region router stream token cache model prompt latency edge request answer failover "
+    "quiet river stone light paper window garden cloud signal bridge harbor lantern meadow "
+    "north south east west early late small large bright dark swift slow calm brave "
+    "runs holds keeps turns reads writes finds moves waits sends builds opens closes "
+    "today again always never often soon here there inside outside between across"
+)
+_WORDS = _VOCABULARY.split()
+_ENCODE = msgspec.json.Encoder()
+MIN_TOKENS = 12
+MAX_TOKENS = 60
+
+
+def _seed(parts: Any) -> bytes:
+    return hashlib.sha256(_ENCODE.encode(parts)).digest()
+
+
+def _tokens(seed: bytes) -> list[str]:
+    """The full sequence for a seed: MIN..MAX word tokens, a leading space on all but the first."""
+    stream = hashlib.shake_256(seed).digest(2 * (MAX_TOKENS + 1))
+    count = MIN_TOKENS + stream[0] % (MAX_TOKENS - MIN_TOKENS + 1)
+    words = [_WORDS[stream[1 + i] % len(_WORDS)] for i in range(count)]
+    words[0] = words[0].capitalize()
+    words[-1] += "."
+    return [words[0], *(" " + w for w in words[1:])]
+
+
+def _message_key(message: Any) -> list[Any]:
+    """Only role and content count, so a re-encoded copy of a message seeds the same text."""
+    if isinstance(message, dict):
+        return [message.get("role"), message.get("content")]
+    return [None, message]
+
+
+def chat_tokens(model: str, messages: Sequence[Any]) -> tuple[list[str], int]:
+    """(tokens to emit, prefill length): a trailing assistant prefill that is a prefix of the
+    sequence for the earlier messages continues that sequence instead of starting a new one."""
+    if messages:
+        last = messages[-1]
+        if isinstance(last, dict) and last.get("role") == "assistant":
+            prefill = last.get("content")
+            if isinstance(prefill, str):
+                full = _tokens(_seed([model, [_message_key(m) for m in messages[:-1]]]))
+                if "".join(full).startswith(prefill):
+                    return continuation(full, len(prefill)), len(prefill)
+    return _tokens(_seed([model, [_message_key(m) for m in messages]])), 0
+
+
+def full_chat_text(model: str, messages: Sequence[Any]) -> str:
+    """The whole text a chat request without prefill produces (for tests of resume)."""
+    return "".join(_tokens(_seed([model, [_message_key(m) for m in messages]])))
+
+
+def continuation(tokens: Sequence[str], prefix_len: int) -> list[str]:
+    """The tokens after the first `prefix_len` characters; a token cut by the prefix keeps its
+    remaining part."""
+    out: list[str] = []
+    pos = 0
+    for tok in tokens:
+        end = pos + len(tok)
+        if end > prefix_len:
+            out.append(tok[max(0, prefix_len - pos) :])
+        pos = end
+    return out
+
+
+def completion_tokens(model: str, prompt: Any) -> list[str]:
+    """The sequence for a legacy completions prompt."""
+    return _tokens(_seed([model, prompt]))
+
+
+def count_prompt_tokens(parts: Any) -> int:
+    """A stable stand-in for a tokenizer: whitespace words in every string, 1 per int."""
+    if isinstance(parts, str):
+        return len(parts.split())
+    if isinstance(parts, int):
+        return 1
+    if isinstance(parts, dict):
+        return sum(count_prompt_tokens(v) for k, v in parts.items() if k in ("content", "text"))
+    if isinstance(parts, list | tuple):
+        return sum(count_prompt_tokens(p) for p in parts)
+    return 0
+
+
+def embedding(model: str, text: Any, dims: int) -> list[float]:
+    """A unit vector determined by model + input."""
+    raw = hashlib.shake_256(_ENCODE.encode([model, text])).digest(4 * dims)
+    values = [v / 2**31 - 1.0 for v in struct.unpack(f"<{dims}I", raw)]
+    norm = sum(v * v for v in values) ** 0.5 or 1.0
+    return [v / norm for v in values]
