@@ -178,7 +178,7 @@ def build_app(config: Config) -> web.Application:
     app[READY_CHECKS] = []
     app[STATE] = RouterState()
     if config.cache.enabled:
-        namespaces = cache_http.tenant_namespace(config.auth.enabled)
+        namespaces = cache_http.tenant_namespace(config.auth)
         app[AROUND] = cache_http.install(app, config.cache, namespaces)
     app[_MODELS_BODY] = _models_body(config)
     app.cleanup_ctx.append(_upstreams_ctx)

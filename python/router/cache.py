@@ -7,14 +7,19 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import msgspec
 
 from router import sse
 
+if TYPE_CHECKING:
+    from router.config import CacheConfig
+
+T = TypeVar("T")
+
 Level = Literal["exact", "normalized"]
-KeyFn = Callable[[bytes, str, str], bytes]
+KeyFn = Callable[[bytes, str, Level], bytes]
 """(body, namespace, level) -> fingerprint; `router.native.fingerprint` in production."""
 
 # Rough per-entry bookkeeping (dict slot, Entry object, tuple) so tiny entries still cost something.
@@ -173,7 +178,7 @@ class Rule(msgspec.Struct, frozen=True, kw_only=True):
     level: Level = "exact"
     ttl_s: float = 300.0
     max_temperature: float = 0.0
-    cache_unset_temperature: bool = True
+    cache_unset_temperature: bool = False
     allow_tools: bool = False
 
 
@@ -188,6 +193,32 @@ class Decision(msgspec.Struct, frozen=True):
     def bypass(self) -> bool:
         """Neither read nor written."""
         return not self.lookup and not self.store
+
+
+def resolve_rule(config: CacheConfig, model: str) -> Rule:
+    """The [cache] defaults overlaid with [cache.models.<model>]."""
+    o = config.models.get(model)
+
+    def pick(override: T | None, default: T) -> T:
+        return default if override is None else override
+
+    if o is None:
+        return Rule(
+            enabled=config.enabled,
+            level=config.level,
+            ttl_s=config.ttl_s,
+            max_temperature=config.max_temperature,
+            cache_unset_temperature=config.cache_unset_temperature,
+            allow_tools=config.allow_tools,
+        )
+    return Rule(
+        enabled=config.enabled and pick(o.enabled, True),
+        level=pick(o.level, config.level),
+        ttl_s=pick(o.ttl_s, config.ttl_s),
+        max_temperature=pick(o.max_temperature, config.max_temperature),
+        cache_unset_temperature=pick(o.cache_unset_temperature, config.cache_unset_temperature),
+        allow_tools=pick(o.allow_tools, config.allow_tools),
+    )
 
 
 def decide(request: Mapping[str, Any], rule: Rule, control: CacheControl) -> Decision:
@@ -233,9 +264,14 @@ def complete_body(body: bytes) -> bool:
     )
 
 
-def storage_key(fingerprint: bytes, *, endpoint: str, stream: bool) -> bytes:
-    """Tier key: the fingerprint plus what shapes the stored form (endpoint, stream or body)."""
-    return fingerprint + b"|" + endpoint.encode() + (b"|S" if stream else b"|B")
+def storage_key(fingerprint: bytes, *, endpoint: str, stream: bool, usage: bool = False) -> bytes:
+    """Tier key: the fingerprint plus what shapes the stored form (endpoint, stream, usage chunk).
+
+    The fingerprint leaves out transport fields (`stream`, `stream_options`), yet a body and a
+    stream are stored differently, and only a stream asked with include_usage has a usage chunk.
+    """
+    form = (b"|SU" if usage else b"|S") if stream else b"|B"
+    return fingerprint + b"|" + endpoint.encode() + form
 
 
 class StreamRecorder:

@@ -15,9 +15,11 @@ from router.cache import (
     complete_body,
     decide,
     parse_cache_control,
+    resolve_rule,
     storage_key,
 )
 from router.cache_redis import decode_entry, encode_entry, redis_key
+from router.config import CacheConfig, CacheModelConfig
 
 
 class Clock:
@@ -160,19 +162,19 @@ def test_parse_cache_control(value: str | None, expected: CacheControl) -> None:
 @pytest.mark.parametrize(
     ("request_body", "rule", "reason"),
     [
-        ({}, Rule(), ""),
+        ({}, Rule(), "temperature unset"),
+        ({}, Rule(cache_unset_temperature=True), ""),
         ({"temperature": 0}, Rule(), ""),
         ({"temperature": 0.0, "n": 1}, Rule(), ""),
         ({"temperature": 0.7}, Rule(), "temperature"),
         ({"temperature": 0.7}, Rule(max_temperature=1.0), ""),
         ({"temperature": "hot"}, Rule(), "temperature"),
-        ({}, Rule(cache_unset_temperature=False), "temperature unset"),
-        ({"n": 2}, Rule(), "n"),
-        ({"tools": [{"type": "function"}]}, Rule(), "tools"),
-        ({"functions": [{"name": "f"}]}, Rule(), "tools"),
-        ({"tools": [{"type": "function"}]}, Rule(allow_tools=True), ""),
-        ({"tools": []}, Rule(), ""),
-        ({}, Rule(enabled=False), "disabled"),
+        ({"temperature": 0, "n": 2}, Rule(), "n"),
+        ({"temperature": 0, "tools": [{"type": "function"}]}, Rule(), "tools"),
+        ({"temperature": 0, "functions": [{"name": "f"}]}, Rule(), "tools"),
+        ({"temperature": 0, "tools": [{"type": "function"}]}, Rule(allow_tools=True), ""),
+        ({"temperature": 0, "tools": []}, Rule(), ""),
+        ({"temperature": 0}, Rule(enabled=False), "disabled"),
     ],
 )
 def test_policy(request_body: dict[str, object], rule: Rule, reason: str) -> None:
@@ -182,14 +184,29 @@ def test_policy(request_body: dict[str, object], rule: Rule, reason: str) -> Non
 
 
 def test_cache_control_splits_lookup_and_store() -> None:
-    assert decide({}, Rule(), CacheControl(no_cache=True)) == decide(
-        {}, Rule(), CacheControl(no_cache=True)
-    )
-    d = decide({}, Rule(), CacheControl(no_cache=True))
+    body = {"temperature": 0}
+    d = decide(body, Rule(), CacheControl(no_cache=True))
     assert (d.lookup, d.store) == (False, True)
-    d = decide({}, Rule(), CacheControl(no_store=True))
+    d = decide(body, Rule(), CacheControl(no_store=True))
     assert (d.lookup, d.store) == (True, False)
-    assert decide({}, Rule(), CacheControl(no_cache=True, no_store=True)).bypass
+    assert decide(body, Rule(), CacheControl(no_cache=True, no_store=True)).bypass
+    assert not decide(body, Rule(), CacheControl()).bypass
+
+
+def test_rule_overlays_per_model_overrides() -> None:
+    config = CacheConfig(
+        enabled=True,
+        level="exact",
+        ttl_s=10,
+        models={
+            "big": CacheModelConfig(level="normalized", max_temperature=0.5, enabled=None),
+            "off": CacheModelConfig(enabled=False),
+        },
+    )
+    assert resolve_rule(config, "other") == Rule(level="exact", ttl_s=10)
+    assert resolve_rule(config, "big") == Rule(level="normalized", ttl_s=10, max_temperature=0.5)
+    assert not resolve_rule(config, "off").enabled
+    assert not resolve_rule(CacheConfig(enabled=False, models=config.models), "big").enabled
 
 
 def chat(finish: str | None) -> bytes:
@@ -290,9 +307,10 @@ def test_storage_key_separates_stream_and_endpoint() -> None:
     keys = {
         storage_key(fp, endpoint="/v1/chat/completions", stream=True),
         storage_key(fp, endpoint="/v1/chat/completions", stream=False),
+        storage_key(fp, endpoint="/v1/chat/completions", stream=True, usage=True),
         storage_key(fp, endpoint="/v1/completions", stream=False),
     }
-    assert len(keys) == 3
+    assert len(keys) == 4
 
 
 def test_redis_envelope_round_trips_and_rejects_other_versions() -> None:
