@@ -163,7 +163,7 @@ async def attempt_loop(
             last = exc
             if not exc.retryable:
                 break
-            log.warning("request %s: %s; trying the next region", ctx.request_id, exc)
+            log.warning("request %s: attempt %d failed: %s", ctx.request_id, ctx.attempts, exc)
             continue
         for hook in hooks:
             hook(ctx, upstream, None, time.perf_counter() - began)

@@ -82,7 +82,8 @@ class Upstreams:
         self._all = tuple(regions)
         self._by_name = {u.name: u for u in self._all}
         self._by_model: dict[str, tuple[Upstream, ...]] = {}
-        for u in self._all:
+        # Static preference (sorted() is stable, so config order breaks ties).
+        for u in sorted(self._all, key=lambda u: (u.config.bias_ms, -u.config.weight)):
             for model in u.config.models:
                 self._by_model[model] = (*self._by_model.get(model, ()), u)
 
@@ -97,7 +98,7 @@ class Upstreams:
         return self._by_name.get(name)
 
     def serving(self, model: str) -> tuple[Upstream, ...]:
-        """Regions serving the upstream model `model`, in config order."""
+        """Regions serving the upstream model `model`: lowest bias_ms, then highest weight."""
         return self._by_model.get(model, ())
 
     async def close(self) -> None:

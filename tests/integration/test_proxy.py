@@ -54,7 +54,9 @@ class Env:
         self.a = a
         self.b = b
         self.router = router
-        self.client = openai.OpenAI(base_url=router.url + "/v1", api_key="client-key", max_retries=0)
+        self.client = openai.OpenAI(
+            base_url=router.url + "/v1", api_key="client-key", max_retries=0
+        )
         self.direct = openai.OpenAI(base_url=a.url + "/v1", api_key="x", max_retries=0)
 
 
@@ -98,7 +100,8 @@ def test_chat_non_stream_via_sdk(env: Env) -> None:
     out = env.client.chat.completions.create(model=MODEL, messages=MESSAGES)  # type: ignore[arg-type]
     assert out.choices[0].message.content == text.full_chat_text(MODEL, MESSAGES)
     assert out.choices[0].finish_reason == "stop"
-    assert out.usage is not None and out.usage.completion_tokens > 0
+    assert out.usage is not None
+    assert out.usage.completion_tokens > 0
     assert sim_stats(env.a)["completed"] == 1
     assert sim_stats(env.b)["requests"] == 0
 
@@ -118,7 +121,8 @@ def test_chat_stream_via_sdk_matches_non_stream(env: Env) -> None:
         if chunk.usage is not None:
             usage = chunk.usage
     assert "".join(pieces) == text.full_chat_text(MODEL, MESSAGES)
-    assert usage is not None and usage.completion_tokens == len(pieces)
+    assert usage is not None
+    assert usage.completion_tokens == len(pieces)
 
 
 def test_stream_has_no_usage_unless_asked(env: Env) -> None:
@@ -186,7 +190,9 @@ def test_non_stream_body_is_byte_exact(env: Env) -> None:
         headers={"Content-Type": "application/json"},
     )
     direct = httpx.post(
-        env.a.url + "/v1/chat/completions", content=raw, headers={"Content-Type": "application/json"}
+        env.a.url + "/v1/chat/completions",
+        content=raw,
+        headers={"Content-Type": "application/json"},
     )
     assert via_router.status_code == 200
     assert via_router.content == direct.content
@@ -224,7 +230,8 @@ def test_generated_request_id_when_client_sends_a_bad_one(env: Env) -> None:
         headers={"X-Request-Id": "bad id with spaces"},
     )
     rid = resp.headers["x-request-id"]
-    assert rid != "bad id with spaces" and len(rid) == 24
+    assert rid != "bad id with spaces"
+    assert len(rid) == 24
 
 
 # ---- attempt loop ----
@@ -284,10 +291,14 @@ def test_mid_stream_death_ends_with_an_error_event(env: Env) -> None:
         extra_headers={"x-sim-fail": "die-mid-stream", "x-sim-after-tokens": "2"},
     )
     pieces: list[str] = []
-    with pytest.raises(openai.APIError, match="mid-stream"):
+
+    def consume() -> None:
         for chunk in stream:
             if chunk.choices and chunk.choices[0].delta.content:
                 pieces.append(chunk.choices[0].delta.content)
+
+    with pytest.raises(openai.APIError, match="mid-stream"):
+        consume()
     assert len(pieces) == 2
 
 
@@ -299,8 +310,9 @@ def test_client_disconnect_cancels_upstream_at_once(env: Env) -> None:
     body = json.dumps({"model": MODEL, "messages": MESSAGES, "stream": True})
     with (
         httpx.Client(timeout=10) as client,
-        client.stream("POST", env.router.url + "/v1/chat/completions", content=body,
-                      headers=headers) as resp,
+        client.stream(
+            "POST", env.router.url + "/v1/chat/completions", content=body, headers=headers
+        ) as resp,
     ):
         lines = resp.iter_lines()
         got = [next(lines) for _ in range(3)]
@@ -317,8 +329,12 @@ def test_client_disconnect_cancels_upstream_at_once(env: Env) -> None:
 # ---- bad input: OpenAI-shaped errors, and the server keeps serving ----
 
 
-def _post(env: Env, content: bytes, content_type: str | None = "application/json",
-          path: str = "/v1/chat/completions") -> httpx.Response:
+def _post(
+    env: Env,
+    content: bytes,
+    content_type: str | None = "application/json",
+    path: str = "/v1/chat/completions",
+) -> httpx.Response:
     headers = {"Content-Type": content_type} if content_type else {}
     return httpx.post(env.router.url + path, content=content, headers=headers)
 
@@ -327,29 +343,64 @@ BAD: list[tuple[str, bytes, str | None, int, str | None]] = [
     ("malformed json", b'{"model": "sim-1", "messages": [', "application/json", 400, None),
     ("not an object", b"[1, 2]", "application/json", 400, None),
     ("empty body", b"", "application/json", 400, None),
-    ("missing model", b'{"messages": [{"role": "user", "content": "x"}]}', "application/json",
-     400, "model"),
+    (
+        "missing model",
+        b'{"messages": [{"role": "user", "content": "x"}]}',
+        "application/json",
+        400,
+        "model",
+    ),
     ("missing messages", b'{"model": "sim-1"}', "application/json", 400, "messages"),
-    ("messages wrong type", b'{"model": "sim-1", "messages": "hi"}', "application/json", 400,
-     "messages"),
-    ("role wrong type", b'{"model": "sim-1", "messages": [{"role": 5}]}', "application/json", 400,
-     "messages[0].role"),
-    ("stream wrong type", b'{"model": "sim-1", "messages": [{"role": "user", "content": "x"}], '
-     b'"stream": "yes"}', "application/json", 400, "stream"),
-    ("empty messages", b'{"model": "sim-1", "messages": []}', "application/json", 400,
-     "messages"),
-    ("invalid utf-8", b'{"model": "sim-1", "messages": [{"role": "user", "content": "\xff\xfe"}]}',
-     "application/json", 400, None),
-    ("unknown model", b'{"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}',
-     "application/json", 404, "model"),
+    (
+        "messages wrong type",
+        b'{"model": "sim-1", "messages": "hi"}',
+        "application/json",
+        400,
+        "messages",
+    ),
+    (
+        "role wrong type",
+        b'{"model": "sim-1", "messages": [{"role": 5}]}',
+        "application/json",
+        400,
+        "messages[0].role",
+    ),
+    (
+        "stream wrong type",
+        b'{"model": "sim-1", "messages": [{"role": "user", "content": "x"}], "stream": "yes"}',
+        "application/json",
+        400,
+        "stream",
+    ),
+    ("empty messages", b'{"model": "sim-1", "messages": []}', "application/json", 400, "messages"),
+    (
+        "invalid utf-8",
+        b'{"model": "sim-1", "messages": [{"role": "user", "content": "\xff\xfe"}]}',
+        "application/json",
+        400,
+        None,
+    ),
+    (
+        "unknown model",
+        b'{"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}',
+        "application/json",
+        404,
+        "model",
+    ),
     ("form content type", b"model=sim-1", "application/x-www-form-urlencoded", 415, None),
-    ("too large", b'{"model": "sim-1", "messages": [{"role": "user", "content": "'
-     + b"x" * 5000 + b'"}]}', "application/json", 413, None),
+    (
+        "too large",
+        b'{"model": "sim-1", "messages": [{"role": "user", "content": "' + b"x" * 5000 + b'"}]}',
+        "application/json",
+        413,
+        None,
+    ),
 ]
 
 
-@pytest.mark.parametrize(("content", "ctype", "status", "param"),
-                         [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+@pytest.mark.parametrize(
+    ("content", "ctype", "status", "param"), [b[1:] for b in BAD], ids=[b[0] for b in BAD]
+)
 def test_bad_input_gets_openai_shaped_error(
     env: Env, content: bytes, ctype: str | None, status: int, param: str | None
 ) -> None:
@@ -361,7 +412,9 @@ def test_bad_input_gets_openai_shaped_error(
     assert error["param"] == param
     assert sim_stats(env.a)["requests"] == 0
     # Everyone else is still served.
-    assert _post(env, json.dumps({"model": MODEL, "messages": MESSAGES}).encode()).status_code == 200
+    assert (
+        _post(env, json.dumps({"model": MODEL, "messages": MESSAGES}).encode()).status_code == 200
+    )
 
 
 def test_completions_prompt_of_wrong_type_is_400(env: Env) -> None:
@@ -398,7 +451,7 @@ def test_slow_body_gets_408(env: Env) -> None:
     with socket.create_connection(("127.0.0.1", env.router.port), timeout=10) as sock:
         sock.sendall(
             b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            b"Content-Length: 100\r\n\r\n{\"model\""
+            b'Content-Length: 100\r\n\r\n{"model"'
         )
         head = sock.recv(4096)
     assert head.startswith(b"HTTP/1.1 408")
@@ -416,8 +469,9 @@ def test_sigterm_drains_in_flight_stream(tmp_path: Path) -> None:
         body = json.dumps({"model": MODEL, "messages": MESSAGES, "stream": True})
         with (
             httpx.Client(timeout=15) as client,
-            client.stream("POST", router.url + "/v1/chat/completions", content=body,
-                          headers=headers) as resp,
+            client.stream(
+                "POST", router.url + "/v1/chat/completions", content=body, headers=headers
+            ) as resp,
         ):
             lines = resp.iter_lines()
             assert next(lines).startswith("data: ")
@@ -428,7 +482,8 @@ def test_sigterm_drains_in_flight_stream(tmp_path: Path) -> None:
         assert "data: [DONE]" in rest
         assert router.popen.wait(timeout=15) == 0
         stats: dict[str, Any] = sim_stats(a)
-        assert stats["completed"] == 1 and stats["cancelled"] == 0
+        assert stats["completed"] == 1
+        assert stats["cancelled"] == 0
     finally:
         router.kill()
         a.kill()

@@ -1,0 +1,118 @@
+"""Config decoding: defaults, the sample file, and errors that name the file and the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from router.config import Config, load, loads, parse_listen
+from router.errors import ConfigError
+from tests.support import REPO
+
+REGION = """
+[[regions]]
+name = "a"
+base_url = "http://127.0.0.1:9000/v1"
+models = ["m1"]
+"""
+
+
+def test_minimal_config_gets_defaults() -> None:
+    config = loads(REGION, "min.toml")
+    assert config.server.listen == "127.0.0.1:8080"
+    assert config.server.max_body_bytes == 1 << 20
+    assert config.timeouts.connect > 0
+    assert config.regions[0].api_key_env is None
+    assert config.regions[0].weight == 1.0
+    assert config.served_models() == ("m1",)
+
+
+def test_sample_config_loads() -> None:
+    config = load(REPO / "examples" / "router.toml")
+    assert [r.name for r in config.regions] == ["eu-west", "us-east"]
+    assert config.models.aliases == {"gpt-4o-mini": "llama-3.1-8b"}
+    assert "gpt-4o-mini" in config.served_models()
+
+
+def test_every_section_is_present_and_frozen() -> None:
+    config = loads(REGION)
+    for name in (
+        "server",
+        "timeouts",
+        "models",
+        "auth",
+        "limits",
+        "cache",
+        "health",
+        "routing",
+        "observability",
+        "rollout",
+    ):
+        assert isinstance(getattr(config, name), msgspec.Struct)
+    with pytest.raises(AttributeError):
+        config.server.listen = "x"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "expected"),
+    [
+        ("", "regions", "missing required field"),
+        ("regions = []", "regions", "at least one"),
+        (REGION + '[server]\nmax_body_bytes = "big"\n', "server.max_body_bytes", "Expected `int`"),
+        (REGION + '[server]\nlisten = "nope"\n', "server.listen", "host:port"),
+        (REGION + "[server]\nmax_body_bytes = 0\n", "server.max_body_bytes", "positive"),
+        (REGION + "[timeouts]\nidle = -1\n", "timeouts.idle", "positive"),
+        (REGION + '[timeouts]\nidle = "x"\n', "timeouts.idle", "Expected `float`"),
+        (
+            REGION.replace('models = ["m1"]', 'models = ["m1"]\ncolour = 1'),
+            "regions[0]",
+            "unknown field `colour`",
+        ),
+        (REGION.replace('"a"', "7"), "regions[0].name", "Expected `str`"),
+        (REGION + REGION, "regions[1].name", "unique"),
+        (REGION.replace("http://", "ftp://"), "regions[0].base_url", "http(s) URL"),
+        (REGION.replace('["m1"]', "[]"), "regions[0].models", "at least one model"),
+        (REGION + '[models]\naliases = { "x" = "m9" }\n', "models.aliases.x", "some region"),
+    ],
+)
+def test_errors_name_file_field_and_expectation(text: str, field: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        loads(text, "conf/r.toml")
+    message = str(info.value)
+    assert message.startswith("conf/r.toml: ")
+    if field != "regions" or "missing" not in expected:
+        assert f"`{field}`" in message
+    assert expected in message
+
+
+def test_unknown_section_is_rejected() -> None:
+    with pytest.raises(ConfigError, match="unknown field `bogus`"):
+        loads(REGION + "[bogus]\nx = 1\n", "f.toml")
+
+
+def test_invalid_toml_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text("[server\nlisten = 1")
+    with pytest.raises(ConfigError, match=r"bad\.toml: invalid TOML"):
+        load(path)
+
+
+def test_missing_file_names_the_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"nothere\.toml: cannot read"):
+        load(tmp_path / "nothere.toml")
+
+
+def test_parse_listen() -> None:
+    assert parse_listen("127.0.0.1:8080") == ("127.0.0.1", 8080)
+    assert parse_listen("[::1]:80") == ("::1", 80)
+    for bad in ("8080", ":80", "host:", "host:99999", "host:x"):
+        with pytest.raises(ValueError, match="host:port"):
+            parse_listen(bad)
+
+
+def test_config_is_a_plain_struct_for_other_features() -> None:
+    config = loads(REGION)
+    assert isinstance(config, Config)
+    assert msgspec.convert(msgspec.to_builtins(config), Config) == config

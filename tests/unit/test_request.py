@@ -1,0 +1,152 @@
+"""Request validation (pure): decode, types, model lookup, alias rewrite, content type."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import pytest
+
+from router.errors import InvalidRequest, NotFound
+from router.request import (
+    CHAT,
+    COMPLETIONS,
+    EMBEDDINGS,
+    UnsupportedMediaType,
+    check_content_type,
+    parse_body,
+    resolve_model,
+)
+
+CHAT_BODY = {"model": "m1", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def body(obj: object) -> bytes:
+    return json.dumps(obj).encode()
+
+
+def test_chat_parses_and_keeps_bytes() -> None:
+    raw = body({**CHAT_BODY, "temperature": 0, "extra": {"x": 1}})
+    parsed = parse_body(CHAT, raw)
+    assert parsed.model == "m1"
+    assert parsed.body is raw
+    assert not parsed.stream
+    assert not parsed.include_usage
+
+
+def test_stream_and_include_usage() -> None:
+    parsed = parse_body(
+        CHAT, body({**CHAT_BODY, "stream": True, "stream_options": {"include_usage": True}})
+    )
+    assert parsed.stream
+    assert parsed.include_usage
+    # include_usage without stream is meaningless and ignored.
+    parsed = parse_body(CHAT, body({**CHAT_BODY, "stream_options": {"include_usage": True}}))
+    assert not parsed.include_usage
+
+
+def test_content_parts_and_null_content_are_valid() -> None:
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+        {"role": "assistant", "content": None, "tool_calls": []},
+    ]
+    assert parse_body(CHAT, body({"model": "m1", "messages": messages})).model == "m1"
+
+
+@pytest.mark.parametrize(
+    ("raw", "param"),
+    [
+        (b"", None),
+        (b"{", None),
+        (b"[]", None),
+        (b'{"messages": [{"role": "user"}]}', "model"),
+        (b'{"model": "m1"}', "messages"),
+        (b'{"model": 3, "messages": []}', "model"),
+        (b'{"model": "", "messages": [{"role": "user"}]}', "model"),
+        (b'{"model": "m1", "messages": {}}', "messages"),
+        (b'{"model": "m1", "messages": []}', "messages"),
+        (b'{"model": "m1", "messages": [{"content": "x"}]}', "messages[0].role"),
+        (b'{"model": "m1", "messages": [{"role": "user", "content": 5}]}', "messages[0].content"),
+        (b'{"model": "m1", "messages": [{"role": "user"}], "stream": 1}', "stream"),
+        (b'{"model": "m1", "messages": [{"role": "user", "content": "\xc3\x28"}]}', None),
+    ],
+)
+def test_chat_rejections_name_the_parameter(raw: bytes, param: str | None) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        parse_body(CHAT, raw)
+    assert info.value.status == 400
+    assert info.value.param == param
+    shaped = msgspec.json.decode(info.value.body())
+    assert shaped["error"]["type"] == "invalid_request_error"
+
+
+def test_invalid_utf8_says_so() -> None:
+    with pytest.raises(InvalidRequest, match="UTF-8"):
+        parse_body(CHAT, b'{"model": "\xff", "messages": []}')
+
+
+@pytest.mark.parametrize("prompt", ["text", ["a", "b"], [1, 2, 3], [[1, 2], [3]]])
+def test_completion_prompts(prompt: object) -> None:
+    assert parse_body(COMPLETIONS, body({"model": "m1", "prompt": prompt})).model == "m1"
+
+
+@pytest.mark.parametrize("prompt", [5, [], [1, "a"], [[1], "a"], [[]], [True], [1.5]])
+def test_bad_completion_prompts(prompt: object) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        parse_body(COMPLETIONS, body({"model": "m1", "prompt": prompt}))
+    assert info.value.param == "prompt"
+
+
+def test_embeddings_input() -> None:
+    assert parse_body(EMBEDDINGS, body({"model": "e", "input": ["a"]})).model == "e"
+    with pytest.raises(InvalidRequest) as info:
+        parse_body(EMBEDDINGS, body({"model": "e"}))
+    assert info.value.param == "input"
+
+
+def test_unknown_model_is_404() -> None:
+    parsed = parse_body(CHAT, body(CHAT_BODY))
+    with pytest.raises(NotFound) as info:
+        resolve_model(parsed, {}, frozenset({"other"}))
+    assert info.value.status == 404
+    assert info.value.code == "model_not_found"
+    assert info.value.param == "model"
+
+
+def test_plain_model_keeps_the_exact_bytes() -> None:
+    raw = body(CHAT_BODY)
+    resolved = resolve_model(parse_body(CHAT, raw), {}, frozenset({"m1"}))
+    assert resolved.body is raw
+    assert resolved.upstream_model == "m1"
+
+
+def test_alias_rewrites_only_the_model() -> None:
+    raw = b'{"model":"alias","messages":[{"role":"user","content":"hi"}],"x":{"y":[1.50,2]}}'
+    resolved = resolve_model(parse_body(CHAT, raw), {"alias": "m1"}, frozenset({"alias", "m1"}))
+    assert resolved.model == "alias"
+    assert resolved.upstream_model == "m1"
+    assert resolved.body == raw.replace(b'"alias"', b'"m1"')
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        None,
+        "",
+        "application/json",
+        "application/json; charset=utf-8",
+        "Application/JSON",
+        "application/vnd.api+json",
+    ],
+)
+def test_json_content_types_pass(value: str | None) -> None:
+    check_content_type(value)
+
+
+@pytest.mark.parametrize(
+    "value", ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"]
+)
+def test_other_content_types_are_415(value: str) -> None:
+    with pytest.raises(UnsupportedMediaType) as info:
+        check_content_type(value)
+    assert info.value.status == 415
