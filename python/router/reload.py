@@ -104,6 +104,9 @@ class Reloader:
         return ReloadResult(applied=False, generation=self.live.generation, message=message)
 
 
+RELOADER = web.AppKey("router.reloader", Reloader)
+
+
 def sighup_ctx(reloader: Reloader) -> Callable[[web.Application], AsyncIterator[None]]:
     """A cleanup_ctx that reloads on SIGHUP while the app runs."""
 

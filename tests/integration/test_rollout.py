@@ -1,0 +1,252 @@
+"""Rollout end to end: a real router in front of two sim regions, one per model version."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import signal
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import msgspec
+import pytest
+
+from tests.support import Proc, free_port, router_cmd, spawn
+
+ADMIN_TOKEN = "admin-secret-token-for-tests"
+ADMIN_SHA256 = hashlib.sha256(ADMIN_TOKEN.encode()).hexdigest()
+VERSION = "x-router-model-version"
+
+
+def config_text(port: int, a: int, b: int, w1: float, w2: float, extra: str = "") -> str:
+    return f"""
+[server]
+listen = "127.0.0.1:{port}"
+
+[auth]
+enabled = false
+admin_token_sha256 = "{ADMIN_SHA256}"
+
+[[regions]]
+name = "a"
+base_url = "http://127.0.0.1:{a}"
+models = ["llama-v1"]
+
+[[regions]]
+name = "b"
+base_url = "http://127.0.0.1:{b}"
+models = ["llama-v2"]
+
+[rollout.canary]
+auto_rollback = true
+min_samples = 20
+check_interval_s = 0.2
+max_error_rate_delta = 0.2
+
+[rollout.models.chat-default]
+stable = "v1"
+deployments = [
+  {{ version = "v1", model = "llama-v1", weight = {w1} }},
+  {{ version = "v2", model = "llama-v2", weight = {w2} }},
+]
+{extra}
+"""
+
+
+@dataclass
+class Stack:
+    """Two sim regions and the router in front, with the router's config file."""
+
+    router: Proc
+    a: Proc
+    b: Proc
+    config: Path
+
+    def write(self, w1: float, w2: float, extra: str = "") -> None:
+        self.config.write_text(
+            config_text(self.router.port, self.a.port, self.b.port, w1, w2, extra)
+        )
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[Stack]:
+    procs: list[Proc] = []
+    try:
+        for name, model in (("a", "llama-v1"), ("b", "llama-v2")):
+            port = free_port()
+            procs.append(
+                spawn(
+                    router_cmd(
+                        "sim-region",
+                        "--port",
+                        str(port),
+                        "--name",
+                        name,
+                        "--models",
+                        model,
+                        "--ttft-ms",
+                        "5",
+                        "--tokens-per-s",
+                        "2000",
+                    ),
+                    port,
+                    tmp_path / f"sim-{name}.log",
+                )
+            )
+        port = free_port()
+        config = tmp_path / "router.toml"
+        config.write_text(config_text(port, procs[0].port, procs[1].port, 50, 50))
+        router = spawn(router_cmd("serve", "--config", str(config)), port, tmp_path / "router.log")
+        procs.append(router)
+        yield Stack(router=router, a=procs[0], b=procs[1], config=config)
+    finally:
+        for p in reversed(procs):
+            p.kill(signal.SIGTERM)
+
+
+def chat(user: str, stream: bool = False) -> dict[str, object]:
+    return {
+        "model": "chat-default",
+        "messages": [{"role": "user", "content": f"hello from {user}"}],
+        "user": user,
+        "stream": stream,
+        "temperature": 0.5,
+    }
+
+
+async def post(
+    session: aiohttp.ClientSession, url: str, body: dict[str, object]
+) -> tuple[int, str | None, bytes]:
+    async with session.post(url, json=body) as resp:
+        return resp.status, resp.headers.get(VERSION), await resp.read()
+
+
+async def admin(session: aiohttp.ClientSession, url: str, body: dict[str, object]) -> bytes:
+    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    async with session.post(url, json=body, headers=headers) as resp:
+        payload = await resp.read()
+        assert resp.status == 200, payload
+        return payload
+
+
+def wait_for_log(proc: Proc, text: str, timeout: float = 10.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        out = proc.output()
+        if text in out:
+            return out
+        time.sleep(0.05)
+    raise AssertionError(f"{text!r} not in router log:\n{proc.output()}")
+
+
+async def test_version_header_upstream_model_and_stickiness(stack: Stack) -> None:
+    url = stack.router.url + "/v1/chat/completions"
+    async with aiohttp.ClientSession() as s:
+        seen: dict[str, str] = {}
+        for i in range(40):
+            status, version, body = await post(s, url, chat(f"user-{i}"))
+            assert status == 200, body
+            assert version in ("v1", "v2")
+            # the client sees what the upstream said, the version's upstream model name
+            assert (
+                msgspec.json.decode(body)["model"] == {"v1": "llama-v1", "v2": "llama-v2"}[version]
+            )
+            seen[f"user-{i}"] = version
+        assert set(seen.values()) == {"v1", "v2"}
+        for user, version in list(seen.items())[:10]:
+            for stream in (False, True):
+                status, again, _ = await post(s, url, chat(user, stream))
+                assert (status, again) == (200, version)
+        # a plain region model is its own version
+        status, version, _ = await post(s, url, {**chat("x"), "model": "llama-v1"})
+        assert (status, version) == (200, "llama-v1")
+        status, version, body = await post(s, url, {**chat("x"), "model": "nope"})
+        assert status == 404
+        assert msgspec.json.decode(body)["error"]["code"] == "model_not_found"
+        status, _, body = await post(s, url, {**chat("x"), "user": 7})
+        assert status == 400
+        assert msgspec.json.decode(body)["error"]["param"] == "user"
+
+
+async def test_rollback_under_load_has_zero_failed_requests(stack: Stack) -> None:
+    url = stack.router.url + "/v1/chat/completions"
+    results: list[tuple[float, float, int, str | None]] = []
+    rolled_back_at: list[float] = []
+    third_done = asyncio.Event()
+    total, workers = 300, 8
+
+    async def worker(w: int, s: aiohttp.ClientSession) -> None:
+        for i in range(w, total, workers):
+            began = time.monotonic()
+            status, version, body = await post(s, url, chat(f"u{i}", stream=i % 2 == 0))
+            assert status == 200, body
+            assert body.rstrip().endswith(b"[DONE]") if i % 2 == 0 else b'"choices"' in body
+            results.append((began, time.monotonic(), status, version))
+            if len(results) >= total // 3:
+                third_done.set()
+
+    async def roll_back(s: aiohttp.ClientSession) -> None:
+        await third_done.wait()
+        await admin(s, stack.router.url + "/admin/rollout/rollback", {"model": "chat-default"})
+        rolled_back_at.append(time.monotonic())
+
+    async with aiohttp.ClientSession() as s:
+        async with asyncio.timeout(45):
+            await asyncio.gather(roll_back(s), *(worker(w, s) for w in range(workers)))
+    assert len(results) == total
+    assert Counter(status for *_, status, _ in results) == Counter({200: total})
+    [cut] = rolled_back_at
+    before = Counter(v for began, ended, _, v in results if ended < cut)
+    after = Counter(v for began, _, _, v in results if began > cut)
+    assert before["v2"] > 0
+    assert sum(after.values()) > 0
+    assert set(after) == {"v1"}
+
+
+def test_sighup_invalid_config_rejected_then_valid_applied(stack: Stack) -> None:
+    url = stack.router.url + "/v1/chat/completions"
+
+    def versions(n: int = 20) -> Counter[str | None]:
+        async def run() -> Counter[str | None]:
+            async with aiohttp.ClientSession() as s:
+                got = [await post(s, url, chat(f"r{i}")) for i in range(n)]
+            assert all(status == 200 for status, _, _ in got)
+            return Counter(v for _, v, _ in got)
+
+        return asyncio.run(run())
+
+    assert set(versions()) == {"v1", "v2"}
+    stack.config.write_text(
+        stack.config.read_text().replace('model = "llama-v2"', 'model = "gone"')
+    )
+    stack.router.popen.send_signal(signal.SIGHUP)
+    out = wait_for_log(stack.router, "config reload rejected")
+    assert str(stack.config) in out
+    assert "rollout.models.chat-default.deployments[1].model" in out
+    assert stack.router.popen.poll() is None
+    assert set(versions()) == {"v1", "v2"}  # old config still serving
+    stack.write(0, 100)
+    stack.router.popen.send_signal(signal.SIGHUP)
+    wait_for_log(stack.router, "config reloaded from")
+    assert versions() == Counter({"v2": 20})
+
+
+async def test_canary_errors_trigger_automatic_rollback(stack: Stack) -> None:
+    url = stack.router.url + "/v1/chat/completions"
+    headers = {"x-sim-fail": "500", "x-sim-only": "b"}  # only the canary's region fails
+    async with aiohttp.ClientSession(headers=headers) as s:
+        async with asyncio.timeout(30):
+            for i in range(400):
+                status, version, _ = await post(s, url, chat(f"c{i}"))
+                assert (status == 200) == (version == "v1")
+                if "canary rollback" in stack.router.output():
+                    break
+    out = wait_for_log(stack.router, "canary rollback: model chat-default version v2")
+    assert "WARNING" in out
+    async with aiohttp.ClientSession(headers=headers) as s:
+        got = [await post(s, url, chat(f"c{i}")) for i in range(30)]
+    assert all((status, version) == (200, "v1") for status, version, _ in got)
