@@ -1,5 +1,6 @@
 //! Native hot path of `router`: pure modules plus thin pyo3 wrappers under `py/`.
 
+pub mod prober;
 pub mod py;
 
 use pyo3::prelude::*;
@@ -9,5 +10,6 @@ use pyo3::prelude::*;
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     py::errors::register(m)?;
+    py::prober::register(m)?;
     Ok(())
 }

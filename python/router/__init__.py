@@ -1,5 +1,5 @@
 """router: a multi-region failover router for OpenAI-compatible LLM inference."""
 
-from router.native import NativeError, __version__
+from router.native import NativeError, Prober, RegionHealth, __version__
 
-__all__ = ["NativeError", "__version__"]
+__all__ = ["NativeError", "Prober", "RegionHealth", "__version__"]
