@@ -1,7 +1,13 @@
 //! Native hot path of `router`: pure modules plus thin pyo3 wrappers under `py/`.
 
+pub mod bucket;
+mod casefold;
+pub mod fingerprint;
+pub mod json;
+pub mod normalize;
 pub mod prober;
 pub mod py;
+pub mod tokens;
 
 use pyo3::prelude::*;
 
@@ -10,6 +16,10 @@ use pyo3::prelude::*;
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     py::errors::register(m)?;
+    py::normalize::register(m)?;
+    py::fingerprint::register(m)?;
+    py::tokens::register(m)?;
+    py::bucket::register(m)?;
     py::prober::register(m)?;
     Ok(())
 }

@@ -2,12 +2,83 @@
 
 from typing import final
 
-__all__ = ["NativeError", "Prober", "RegionHealth", "__version__"]
+__all__ = [
+    "BucketTable",
+    "InvalidArgumentError",
+    "NativeError",
+    "Prober",
+    "RegionHealth",
+    "RequestDecodeError",
+    "RequestShapeError",
+    "__version__",
+    "canonical",
+    "count_request_tokens",
+    "count_tokens",
+    "encoding_for_model",
+    "fingerprint",
+    "fingerprint_hex",
+    "normalize",
+]
 
 __version__: str
 
 class NativeError(Exception):
     """Root of every error raised by router._native."""
+
+class RequestDecodeError(NativeError):
+    """The body is not UTF-8 JSON, is nested too deep, or has an out-of-range number."""
+
+class RequestShapeError(NativeError):
+    """The request body is JSON of the wrong shape, e.g. `messages` is not an array."""
+
+class InvalidArgumentError(NativeError):
+    """An argument has an unsupported value, e.g. an unknown encoding or a negative limit."""
+
+def normalize(text: str, *, strip_punctuation: bool = True, strip_filler: bool = False) -> str:
+    """Normalize a prompt for cache matching (NFKC, case fold, whitespace); idempotent."""
+
+def fingerprint(body: bytes, *, namespace: str = "", level: str = "exact") -> bytes:
+    """The 16-byte cache key of a raw request body (xxh3-128 over its canonical form)."""
+
+def fingerprint_hex(body: bytes, *, namespace: str = "", level: str = "exact") -> str:
+    """The fingerprint as 32 lowercase hex digits."""
+
+def canonical(body: bytes, *, level: str = "exact") -> bytes:
+    """The canonical JSON the fingerprint hashes."""
+
+def count_tokens(text: str, encoding: str) -> int:
+    """Tokens in `text` for "cl100k_base", "o200k_base" (exact) or "estimate"."""
+
+def encoding_for_model(model: str) -> str:
+    """The encoding name for a model ("o200k_base", "cl100k_base" or "estimate")."""
+
+def count_request_tokens(body: bytes, encoding: str) -> int:
+    """Prompt tokens of a raw chat/completions/embeddings request body."""
+
+@final
+class BucketTable:
+    """Per-key requests and tokens buckets on a monotonic clock, behind sharded locks."""
+
+    def __new__(cls, *, shards: int = 64) -> BucketTable: ...
+    def set_limits(
+        self,
+        key: str,
+        *,
+        requests_per_minute: float,
+        tokens_per_minute: float,
+        request_burst: float | None = None,
+        token_burst: float | None = None,
+    ) -> None:
+        """Add a key with full buckets, or change its limits keeping its levels."""
+    def try_acquire(self, key: str, tokens: int = 0) -> tuple[bool, float, int, int, float, float]:
+        """Take 1 request + `tokens` from both buckets or neither; KeyError if unknown."""
+    def reconcile(self, key: str, reserved: int, actual: int) -> None:
+        """Give back `reserved - actual` tokens, or take the excess (may go into debt)."""
+    def refund(self, key: str, requests: int = 1, tokens: int = 0) -> None:
+        """Give back requests and tokens acquired but not used."""
+    def expire_idle(self, idle_seconds: float) -> int:
+        """Drop keys full and untouched for `idle_seconds`; returns how many."""
+    def __len__(self) -> int: ...
 
 @final
 class RegionHealth:

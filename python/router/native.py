@@ -1,5 +1,37 @@
 """Facade over the compiled extension: the only module that imports `router._native`."""
 
-from router._native import NativeError, Prober, RegionHealth, __version__
+from router._native import (
+    BucketTable,
+    InvalidArgumentError,
+    NativeError,
+    Prober,
+    RegionHealth,
+    RequestDecodeError,
+    RequestShapeError,
+    __version__,
+    canonical,
+    count_request_tokens,
+    count_tokens,
+    encoding_for_model,
+    fingerprint,
+    fingerprint_hex,
+    normalize,
+)
 
-__all__ = ["NativeError", "Prober", "RegionHealth", "__version__"]
+__all__ = [
+    "BucketTable",
+    "InvalidArgumentError",
+    "NativeError",
+    "Prober",
+    "RegionHealth",
+    "RequestDecodeError",
+    "RequestShapeError",
+    "__version__",
+    "canonical",
+    "count_request_tokens",
+    "count_tokens",
+    "encoding_for_model",
+    "fingerprint",
+    "fingerprint_hex",
+    "normalize",
+]

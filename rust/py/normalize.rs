@@ -1,0 +1,48 @@
+//! Python wrapper of prompt normalization.
+
+// Doc comments here become Python docstrings (help()), written for Python readers.
+#![allow(clippy::doc_markdown)]
+
+use pyo3::prelude::*;
+use pyo3::types::PyString;
+
+use crate::normalize::{normalize as normalize_text, Options};
+use crate::py::errors::InvalidArgumentError;
+
+/// Inputs at least this long are processed with the GIL released; shorter ones finish before
+/// releasing it would pay off.
+pub const DETACH_MIN_BYTES: usize = 1024;
+
+/// The UTF-8 of a Python string, or a typed error for lone surrogates.
+pub fn utf8<'a>(text: &'a Bound<'_, PyString>, what: &str) -> PyResult<&'a str> {
+    text.to_str().map_err(|_| {
+        InvalidArgumentError::new_err(format!("{what} is not valid Unicode (lone surrogate)"))
+    })
+}
+
+/// Normalize a prompt for cache matching: NFKC, full case folding, whitespace collapsed and
+/// trimmed; optionally drop trailing punctuation and politeness filler. Idempotent.
+#[pyfunction]
+#[pyo3(signature = (text, *, strip_punctuation = true, strip_filler = false))]
+fn normalize(
+    py: Python<'_>,
+    text: &Bound<'_, PyString>,
+    strip_punctuation: bool,
+    strip_filler: bool,
+) -> PyResult<String> {
+    let text = utf8(text, "text")?;
+    let options = Options {
+        strip_punctuation,
+        strip_filler,
+    };
+    if text.len() >= DETACH_MIN_BYTES {
+        Ok(py.detach(|| normalize_text(text, options)))
+    } else {
+        Ok(normalize_text(text, options))
+    }
+}
+
+/// Register the functions on the module.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(normalize, m)?)
+}

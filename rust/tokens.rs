@@ -1,0 +1,201 @@
+//! Token counting: exact cl100k/o200k counts (vocabularies embedded by `bpe-openai`, built once on
+//! first use) and a cheap estimate for unknown models. Pure; no pyo3.
+
+use crate::fingerprint::validate;
+use crate::json::{parse_object, RequestError};
+use serde_json::Value;
+
+/// A tokenizer family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Encoding {
+    Cl100k,
+    O200k,
+    /// One token per 4 UTF-8 bytes, rounded up; for models whose tokenizer is unknown.
+    Estimate,
+}
+
+/// Tokens added per chat message and for priming the reply (as in the cookbook of the API vendor).
+pub const TOKENS_PER_MESSAGE: usize = 3;
+/// Extra token for a message's `name`.
+pub const TOKENS_PER_NAME: usize = 1;
+/// Tokens priming the assistant's reply.
+pub const REPLY_PRIMING: usize = 3;
+
+impl Encoding {
+    /// Parse `"cl100k_base"`, `"o200k_base"` or `"estimate"`.
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "cl100k_base" => Some(Self::Cl100k),
+            "o200k_base" => Some(Self::O200k),
+            "estimate" => Some(Self::Estimate),
+            _ => None,
+        }
+    }
+
+    /// The canonical name of this encoding.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Cl100k => "cl100k_base",
+            Self::O200k => "o200k_base",
+            Self::Estimate => "estimate",
+        }
+    }
+
+    /// Number of tokens in `text`.
+    pub fn count(self, text: &str) -> usize {
+        match self {
+            Self::Cl100k => bpe_openai::cl100k_base().count(text),
+            Self::O200k => bpe_openai::o200k_base().count(text),
+            Self::Estimate => text.len().div_ceil(4),
+        }
+    }
+}
+
+/// The encoding a model name uses (`ft:` fine-tune prefixes are looked through).
+pub fn encoding_for_model(model: &str) -> Encoding {
+    let base = model.strip_prefix("ft:").unwrap_or(model);
+    let is_family = |family: &str| {
+        base.strip_prefix(family)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('-'))
+    };
+    if base.starts_with("gpt-4o")
+        || base.starts_with("gpt-4.1")
+        || base.starts_with("gpt-4.5")
+        || base.starts_with("gpt-5")
+        || base.starts_with("chatgpt-4o")
+        || ["o1", "o3", "o4", "o4-mini"].into_iter().any(is_family)
+    {
+        Encoding::O200k
+    } else if base.starts_with("gpt-4")
+        || base.starts_with("gpt-3.5")
+        || base.starts_with("text-embedding-")
+    {
+        Encoding::Cl100k
+    } else {
+        Encoding::Estimate
+    }
+}
+
+/// Prompt tokens of a request body: chat `messages`, else completions `prompt`, else embeddings
+/// `input` (a string, a list of strings, a token list or a list of token lists).
+pub fn count_request_tokens(body: &[u8], encoding: Encoding) -> Result<usize, RequestError> {
+    let request = parse_object(body)?;
+    validate(&request)?;
+    if let Some(Value::Array(messages)) = request.get("messages") {
+        return Ok(count_messages(messages, encoding));
+    }
+    for field in ["prompt", "input"] {
+        if let Some(value) = request.get(field) {
+            return Ok(count_texts(value, encoding));
+        }
+    }
+    Err(RequestError::Shape(
+        "request has none of `messages`, `prompt` or `input`".to_owned(),
+    ))
+}
+
+/// Cookbook accounting: every string field of a message is encoded, plus fixed overheads. Content
+/// parts count their `text`; tool calls count function name and arguments; images are not counted.
+fn count_messages(messages: &[Value], encoding: Encoding) -> usize {
+    let mut total = REPLY_PRIMING;
+    for message in messages {
+        total += TOKENS_PER_MESSAGE;
+        let Value::Object(fields) = message else {
+            continue;
+        };
+        for (key, value) in fields {
+            match value {
+                Value::String(s) => total += encoding.count(s),
+                Value::Array(items) if key == "content" => {
+                    for part in items {
+                        if let Some(Value::String(text)) = part.get("text") {
+                            total += encoding.count(text);
+                        }
+                    }
+                }
+                Value::Array(calls) if key == "tool_calls" => {
+                    for call in calls {
+                        let function = call.get("function");
+                        for field in ["name", "arguments"] {
+                            if let Some(Value::String(s)) = function.and_then(|f| f.get(field)) {
+                                total += encoding.count(s);
+                            }
+                        }
+                    }
+                }
+                _ => {}
+            }
+            if key == "name" {
+                total += TOKENS_PER_NAME;
+            }
+        }
+    }
+    total
+}
+
+fn count_texts(value: &Value, encoding: Encoding) -> usize {
+    match value {
+        Value::String(s) => encoding.count(s),
+        // A pre-tokenized prompt: each number is one token.
+        Value::Number(_) => 1,
+        Value::Array(items) => items.iter().map(|v| count_texts(v, encoding)).sum(),
+        _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn known_counts() {
+        // Values from tiktoken.
+        assert_eq!(Encoding::Cl100k.count("hello world"), 2);
+        assert_eq!(Encoding::O200k.count("hello world"), 2);
+        assert_eq!(Encoding::Cl100k.count(""), 0);
+        assert_eq!(Encoding::Estimate.count("abcde"), 2);
+        assert_eq!(Encoding::Estimate.count(""), 0);
+    }
+
+    #[test]
+    fn model_families() {
+        for (model, enc) in [
+            ("gpt-4o-mini", Encoding::O200k),
+            ("gpt-4.1", Encoding::O200k),
+            ("gpt-5-nano", Encoding::O200k),
+            ("o1", Encoding::O200k),
+            ("o3-mini", Encoding::O200k),
+            ("o4-mini-2025", Encoding::O200k),
+            ("ft:gpt-4o:org:x", Encoding::O200k),
+            ("gpt-4-turbo", Encoding::Cl100k),
+            ("gpt-3.5-turbo", Encoding::Cl100k),
+            ("text-embedding-3-small", Encoding::Cl100k),
+            ("o100", Encoding::Estimate),
+            ("llama-3-8b", Encoding::Estimate),
+        ] {
+            assert_eq!(encoding_for_model(model), enc, "{model}");
+        }
+    }
+
+    #[test]
+    fn chat_request_accounting() {
+        let body = br#"{"model":"gpt-4","messages":[{"role":"user","content":"hello world","name":"bob"}]}"#;
+        // 3 priming + 3 per message + role(1) + content(2) + name(1) + 1 for name.
+        assert_eq!(count_request_tokens(body, Encoding::Cl100k).unwrap(), 11);
+        let parts = br#"{"messages":[{"role":"user","content":[{"type":"text","text":"hello world"},{"type":"image_url","image_url":{"url":"x"}}]}]}"#;
+        assert_eq!(count_request_tokens(parts, Encoding::Cl100k).unwrap(), 9);
+    }
+
+    #[test]
+    fn prompt_and_input_forms() {
+        let count = |b: &str| count_request_tokens(b.as_bytes(), Encoding::Cl100k).unwrap();
+        assert_eq!(count(r#"{"prompt":"hello world"}"#), 2);
+        assert_eq!(count(r#"{"prompt":["hello world","hello"]}"#), 3);
+        assert_eq!(count(r#"{"input":[1,2,3]}"#), 3);
+        assert_eq!(count(r#"{"input":[[1,2],[3]]}"#), 3);
+        assert!(matches!(
+            count_request_tokens(b"{}", Encoding::Cl100k),
+            Err(RequestError::Shape(_))
+        ));
+    }
+}
