@@ -21,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"router {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_core(commands)
     hash_key = commands.add_parser(
         "hash-key", help="print the SHA-256 hex of an API key, for [[auth.keys]] sha256"
     )
