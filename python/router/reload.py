@@ -21,8 +21,19 @@ Commit = Callable[[], None]
 # the swap; raising ConfigError or ValueError rejects the whole reload. The commit must not fail.
 Preparer = Callable[[Config, Config], Commit]
 
-# Fields a running process cannot change: they take effect on restart.
-_RESTART_ONLY = (("server", "listen"), ("server", "admin_listen"))
+# Sections the reload applies itself: requests read them from the live config.
+_LIVE_SECTIONS = frozenset({"server", "timeouts"})
+# Fields of those that are fixed when sockets and pools open: they take effect on restart.
+_RESTART_ONLY = (
+    ("server", "listen"),
+    ("server", "admin_listen"),
+    ("server", "header_timeout_s"),
+    ("server", "drain_timeout_s"),
+    ("timeouts", "connect"),
+    ("timeouts", "total"),
+)
+# A change no component can apply here rejects the reload rather than routing half-configured.
+_MUST_APPLY = frozenset({"regions"})
 
 
 class LiveConfig:
@@ -51,10 +62,12 @@ class Reloader:
     def __init__(self, live: LiveConfig) -> None:
         self.live = live
         self._preparers: list[tuple[str, Preparer]] = []
+        self._handled: set[str] = set(_LIVE_SECTIONS)
 
-    def register(self, name: str, prepare: Preparer) -> None:
-        """Have `prepare` called on every reload, in registration order."""
+    def register(self, name: str, prepare: Preparer, sections: tuple[str, ...]) -> None:
+        """Have `prepare` called on every reload, in order; it applies these config sections."""
         self._preparers.append((name, prepare))
+        self._handled.update(sections)
 
     def reload(self) -> ReloadResult:
         """Load, validate, prepare every component, then commit all without yielding the loop."""
@@ -70,6 +83,14 @@ class Reloader:
     def apply(self, new: Config, source: str) -> ReloadResult:
         """Swap in an already-decoded config; a component that refuses it rejects the reload."""
         old = self.live.config
+        changed = _changed_sections(old, new)
+        unapplied = sorted(changed - self._handled)
+        blocking = [name for name in unapplied if name in _MUST_APPLY]
+        if blocking:
+            return self._reject(
+                f"{source}: field `{blocking[0]}`: changed, but this router cannot add, remove or "
+                "change regions while running; restart it to apply"
+            )
         commits: list[Commit] = []
         for name, prepare in self._preparers:
             try:
@@ -81,6 +102,11 @@ class Reloader:
             commit()
         self.live.config = new
         self.live.generation += 1
+        for section in unapplied:
+            log.warning(
+                "config reload: [%s] changed but is not hot-reloadable; it takes effect on restart",
+                section,
+            )
         for section, key in _RESTART_ONLY:
             before = getattr(getattr(old, section), key)
             after = getattr(getattr(new, section), key)
@@ -105,6 +131,11 @@ class Reloader:
 
 
 RELOADER = web.AppKey("router.reloader", Reloader)
+
+
+def _changed_sections(old: Config, new: Config) -> set[str]:
+    """Top-level config fields whose value differs."""
+    return {f for f in old.__struct_fields__ if getattr(old, f) != getattr(new, f)}
 
 
 def sighup_ctx(reloader: Reloader) -> Callable[[web.Application], AsyncIterator[None]]:

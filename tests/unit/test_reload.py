@@ -36,7 +36,7 @@ def setup(tmp_path: Path, text: str = GOOD) -> tuple[Path, Reloader, Rollout]:
         table = table_from_config(new)
         return lambda: rollout.replace(table)
 
-    reloader.register("rollout", prepare)
+    reloader.register("rollout", prepare, ("rollout",))
     return path, reloader, rollout
 
 
@@ -102,8 +102,8 @@ def test_a_refusing_component_rejects_the_whole_reload(tmp_path: Path) -> None:
     def records(old: Config, new: Config) -> Commit:
         return lambda: applied.append("late")
 
-    reloader.register("limits", refuses)
-    reloader.register("cache", records)
+    reloader.register("limits", refuses, ("limits",))
+    reloader.register("cache", records, ("cache",))
     before = rollout.table
     path.write_text(GOOD.replace("weight = 95", "weight = 10"))
     result = reloader.reload()
@@ -132,3 +132,40 @@ def test_no_file_to_reload() -> None:
     result = Reloader(LiveConfig(config, None)).reload()
     assert not result.applied
     assert "no config file" in result.message
+
+
+def test_region_change_rejected_when_nothing_can_apply_it(tmp_path: Path) -> None:
+    path, reloader, rollout = setup(tmp_path)
+    before = rollout.table
+    path.write_text(GOOD.replace("127.0.0.1:1", "127.0.0.1:7").replace("weight = 95", "weight = 1"))
+    result = reloader.reload()
+    assert not result.applied
+    assert "field `regions`: changed" in result.message
+    assert rollout.table is before
+
+
+def test_region_change_applied_by_a_component_that_handles_regions(tmp_path: Path) -> None:
+    path, reloader, _ = setup(tmp_path)
+    seen: list[str] = []
+
+    def regions(old: Config, new: Config) -> Commit:
+        return lambda: seen.append(new.regions[0].base_url)
+
+    reloader.register("regions", regions, ("regions",))
+    path.write_text(GOOD.replace("127.0.0.1:1", "127.0.0.1:7"))
+    assert reloader.reload().applied
+    assert seen == ["http://127.0.0.1:7"]
+
+
+def test_unhandled_section_applies_rest_and_warns(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path, reloader, rollout = setup(tmp_path)
+    path.write_text(
+        GOOD.replace("weight = 95", "weight = 80") + "\n[limits]\ndefault_max_tokens = 9\n"
+    )
+    with caplog.at_level(logging.WARNING, logger="router"):
+        assert reloader.reload().applied
+    assert rollout.table.alias("chat").weights()["v1"] == 80.0
+    assert "[limits] changed but is not hot-reloadable" in caplog.text
+    assert "[rollout]" not in caplog.text
