@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from pathlib import Path
 
 import msgspec
 from aiohttp import web
 
-from router import cache_http
+from router import cache_http, rollout_admin
+from router.auth import Authenticator
 from router.config import Config
 from router.context import RequestContext, request_id
 from router.errors import ApiError, InvalidRequest, NotFound, Unavailable
 from router.proxy import AttemptHook, Tap, error_response, forward
+from router.reload import RELOADER, LiveConfig, Reloader, sighup_ctx
 from router.request import (
     CHAT,
     COMPLETIONS,
@@ -20,8 +23,8 @@ from router.request import (
     check_content_type,
     parse_body,
     read_body,
-    resolve_model,
 )
+from router.rollout_web import ROLLOUT, RolloutRuntime, canary_hook, restrict, tag_response
 from router.upstream import Upstream, Upstreams, open_upstreams
 
 log = logging.getLogger("router")
@@ -104,20 +107,21 @@ def _request_id(request: web.Request) -> str:
 def _proxy_handler(
     endpoint: str, config: Config
 ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-    """The handler for one forwarded endpoint; model lookups are fixed at build time."""
-    aliases = dict(config.models.aliases)
-    served = frozenset(config.served_models())
+    """The handler for one forwarded endpoint."""
 
     async def handle(request: web.Request) -> web.StreamResponse:
         app = request.app
-        config = app[CONFIG]
+        # A reload swaps the live config; this request keeps the one it read here.
+        config = app[RELOADER].live.config
         ctx = RequestContext(request_id(request.headers.get("X-Request-Id")), endpoint)
         request[CONTEXT] = ctx
         timer = ctx.timer
         timer.begin("parse")
         check_content_type(request.headers.get("Content-Type"))
         body = await read_body(request, config.server.max_body_bytes, config.server.body_timeout_s)
-        ctx.parsed = resolve_model(parse_body(endpoint, body), aliases, served)
+        ctx.parsed = parse_body(endpoint, body)
+        # Alias -> version (sticky per user/key) -> its upstream model; 404 for unknown models.
+        app[ROLLOUT].assign(ctx, request.headers)
         timer.end("parse")
         for stage in app[STAGES]:
             answer = await stage(request, ctx)
@@ -125,7 +129,7 @@ def _proxy_handler(
                 return answer
 
         async def origin(tap: Tap | None) -> web.StreamResponse:
-            candidates = app[SELECTOR](ctx, app[UPSTREAMS])
+            candidates = restrict(ctx, app[SELECTOR](ctx, app[UPSTREAMS]))
             if not candidates:
                 raise Unavailable(f"No region can serve model `{ctx.request.model}` now.")
             hooks: list[AttemptHook] = app[ATTEMPT_HOOKS]
@@ -167,7 +171,20 @@ async def _upstreams_ctx(app: web.Application) -> AsyncIterator[None]:
     await app[UPSTREAMS].close()
 
 
-def build_app(config: Config) -> web.Application:
+def _install_rollout(app: web.Application, config: Config, config_path: Path | None) -> None:
+    """Versions per request, canary outcomes, the version header, hot reload, rollout admin."""
+    rollout = RolloutRuntime(config)
+    app[ROLLOUT] = rollout
+    app[ATTEMPT_HOOKS].append(canary_hook(rollout))
+    app.on_response_prepare.append(tag_response(CONTEXT))
+    reloader = Reloader(LiveConfig(config, config_path))
+    reloader.register("rollout", rollout.prepare_reload, ("rollout", "models"))
+    app[RELOADER] = reloader
+    app.cleanup_ctx.append(sighup_ctx(reloader))
+    rollout_admin.add_routes(app.router, Authenticator.from_config(config.auth).check_admin)
+
+
+def build_app(config: Config, config_path: Path | None = None) -> web.Application:
     """The router application for `config`; pools open on startup and close on cleanup."""
     # client_max_size is a backstop; read_body enforces max_body_bytes with a proper 413.
     app = web.Application(middlewares=[_errors], client_max_size=config.server.max_body_bytes + 1)
@@ -177,6 +194,7 @@ def build_app(config: Config) -> web.Application:
     app[ATTEMPT_HOOKS] = []
     app[READY_CHECKS] = []
     app[STATE] = RouterState()
+    _install_rollout(app, config, config_path)
     if config.cache.enabled:
         namespaces = cache_http.tenant_namespace(config.auth)
         app[AROUND] = cache_http.install(app, config.cache, namespaces)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from router import __version__
@@ -102,7 +103,7 @@ def _serve(args: argparse.Namespace) -> int:
     if config is None:
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    serve(config)
+    serve(config, Path(args.config))
     return 0
 
 

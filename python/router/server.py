@@ -6,6 +6,7 @@ import asyncio
 import logging
 import signal
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import uvloop
 from aiohttp import web
@@ -61,9 +62,13 @@ async def run_until_signal(
         await runner.cleanup()
 
 
-async def serve_async(config: Config, on_ready: Callable[[str], None] | None = None) -> None:
-    """Serve the router for `config` until a stop signal."""
-    app = build_app(config)
+async def serve_async(
+    config: Config,
+    on_ready: Callable[[str], None] | None = None,
+    config_path: Path | None = None,
+) -> None:
+    """Serve the router for `config` until a stop signal; SIGHUP reloads `config_path`."""
+    app = build_app(config, config_path)
     runner = make_runner(app, config)
 
     def draining() -> None:
@@ -75,10 +80,10 @@ async def serve_async(config: Config, on_ready: Callable[[str], None] | None = N
     await run_until_signal(runner, config.server.listen, on_ready, draining)
 
 
-def serve(config: Config) -> None:
+def serve(config: Config, config_path: Path | None = None) -> None:
     """Blocking entry point of `router serve`."""
 
     def ready(url: str) -> None:
         log.warning("router listening on %s", url)
 
-    uvloop.run(serve_async(config, ready))
+    uvloop.run(serve_async(config, ready, config_path))
