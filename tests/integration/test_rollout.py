@@ -250,3 +250,98 @@ async def test_canary_errors_trigger_automatic_rollback(stack: Stack) -> None:
     async with aiohttp.ClientSession(headers=headers) as s:
         got = [await post(s, url, chat(f"c{i}")) for i in range(30)]
     assert all((status, version) == (200, "v1") for status, version, _ in got)
+
+
+async def test_admin_table_weights_and_errors(stack: Stack) -> None:
+    base = stack.router.url + "/admin"
+    token = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    async with aiohttp.ClientSession() as s:
+        async with s.get(base + "/rollout", headers=token) as resp:
+            assert resp.status == 200
+            table = msgspec.json.decode(await resp.read())
+        chat_default = table["models"]["chat-default"]
+        assert chat_default["stable"] == "v1"
+        assert [d["weight"] for d in chat_default["deployments"]] == [50.0, 50.0]
+        moved = msgspec.json.decode(
+            await admin(
+                s, base + "/rollout/weights", {"model": "chat-default", "weights": {"v1": 0}}
+            )
+        )
+        assert moved["generation"] == table["generation"] + 1
+        url = stack.router.url + "/v1/chat/completions"
+        got = {(await post(s, url, chat(f"w{i}")))[1] for i in range(10)}
+        assert got == {"v2"}
+        bad: list[tuple[str, dict[str, object] | bytes, dict[str, str], int, str]] = [
+            (
+                "/rollout/weights",
+                {"model": "chat-default", "weights": {"v1": 0}},
+                {},
+                401,
+                "missing_api_key",
+            ),
+            (
+                "/rollout/weights",
+                {"model": "chat-default", "weights": {"v1": 0}},
+                {"Authorization": "Bearer wrong-token-123"},
+                401,
+                "invalid_api_key",
+            ),
+            ("/rollout/weights", b"{not json", token, 400, "invalid_request"),
+            (
+                "/rollout/weights",
+                {"model": "chat-default", "weights": {"v2": 0}},
+                token,
+                400,
+                "invalid_request",
+            ),
+            (
+                "/rollout/weights",
+                {"model": "chat-default", "weights": {"v9": 1}},
+                token,
+                400,
+                "invalid_request",
+            ),
+            (
+                "/rollout/weights",
+                {"model": "chat-default", "weights": {"v1": -1}},
+                token,
+                400,
+                "invalid_request",
+            ),
+            ("/rollout/weights", {"model": "nope", "weights": {}}, token, 404, "model_not_found"),
+            (
+                "/rollout/rollback",
+                {"model": "chat-default", "to": "v7"},
+                token,
+                404,
+                "unknown_version",
+            ),
+            (
+                "/rollout/rollback",
+                {"model": "chat-default", "extra": 1},
+                token,
+                400,
+                "invalid_request",
+            ),
+        ]
+        for path, body, headers, status, code in bad:
+            data = body if isinstance(body, bytes) else msgspec.json.encode(body)
+            async with s.post(base + path, data=data, headers=headers) as resp:
+                payload = msgspec.json.decode(await resp.read())
+                assert (resp.status, payload["error"]["code"]) == (status, code), (path, payload)
+        # none of the refused changes touched the table
+        async with s.get(base + "/rollout", headers=token) as resp:
+            after = msgspec.json.decode(await resp.read())
+        assert after["generation"] == moved["generation"]
+        # reload through the admin endpoint: invalid is a 400 naming the field, valid applies
+        stack.config.write_text(stack.config.read_text().replace("weight = 50", "weight = -1", 1))
+        async with s.post(base + "/reload", headers=token) as resp:
+            payload = msgspec.json.decode(await resp.read())
+            assert resp.status == 400
+            assert payload["error"]["code"] == "invalid_config"
+            assert "deployments[0].weight" in payload["error"]["message"]
+        stack.write(100, 0)
+        async with s.post(base + "/reload", headers=token) as resp:
+            assert resp.status == 200
+        got = {(await post(s, url, chat(f"w{i}")))[1] for i in range(10)}
+        assert got == {"v1"}
