@@ -1,0 +1,123 @@
+"""router.fingerprint / fingerprint_hex / canonical: keys, levels, errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import router
+
+CHAT = {
+    "model": "gpt-4o",
+    "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "Hello  World!"}], "name": "bob"},
+    ],
+    "temperature": 0.5,
+}
+
+
+def body(value: object) -> bytes:
+    return json.dumps(value).encode()
+
+
+def test_key_is_16_bytes_and_hex_matches() -> None:
+    key = router.fingerprint(body(CHAT))
+    assert isinstance(key, bytes)
+    assert len(key) == 16
+    assert router.fingerprint_hex(body(CHAT)) == key.hex()
+
+
+def test_order_whitespace_and_number_spelling_do_not_matter() -> None:
+    shuffled = {k: CHAT[k] for k in reversed(list(CHAT))}
+    spaced = json.dumps(shuffled, indent=3).replace('"temperature": 0.5', '"temperature": 5e-1')
+    assert router.fingerprint(spaced.encode()) == router.fingerprint(body(CHAT))
+    one = body({"model": "m", "prompt": "x", "n": 1})
+    assert router.fingerprint(one) == router.fingerprint(b'{"model":"m","prompt":"x","n":1.0}')
+
+
+def test_transport_fields_ignored() -> None:
+    noisy = {
+        **CHAT,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "user": "u-1",
+        "metadata": {"a": "b"},
+        "store": False,
+        "service_tier": "auto",
+        "safety_identifier": "s",
+        "prompt_cache_key": "k",
+    }
+    assert router.fingerprint(body(noisy)) == router.fingerprint(body(CHAT))
+
+
+def test_namespace_separates_tenants() -> None:
+    a = router.fingerprint(body(CHAT), namespace="tenant-a")
+    assert a != router.fingerprint(body(CHAT), namespace="tenant-b")
+    assert a != router.fingerprint(body(CHAT))
+
+
+def test_normalized_level() -> None:
+    loud = {**CHAT, "messages": [{"role": "user", "content": "HELLO   world!"}]}
+    calm = {**CHAT, "messages": [{"role": "user", "content": "hello world"}]}
+    exact = [router.fingerprint(body(b)) for b in (loud, calm)]
+    norm = [router.fingerprint(body(b), level="normalized") for b in (loud, calm)]
+    assert exact[0] != exact[1]
+    assert norm[0] == norm[1]
+    assert norm[1] != exact[1]
+
+
+def test_canonical_form() -> None:
+    raw = b'{"b": 1.0, "a": [1e0, -0.0, 2.50], "stream": true, "model": "M"}'
+    assert router.canonical(raw) == b'{"a":[1,0,2.5],"b":1,"model":"M"}'
+    prompt = b'{"prompt": ["  A  B. ", [1, 2]], "model": "M"}'
+    assert router.canonical(prompt, level="normalized") == b'{"model":"M","prompt":["a b",[1,2]]}'
+
+
+@pytest.mark.parametrize(
+    ("raw", "needle"),
+    [
+        (b"\xff\xfe", "UTF-8"),
+        (b"{", "not valid JSON"),
+        (b"", "not valid JSON"),
+        (b'{"temperature": NaN}', "not valid JSON"),
+        (b'{"temperature": Infinity}', "not valid JSON"),
+        (b'{"temperature": 1e400}', "not valid JSON"),
+        (b'{"a":' + b"[" * 200 + b"]" * 200 + b"}", "nested deeper than 128"),
+    ],
+)
+def test_decode_errors(raw: bytes, needle: str) -> None:
+    for call in (router.fingerprint, router.canonical):
+        with pytest.raises(router.RequestDecodeError, match=needle):
+            call(raw)
+
+
+@pytest.mark.parametrize(
+    ("value", "needle"),
+    [
+        ([1, 2], "must be a JSON object"),
+        ({"messages": {"role": "user"}}, "`messages` must be an array"),
+        ({"messages": ["hi"]}, r"`messages\[0\]` must be an object"),
+        ({"messages": [{"content": "x"}]}, "has no `role`"),
+        ({"messages": [{"role": "user", "content": 3}]}, "content"),
+        ({"messages": [{"role": "user", "content": [1]}]}, r"content\[0\]"),
+        ({"model": 4}, "`model` must be a string"),
+        ({"prompt": {"a": 1}}, "`prompt`"),
+    ],
+)
+def test_shape_errors(value: object, needle: str) -> None:
+    with pytest.raises(router.RequestShapeError, match=needle):
+        router.fingerprint(body(value))
+
+
+def test_errors_share_the_root() -> None:
+    assert issubclass(router.RequestDecodeError, router.NativeError)
+    assert issubclass(router.RequestShapeError, router.NativeError)
+    with pytest.raises(router.InvalidArgumentError, match="level"):
+        router.fingerprint(body(CHAT), level="fuzzy")
+
+
+def test_huge_string_is_fine() -> None:
+    big = body({"model": "m", "prompt": "x" * 5_000_000})
+    assert len(router.fingerprint(big)) == 16
