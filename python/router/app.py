@@ -9,7 +9,7 @@ from pathlib import Path
 import msgspec
 from aiohttp import web
 
-from router import cache_http, rollout_admin
+from router import cache_http, observability, rollout_admin
 from router.auth import Authenticator
 from router.config import Config
 from router.context import RequestContext, request_id
@@ -194,6 +194,15 @@ def build_app(config: Config, config_path: Path | None = None) -> web.Applicatio
     app[ATTEMPT_HOOKS] = []
     app[READY_CHECKS] = []
     app[STATE] = RouterState()
+    # Observability first: its middleware is outermost and its attempt hook sees every attempt.
+    observability.install(
+        app,
+        config.observability,
+        context_of=lambda request: request.get(CONTEXT),
+        hooks=app[ATTEMPT_HOOKS],
+        region_names=[region.name for region in config.regions],
+        models=config.served_models(),
+    )
     _install_rollout(app, config, config_path)
     if config.cache.enabled:
         namespaces = cache_http.tenant_namespace(config.auth)

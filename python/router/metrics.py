@@ -41,7 +41,7 @@ class RegionState:
     """One region as the health snapshot sees it at scrape time."""
 
     region: str
-    healthy: bool
+    healthy: bool | None  # None: not known yet
     rtt_s: float | None = None
     in_flight: int = 0
     queue_depth: int = 0
@@ -101,11 +101,16 @@ class _Series:
 
 
 class _Bounded:
-    """Maps label values to themselves until MAX_LABEL_VALUES distinct ones, then to OTHER."""
+    """Maps label values to themselves until MAX_LABEL_VALUES distinct ones, then to OTHER.
 
-    __slots__ = ("_seen",)
+    With `known` values given, anything else is OTHER at once: a client naming models that do
+    not exist must not use up the label space the served models need.
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("_known", "_seen")
+
+    def __init__(self, known: Iterable[str] | None = None) -> None:
+        self._known = None if known is None else frozenset(known)
         self._seen: set[str] = set()
 
     def __call__(self, value: str | None) -> str:
@@ -113,7 +118,9 @@ class _Bounded:
             return NONE
         if value in self._seen:
             return value
-        if len(self._seen) >= MAX_LABEL_VALUES:
+        if len(self._seen) >= MAX_LABEL_VALUES or (
+            self._known is not None and value not in self._known
+        ):
             return OTHER
         self._seen.add(value)
         return value
@@ -131,6 +138,7 @@ class Metrics:
         *,
         slo: SloTracker | None = None,
         regions: RegionSource | None = None,
+        models: Iterable[str] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -144,7 +152,7 @@ class Metrics:
         self.rate_limited = 0
         self.server_errors: dict[str, int] = {}
         self._region = _Bounded()
-        self._model = _Bounded()
+        self._model = _Bounded(models)
         self.slo = slo
         self._clock = clock
         self.registry.register(_RequestCollector(self))
@@ -282,7 +290,8 @@ def _region_families(states: list[RegionState]) -> Iterator[Metric]:
         "router_region_ejections", "Times the region was ejected.", labels=["region"]
     )
     for s in states:
-        healthy.add_metric([s.region], 1.0 if s.healthy else 0.0)
+        if s.healthy is not None:
+            healthy.add_metric([s.region], 1.0 if s.healthy else 0.0)
         if s.rtt_s is not None:
             rtt.add_metric([s.region], s.rtt_s)
         in_flight.add_metric([s.region], float(s.in_flight))
@@ -333,11 +342,12 @@ class Telemetry:
         slo: SloTracker | None = None,
         regions: RegionSource | None = None,
         log: AccessLog | None = None,
+        models: Iterable[str] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.slo = slo if slo is not None else SloTracker()
         self.regions = regions
-        self.metrics = Metrics(slo=self.slo, regions=regions, clock=clock)
+        self.metrics = Metrics(slo=self.slo, regions=regions, models=models, clock=clock)
         self.log = log
 
     def finish(self, rec: AccessRecord) -> None:

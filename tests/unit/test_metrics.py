@@ -128,3 +128,12 @@ def test_exposition_parses_and_registries_are_per_app() -> None:
     assert {"router_requests", "router_ttft_seconds", "router_stage_seconds"} <= names
     assert sample(b.metrics, "router_requests_total", region="eu", model="m", status="200",
                   cache="miss") is None  # fmt: skip
+
+
+def test_unknown_models_never_take_label_space() -> None:
+    m = Metrics(models=["m"])
+    m.observe(record(model="made-up"))
+    m.observe(record(model="m"))
+    labels = {"region": "eu", "status": "200", "cache": "miss"}
+    assert sample(m, "router_requests_total", model=OTHER, **labels) == 1
+    assert sample(m, "router_requests_total", model="m", **labels) == 1

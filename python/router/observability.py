@@ -1,0 +1,276 @@
+"""Observability in the app: timing middleware, Server-Timing, routes, passive region view."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING
+
+import msgspec
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+
+from router import metrics, status
+from router.accesslog import AccessLog, AccessRecord, CacheResult
+from router.context import RequestContext
+from router.metrics import RegionSource, RegionState, Telemetry
+from router.slo import SloTargets, SloTracker
+from router.timing import REGION_TTFT, TOTAL, TTFT, server_timing, totals
+
+if TYPE_CHECKING:
+    from router.config import ObservabilityConfig
+    from router.proxy import AttemptError
+    from router.upstream import Upstream
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# Reads the request's context (the core's CONTEXT request key) and cache outcome.
+ContextOf = Callable[[web.Request], RequestContext | None]
+CacheOf = Callable[[web.Request], CacheResult]
+
+TELEMETRY: web.AppKey[Telemetry] = web.AppKey("telemetry", Telemetry)
+_START: web.RequestKey[int] = web.RequestKey("router.obs.start")
+# Stage durations fixed when the headers went out, so the header and the log agree.
+_AT_HEADERS: web.RequestKey[dict[str, int]] = web.RequestKey("router.obs.at_headers")
+_ATTEMPTS = "obs.regions"  # ctx.extra: region names tried, in order
+_TENANT = "tenant"  # ctx.extra key the auth stage fills (an auth.Tenant)
+
+# nginx's code for "the client closed the connection before the answer".
+CLIENT_CLOSED = 499
+
+
+class PassiveHealth:
+    """Region health as the request path last saw it: down after a failed connect or timeout."""
+
+    __slots__ = ("_down", "_ejections", "names")
+
+    def __init__(self, names: Iterable[str]) -> None:
+        self.names = tuple(names)
+        self._down: dict[str, bool] = {}
+        self._ejections: dict[str, int] = {}
+
+    def saw(self, region: str, reachable: bool) -> None:
+        """Record one attempt's outcome; a flip to down counts as an ejection."""
+        was_down = self._down.get(region)
+        self._down[region] = not reachable
+        if not reachable and was_down is not True:
+            self._ejections[region] = self._ejections.get(region, 0) + 1
+
+    def states(self) -> list[RegionState]:
+        """Every configured region; health unknown until traffic reached it."""
+        out = []
+        for name in self.names:
+            down = self._down.get(name)
+            out.append(
+                RegionState(
+                    name,
+                    None if down is None else not down,
+                    ejections=self._ejections.get(name, 0),
+                )
+            )
+        return out
+
+
+def _stamp_factory(context_of: ContextOf) -> Callable[..., Awaitable[None]]:
+    async def stamp(request: web.BaseRequest, response: web.StreamResponse) -> None:
+        """on_response_prepare: Server-Timing with the stages known when the headers go out."""
+        start = request.get(_START)
+        if start is None:
+            return
+        durations = request.get(_AT_HEADERS)
+        if durations is None:
+            # A stream: the body follows the headers, so TTFT is now and the total is not known.
+            ctx = context_of(request) if isinstance(request, web.Request) else None
+            durations = totals(ctx.timer.stages) if ctx is not None else {}
+            durations[TTFT] = time.perf_counter_ns() - start
+            request[_AT_HEADERS] = durations
+        response.headers["Server-Timing"] = server_timing(durations)
+        ctx = context_of(request) if isinstance(request, web.Request) else None
+        if ctx is not None and "X-Request-Id" not in response.headers:
+            response.headers["X-Request-Id"] = ctx.request_id
+
+    return stamp
+
+
+def _record(
+    request: web.Request,
+    ctx: RequestContext,
+    status_code: int,
+    durations: dict[str, int],
+    cache: CacheResult,
+    tokens: tuple[int | None, int | None],
+) -> AccessRecord:
+    parsed = ctx.parsed
+    tenant = ctx.extra.get(_TENANT)
+    regions = ctx.extra.get(_ATTEMPTS)
+    tried: list[str] = regions if isinstance(regions, list) else []
+    failovers = sum(1 for a, b in itertools.pairwise(tried) if a != b)
+    return AccessRecord(
+        request_id=ctx.request_id,
+        method=request.method,
+        path=request.path,
+        status=status_code,
+        tenant=getattr(tenant, "name", None),
+        model=parsed.model if parsed is not None else None,
+        region=ctx.region,
+        attempts=ctx.attempts,
+        retries=max(0, ctx.attempts - 1 - failovers),
+        failovers=failovers,
+        cache=cache,
+        stream=parsed.stream if parsed is not None else False,
+        stages=durations,
+        tokens_in=tokens[0],
+        tokens_out=tokens[1],
+    )
+
+
+class _Usage(msgspec.Struct):
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+class _WithUsage(msgspec.Struct):
+    usage: _Usage | None = None
+
+
+_USAGE = msgspec.json.Decoder(_WithUsage)
+
+
+def usage(resp: web.StreamResponse) -> tuple[int | None, int | None]:
+    """(prompt, completion) tokens a whole JSON answer reports; (None, None) for streams."""
+    body = resp.body if isinstance(resp, web.Response) else None
+    if not isinstance(body, bytes) or b'"usage"' not in body:
+        return None, None
+    try:
+        found = _USAGE.decode(body).usage
+    except msgspec.MsgspecError:
+        return None, None
+    if found is None:
+        return None, None
+    return found.prompt_tokens, found.completion_tokens
+
+
+def _middleware_factory(
+    telemetry: Telemetry, context_of: ContextOf, cache_of: CacheOf
+) -> Middleware:
+    @web.middleware
+    async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Times the whole request; one access record per proxied request once it is done."""
+        start = time.perf_counter_ns()
+        request[_START] = start
+        code = 500
+        tokens: tuple[int | None, int | None] = (None, None)
+        try:
+            resp = await handler(request)
+            code = resp.status
+            if not resp.prepared:
+                tokens = usage(resp)
+                # A whole body: it leaves right after this, so first byte and total are now.
+                now = time.perf_counter_ns() - start
+                ctx = context_of(request)
+                durations = totals(ctx.timer.stages) if ctx is not None else {}
+                durations[TTFT] = durations[TOTAL] = now
+                request[_AT_HEADERS] = durations
+            return resp
+        except asyncio.CancelledError:
+            code = CLIENT_CLOSED
+            raise
+        except web.HTTPException as exc:
+            code = exc.status
+            raise
+        finally:
+            ctx = context_of(request)
+            if ctx is not None:
+                at_headers = request.get(_AT_HEADERS) or {}
+                durations = totals(ctx.timer.stages)
+                if TTFT in at_headers:
+                    durations[TTFT] = at_headers[TTFT]
+                # A whole body's total is fixed with its headers; a stream's ends now.
+                durations[TOTAL] = at_headers.get(TOTAL) or time.perf_counter_ns() - start
+                record = _record(request, ctx, code, durations, cache_of(request), tokens)
+                telemetry.finish(record)
+
+    return observe
+
+
+def attempt_hook(
+    passive: PassiveHealth | None,
+) -> Callable[[RequestContext, Upstream, AttemptError | None, float], None]:
+    """An attempt hook: regions tried (failovers), region TTFT, passive reachability."""
+
+    def hook(
+        ctx: RequestContext, upstream: Upstream, error: AttemptError | None, seconds: float
+    ) -> None:
+        tried = ctx.extra.get(_ATTEMPTS)
+        if isinstance(tried, list):
+            tried.append(upstream.name)
+        else:
+            ctx.extra[_ATTEMPTS] = [upstream.name]
+        if error is None:
+            # Connect + request + the region's first byte (the first SSE chunk for a stream).
+            ctx.timer.record(REGION_TTFT, int(seconds * 1e9))
+        if passive is not None:
+            unreachable = error is not None and error.kind in ("connect", "timeout")
+            passive.saw(upstream.name, not unreachable)
+
+    return hook
+
+
+def telemetry_from_config(
+    config: ObservabilityConfig,
+    regions: RegionSource | None = None,
+    models: Iterable[str] | None = None,
+) -> Telemetry:
+    """Telemetry for the [observability] section."""
+    targets = SloTargets(
+        ttft_p95_s=config.slo_ttft_p95_ms / 1000.0,
+        error_rate=config.slo_error_rate,
+        window_s=config.slo_window_s,
+    )
+    log = AccessLog(level=config.log_level, fmt=config.log_format, enabled=config.access_log)
+    slo = SloTracker(targets, alpha=config.quantile_accuracy)
+    return Telemetry(slo=slo, regions=regions, log=log, models=models)
+
+
+def cache_result(request: web.Request) -> CacheResult:
+    """The response cache's outcome for this request (`none` when the cache did not run)."""
+    from router.cache_http import MARK  # only when the cache is installed
+
+    mark = request.get(MARK)
+    if mark is None:
+        return "none"
+    outcome = mark.outcome.value.lower()
+    if outcome == "hit":
+        return "hit"
+    if outcome == "miss":
+        return "miss"
+    return "bypass" if outcome == "bypass" else "none"
+
+
+def install(
+    app: web.Application,
+    config: ObservabilityConfig,
+    *,
+    context_of: ContextOf,
+    hooks: list[Callable[[RequestContext, Upstream, AttemptError | None, float], None]],
+    region_names: Iterable[str],
+    models: Iterable[str] | None = None,
+    cache_of: CacheOf = cache_result,
+    regions: RegionSource | None = None,
+) -> Telemetry:
+    """Add the timing middleware (outermost), Server-Timing, /metrics, /status, /status.json.
+
+    `regions` is the health snapshot; without one the status page shows what the request path
+    last saw of each region (PassiveHealth). `models` (the served names) bounds the model label.
+    """
+    passive = PassiveHealth(region_names)
+    telemetry = telemetry_from_config(config, regions or passive.states, models)
+    app[TELEMETRY] = telemetry
+    hooks.append(attempt_hook(passive))
+    # Outermost, so it also times and sees the error responses the inner middlewares render.
+    app.middlewares.insert(0, _middleware_factory(telemetry, context_of, cache_of))
+    app.on_response_prepare.append(_stamp_factory(context_of))
+    metrics.add_routes(app, telemetry)
+    status.add_routes(app, telemetry, refresh_ms=config.status_refresh_ms)
+    return telemetry

@@ -1,0 +1,220 @@
+"""A real router in front of sim regions: a known request sequence, then /metrics, Server-Timing
+and the access log must reflect it exactly."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from router.timing import parse_server_timing
+from tests.integration.conftest import MODEL, region_toml, sim_config, start_router, start_sim
+from tests.support import Proc
+
+HEADER = """
+[timeouts]
+connect = 1.0
+first_byte = 5.0
+
+[auth]
+enabled = false
+"""
+CACHE = "\n[cache]\nenabled = true\n"
+SECRET = "sk-never-log-this-3f9a"
+
+
+@dataclass
+class Answer:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def timing(self) -> dict[str, float]:
+        header = self.headers.get("server-timing")
+        assert header, f"no Server-Timing on a {self.status} answer"
+        return parse_server_timing(header)
+
+
+def call(
+    url: str, body: bytes | dict[str, Any] | None, headers: dict[str, str] | None = None
+) -> Answer:
+    data = json.dumps(body).encode() if isinstance(body, dict) else body
+    req = urllib.request.Request(
+        url, data=data, headers={"Content-Type": "application/json", **(headers or {})}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return Answer(resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.read())
+    except urllib.error.HTTPError as exc:
+        return Answer(exc.code, {k.lower(): v for k, v in exc.headers.items()}, exc.read())
+
+
+def chat(router: Proc, content: str, **extra: Any) -> Answer:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": content}], **extra}
+    return call(router.url + "/v1/chat/completions", body, {"Authorization": f"Bearer {SECRET}"})
+
+
+def samples(router: Proc) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    with urllib.request.urlopen(router.url + "/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+def value(metrics: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str,
+          **labels: str) -> float | None:  # fmt: skip
+    return metrics.get((name, frozenset(labels.items())))
+
+
+@dataclass
+class Env:
+    a: Proc
+    b: Proc
+    cached: Proc
+    plain: Proc
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    tmp: Path = tmp_path_factory.mktemp("metrics")
+    a = start_sim(tmp, "a")
+    b = start_sim(tmp, "b")
+    regions = region_toml(a) + region_toml(b, bias_ms=50.0)
+    cached = start_router(tmp, HEADER + CACHE + regions)
+    plain = start_router(tmp, HEADER + regions)
+    yield Env(a, b, cached, plain)
+    for proc in (cached, plain, a, b):
+        proc.kill()
+
+
+def test_known_sequence_is_reflected_exactly(env: Env) -> None:
+    r = env.cached
+    answers = [
+        chat(r, "first", temperature=0),  # miss, region a
+        chat(r, "second", temperature=0),  # miss, region a
+        chat(r, "first", temperature=0),  # hit: no region
+        chat(r, "streamed", stream=True),  # unset temperature: bypass, streamed from a
+        call(
+            r.url + "/v1/chat/completions",
+            {"model": "nope", "messages": [{"role": "user", "content": "x"}]},
+        ),  # 404
+        call(r.url + "/v1/chat/completions", b"{not json"),  # 400
+    ]
+    sim_config(env.a, fail_mode="503")
+    try:
+        answers.append(chat(r, "third", temperature=0))  # a answers 503: failover to b
+    finally:
+        sim_config(env.a, fail_mode="none")
+    assert [a.status for a in answers] == [200, 200, 200, 200, 404, 400, 200]
+    assert [a.headers.get("x-cache") for a in answers[:4]] == ["MISS", "MISS", "HIT", "BYPASS"]
+
+    m = samples(r)
+    requests = {
+        (dict(labels)["region"], dict(labels)["model"], dict(labels)["status"],
+         dict(labels)["cache"]): v
+        for (name, labels), v in m.items()
+        if name == "router_requests_total"
+    }  # fmt: skip
+    assert requests == {
+        ("a", MODEL, "200", "miss"): 2,
+        ("none", MODEL, "200", "hit"): 1,
+        ("a", MODEL, "200", "bypass"): 1,
+        ("none", "_other", "404", "none"): 1,  # a made-up model name is not a label
+        ("none", "none", "400", "none"): 1,
+        ("b", MODEL, "200", "miss"): 1,
+    }
+    assert value(m, "router_cache_hits_total") == 1
+    assert value(m, "router_cache_misses_total") == 3
+    assert value(m, "router_failovers_total") == 1
+    assert value(m, "router_retries_total") == 0
+    assert value(m, "router_rate_limited_total") == 0
+    # Every request has a total; only answered ones reached a region.
+    assert value(m, "router_stage_seconds_count", stage="total") == 7
+    assert value(m, "router_stage_seconds_count", stage="region_ttft") == 4
+    miss_a = {"region": "a", "model": MODEL, "status": "200", "cache": "miss"}
+    assert value(m, "router_ttft_seconds_count", **miss_a) == 2
+    assert value(m, "router_request_duration_seconds_count", **miss_a) == 2
+    assert value(m, "router_request_duration_seconds_bucket", **miss_a, le="60.0") == 2
+    # a answered (a 503 is an answer), so the request path saw both regions reachable.
+    assert value(m, "router_region_healthy", region="a") == 1
+    assert value(m, "router_region_healthy", region="b") == 1
+    assert value(m, "router_slo_compliant", region="all", objective="error_rate") == 1
+    # Scraping is not a request: a second scrape counts the same.
+    assert samples(r)[("router_requests_total", frozenset(miss_a.items()))] == 2
+
+    log = [json.loads(line) for line in r.output().splitlines() if line.startswith("{")]
+    assert len(log) == 7
+    assert [line["status"] for line in log] == [200, 200, 200, 200, 404, 400, 200]
+    assert [line["cache"] for line in log[:4]] == ["miss", "miss", "hit", "bypass"]
+    assert log[6]["region"] == "b"
+    assert log[6]["attempts"] == 2
+    assert log[6]["failovers"] == 1
+    assert log[0]["tokens_in"] is not None
+    assert log[0]["tokens_out"] is not None
+    assert log[3]["stream"] is True
+    for line, answer in zip(log, answers, strict=True):
+        assert line["request_id"] == answer.headers["x-request-id"]
+    assert SECRET not in r.output()
+
+
+def test_server_timing_on_every_answer_and_consistent(env: Env) -> None:
+    r = env.plain
+    whole = chat(r, "whole")
+    stream = chat(r, "stream me", stream=True)
+    bad = call(r.url + "/v1/chat/completions", b"[]")
+    unknown_path = call(r.url + "/v1/nothing", {})
+    for answer in (whole, stream, bad, unknown_path):
+        t = answer.timing()
+        assert t["ttft"] >= 0
+        for stage, ms in t.items():
+            assert ms <= t.get("total", t["ttft"]) + 0.001, (stage, t)
+    t = whole.timing()
+    assert t["ttft"] == t["total"]  # a whole body leaves at once
+    # The request's own spans run one after another, so together they fit in the total.
+    assert t["parse"] + t["upstream"] <= t["total"]
+    assert t["region_ttft"] <= t["upstream"]
+    # A stream's headers go out before its body: TTFT is known there, the total is not.
+    s = stream.timing()
+    assert "total" not in s
+    assert "stream" not in s
+    assert s["parse"] + s["upstream"] <= s["ttft"]
+    assert bad.status == 400
+    assert unknown_path.status == 404
+
+
+def test_request_id_is_accepted_or_generated(env: Env) -> None:
+    r = env.plain
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "id"}]}
+    given = call(r.url + "/v1/chat/completions", body, {"X-Request-Id": "client-id-42"})
+    assert given.headers["x-request-id"] == "client-id-42"
+    made = call(r.url + "/v1/chat/completions", body, {"X-Request-Id": "bad id with spaces"})
+    assert made.headers["x-request-id"] != "bad id with spaces"
+    assert len(made.headers["x-request-id"]) >= 16
+    log = r.output()
+    assert '"request_id":"client-id-42"' in log
+    assert made.headers["x-request-id"] in log
+
+
+def test_status_json_and_page(env: Env) -> None:
+    r = env.plain
+    chat(r, "status")
+    with urllib.request.urlopen(r.url + "/status.json", timeout=5) as resp:
+        doc = json.loads(resp.read())
+    assert [region["name"] for region in doc["regions"]] == ["a", "b"]
+    assert doc["slo"]["ttft_p95_target_ms"] == 200.0
+    assert doc["overall"]["requests"] >= 1
+    with urllib.request.urlopen(r.url + "/status", timeout=5) as resp:
+        page = resp.read().decode()
+        assert resp.headers["Content-Type"].startswith("text/html")
+    assert "/status.json" in page
+    assert "http://" not in page.replace("http://www.w3.org/2000/svg", "")  # no external assets
