@@ -205,8 +205,7 @@ def build_app(config: Config, config_path: Path | None = None) -> web.Applicatio
     )
     _install_rollout(app, config, config_path)
     if config.cache.enabled:
-        namespaces = cache_http.tenant_namespace(config.auth)
-        app[AROUND] = cache_http.install(app, config.cache, namespaces)
+        app[AROUND] = cache_http.install(app, config)
     app[_MODELS_BODY] = _models_body(config)
     app.cleanup_ctx.append(_upstreams_ctx)
     for endpoint in (CHAT, COMPLETIONS, EMBEDDINGS):

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 import msgspec
 from aiohttp import web
 
 from router.cache_tiers import ResponseCache
+from router.config import AuthConfig
 from router.errors import ApiError, InvalidRequest
 
 CACHE = web.AppKey("router.cache", ResponseCache)
@@ -61,7 +62,31 @@ async def purge(request: web.Request) -> web.Response:
     return _json({"purged": purged})
 
 
-def add_routes(app: web.Application, prefix: str = "/admin/cache") -> None:
-    """Register the cache admin routes on `app` (the admin listener or the main app)."""
-    app.router.add_get(f"{prefix}/stats", stats)
-    app.router.add_post(f"{prefix}/purge", purge)
+Handler = Callable[[web.Request], Awaitable[web.Response]]
+# Raises an ApiError unless the headers carry admin credentials (auth.Authenticator.check_admin).
+Guard = Callable[[Mapping[str, str]], None]
+
+
+def _guarded(handler: Handler, guard: Guard) -> Handler:
+    async def checked(request: web.Request) -> web.Response:
+        try:
+            guard(request.headers)
+        except ApiError as exc:
+            return _error(exc)
+        return await handler(request)
+
+    return checked
+
+
+def namespaces_of(auth: AuthConfig) -> dict[str, frozenset[str]]:
+    """Tenant name -> the cache namespaces of its keys."""
+    out: dict[str, set[str]] = {}
+    for key in auth.keys:
+        out.setdefault(key.tenant, set()).add(key.cache_namespace or key.tenant)
+    return {tenant: frozenset(ns) for tenant, ns in out.items()}
+
+
+def add_routes(router: web.UrlDispatcher, guard: Guard, prefix: str = "/admin/cache") -> None:
+    """Register GET {prefix}/stats and POST {prefix}/purge, each behind `guard`."""
+    router.add_get(f"{prefix}/stats", _guarded(stats, guard))
+    router.add_post(f"{prefix}/purge", _guarded(purge, guard))

@@ -10,7 +10,7 @@ import msgspec
 from aiohttp import web
 
 from router import native, sse
-from router.auth import ANONYMOUS_TENANT, Tenant
+from router.auth import ANONYMOUS_TENANT, Authenticator, Tenant
 from router.cache import (
     Decision,
     Entry,
@@ -23,9 +23,9 @@ from router.cache import (
     decide,
     parse_cache_control,
 )
-from router.cache_admin import CACHE
+from router.cache_admin import CACHE, NAMESPACES, add_routes, namespaces_of
 from router.cache_tiers import ResponseCache, open_cache
-from router.config import AuthConfig, CacheConfig
+from router.config import AuthConfig, Config
 from router.context import RequestContext
 from router.errors import UpstreamError
 from router.native import NativeError
@@ -189,7 +189,7 @@ async def serve(
         knobs(parsed.body), rule, parse_cache_control(request.headers.get("Cache-Control"))
     )
     if decision.bypass:
-        return await _origin(request, cache, XCache.BYPASS, origin, None)
+        return await _origin(request, ctx, cache, XCache.BYPASS, origin, None)
     try:
         key = cache.key(
             parsed.body,
@@ -202,17 +202,17 @@ async def serve(
     except NativeError as exc:
         # The router already validated the body; a shape the fingerprint refuses is just uncached.
         log.debug("request %s: not cached, no fingerprint: %s", ctx.request_id, exc)
-        return await _origin(request, cache, XCache.BYPASS, origin, None)
+        return await _origin(request, ctx, cache, XCache.BYPASS, origin, None)
     if not decision.lookup:
         # no-cache: the client wants a fresh answer, so it neither reads nor joins a flight.
         tap = Tap(cache, ctx, key, namespace, rule, store=decision.store, flight=None)
-        return await _origin(request, cache, XCache.BYPASS, origin, tap)
+        return await _origin(request, ctx, cache, XCache.BYPASS, origin, tap)
     entry = await cache.get(key, namespace, parsed.model)
     if entry is not None:
         return await _replay(request, ctx, cache, entry)
     if not cache.config.coalesce:
         tap = Tap(cache, ctx, key, namespace, rule, store=decision.store, flight=None)
-        return await _origin(request, cache, XCache.MISS, origin, tap)
+        return await _origin(request, ctx, cache, XCache.MISS, origin, tap)
     for _ in range(FOLLOW_RETRIES + 1):
         flight, leads = cache.flights.join(key)
         if leads:
@@ -223,18 +223,24 @@ async def serve(
                     cache.flights.finish(flight, entry)
                     return await _replay(request, ctx, cache, entry)
                 tap = Tap(cache, ctx, key, namespace, rule, store=decision.store, flight=flight)
-                return await _origin(request, cache, XCache.MISS, origin, tap)
+                return await _origin(request, ctx, cache, XCache.MISS, origin, tap)
         try:
             return await _follow(request, ctx, cache, flight)
         except _Rejoin:
             continue
     tap = Tap(cache, ctx, key, namespace, rule, store=decision.store, flight=None)
-    return await _origin(request, cache, XCache.MISS, origin, tap)
+    return await _origin(request, ctx, cache, XCache.MISS, origin, tap)
 
 
 async def _origin(
-    request: web.Request, cache: ResponseCache, outcome: XCache, origin: Origin, tap: Tap | None
+    request: web.Request,
+    ctx: RequestContext,
+    cache: ResponseCache,
+    outcome: XCache,
+    origin: Origin,
+    tap: Tap | None,
 ) -> web.StreamResponse:
+    ctx.timer.end(CACHE_STAGE)
     cache.count(outcome)
     request[MARK] = Mark(outcome)
     return await origin(tap)
@@ -244,6 +250,7 @@ async def _replay(
     request: web.Request, ctx: RequestContext, cache: ResponseCache, entry: Entry
 ) -> web.StreamResponse:
     """A hit: the stored body, or the stored SSE payloads re-framed as the origin sent them."""
+    ctx.timer.end(CACHE_STAGE)
     cache.count(XCache.HIT)
     request[MARK] = Mark(XCache.HIT, entry.age(cache.clock()))
     if not entry.stream:
@@ -274,6 +281,7 @@ async def _follow(
     try:
         async for payload in flight.follow():
             if resp is None:
+                ctx.timer.end(CACHE_STAGE)
                 cache.count(XCache.HIT)
                 request[MARK] = Mark(XCache.HIT, 0)
                 resp = web.StreamResponse(headers={**SSE_HEADERS, "X-Request-Id": ctx.request_id})
@@ -332,15 +340,18 @@ CacheAround = Callable[
 
 def install(
     app: web.Application,
-    config: CacheConfig,
-    namespace_of: NamespaceOf,
+    config: Config,
     key_fn: KeyFn | None = None,
 ) -> CacheAround:
-    """Open the cache with the app, stamp x-cache/Age, and return the wrapper of the origin."""
+    """Open the cache with the app, stamp x-cache/Age, add the admin routes (behind the admin
+    token); the returned wrapper of the origin goes in app[AROUND]."""
     fn = key_fn or native_key_fn()
+    namespace_of = tenant_namespace(config.auth)
+    app[NAMESPACES] = namespaces_of(config.auth)
+    add_routes(app.router, Authenticator.from_config(config.auth).check_admin)
 
     async def lifetime(app: web.Application) -> AsyncIterator[None]:
-        cache = open_cache(config, fn)
+        cache = open_cache(config.cache, fn)
         app[CACHE] = cache
         yield
         await cache.close()
@@ -354,11 +365,9 @@ def install(
         namespace = namespace_of(ctx)
         cache = request.app[CACHE]
         if namespace is None:
-            return await _origin(request, cache, XCache.BYPASS, origin, None)
+            return await _origin(request, ctx, cache, XCache.BYPASS, origin, None)
+        # Ends when the answer starts: a hit's lookup, a miss's lookup, a follower's wait.
         ctx.timer.begin(CACHE_STAGE)
-        try:
-            return await serve(request, ctx, cache, namespace, origin)
-        finally:
-            ctx.timer.end(CACHE_STAGE)
+        return await serve(request, ctx, cache, namespace, origin)
 
     return around

@@ -1,0 +1,324 @@
+"""Response cache end to end: a real router in front of a real simulated region (subprocesses)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import msgspec
+import openai
+import pytest
+
+from router.auth import hash_key
+from tests.support import Proc, free_port, router_cmd, spawn, start_redis
+
+MODEL = "sim-1"
+KEYS = {"alpha": "sk-alpha-0123456789", "beta": "sk-beta-0123456789", "alpha2": "sk-alpha2-0123456"}
+ADMIN = "admin-token-0123456789"
+
+
+def router_config(sim: Proc, port: int, *, redis: Proc | None = None, extra: str = "") -> str:
+    keys = "\n".join(
+        f'[[auth.keys]]\nsha256 = "{hash_key(k)}"\ntenant = "{"alpha" if t == "alpha2" else t}"\n'
+        for t, k in KEYS.items()
+    )
+    redis_line = f'redis_url = "redis://127.0.0.1:{redis.port}/0"\n' if redis else ""
+    return f"""
+[server]
+listen = "127.0.0.1:{port}"
+
+[auth]
+admin_token_sha256 = "{hash_key(ADMIN)}"
+{keys}
+
+[[regions]]
+name = "sim"
+base_url = "{sim.url}/v1"
+models = ["{MODEL}"]
+
+[cache]
+enabled = true
+max_temperature = 1.0
+allow_tools = true
+{redis_line}{extra}
+"""
+
+
+def start_router(tmp: Path, sim: Proc, **kw: Any) -> Proc:
+    port = free_port()
+    cfg = tmp / f"router-{port}.toml"
+    cfg.write_text(router_config(sim, port, **kw))
+    return spawn(router_cmd("serve", "--config", str(cfg)), port, tmp / f"router-{port}.log")
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
+    tmp = tmp_path_factory.mktemp("sim")
+    port = free_port()
+    args = router_cmd("sim-region", "--port", str(port), "--models", MODEL, "--name", "sim")
+    proc = spawn(args, port, tmp / "sim.log")
+    yield proc
+    proc.kill()
+
+
+@pytest.fixture(scope="module")
+def router(tmp_path_factory: pytest.TempPathFactory, sim: Proc) -> Iterator[Proc]:
+    proc = start_router(tmp_path_factory.mktemp("router"), sim)
+    yield proc
+    proc.kill()
+
+
+def client(proc: Proc, tenant: str = "alpha") -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{proc.url}/v1", api_key=KEYS[tenant], max_retries=0)
+
+
+async def sim_requests(sim: Proc) -> int:
+    async with aiohttp.ClientSession() as s, s.get(f"{sim.url}/sim/stats") as r:
+        stats = await r.json()
+    n: int = stats["requests"]
+    return n
+
+
+def origin_calls(sim: Proc) -> int:
+    return asyncio.run(sim_requests(sim))
+
+
+def chat(c: openai.OpenAI, text: str, **kw: Any) -> Any:
+    kw.setdefault("temperature", 0)
+    return c.chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": text}], **kw
+    )
+
+
+def test_second_identical_request_is_a_hit_with_the_same_body(router: Proc, sim: Proc) -> None:
+    c = client(router)
+    before = origin_calls(sim)
+    first = chat(c, "hit me once")
+    second = chat(c, "hit me once")
+    assert first.headers["x-cache"] == "MISS"
+    assert second.headers["x-cache"] == "HIT"
+    assert int(second.headers["Age"]) >= 0
+    assert second.parse().model_dump() == first.parse().model_dump()
+    assert origin_calls(sim) == before + 1
+
+
+def test_stream_hit_replays_the_same_chunks_with_usage(router: Proc, sim: Proc) -> None:
+    c = client(router)
+
+    def stream() -> tuple[str, list[dict[str, Any]]]:
+        raw = chat(c, "stream me", stream=True, stream_options={"include_usage": True})
+        return raw.headers["x-cache"], [chunk.model_dump() for chunk in raw.parse()]
+
+    before = origin_calls(sim)
+    first_state, first = stream()
+    second_state, second = stream()
+    assert (first_state, second_state) == ("MISS", "HIT")
+    assert second == first
+    assert first[-1]["usage"]["completion_tokens"] > 0
+    assert origin_calls(sim) == before + 1
+    # The same request without include_usage is a different stored form (no usage chunk).
+    raw = chat(c, "stream me", stream=True)
+    assert raw.headers["x-cache"] == "MISS"
+    assert all(chunk.usage is None for chunk in raw.parse())
+    # And the non-stream form is separate from both.
+    assert chat(c, "stream me").headers["x-cache"] == "MISS"
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"temperature": 0.5},
+        {"max_tokens": 7},
+        {"seed": 3},
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
+    ],
+    ids=["temperature", "max_tokens", "seed", "tools"],
+)
+def test_an_output_affecting_parameter_change_misses(router: Proc, change: dict[str, Any]) -> None:
+    c = client(router)
+    base = f"parameter {sorted(change)}"
+    chat(c, base)
+    assert chat(c, base).headers["x-cache"] == "HIT"
+    assert chat(c, base, **change).headers["x-cache"] == "MISS"
+    assert chat(c, base, **change).headers["x-cache"] == "HIT"
+
+
+def test_a_message_change_misses(router: Proc) -> None:
+    c = client(router)
+    chat(c, "message one")
+    assert chat(c, "message one").headers["x-cache"] == "HIT"
+    assert chat(c, "message two").headers["x-cache"] == "MISS"
+    assert chat(c, "message one ").headers["x-cache"] == "MISS"  # exact level: text counts
+
+
+async def post_raw(proc: Proc, body: bytes, **headers: str) -> tuple[int, dict[str, str], bytes]:
+    h = {"Authorization": f"Bearer {KEYS['alpha']}", "Content-Type": "application/json", **headers}
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(f"{proc.url}/v1/chat/completions", data=body, headers=h) as r,
+    ):
+        return r.status, dict(r.headers), await r.read()
+
+
+def test_key_order_and_whitespace_do_not_change_the_key(router: Proc) -> None:
+    a = b'{"model":"sim-1","temperature":0,"messages":[{"role":"user","content":"order"}]}'
+    b = (
+        b'{\n  "messages": [ { "content": "order", "role": "user" } ],\n'
+        b'  "temperature": 0.0,\n  "model": "sim-1"\n}'
+    )
+    status_a, headers_a, body_a = asyncio.run(post_raw(router, a))
+    status_b, headers_b, body_b = asyncio.run(post_raw(router, b))
+    assert (status_a, status_b) == (200, 200)
+    assert (headers_a["x-cache"], headers_b["x-cache"]) == ("MISS", "HIT")
+    assert body_a == body_b
+
+
+def test_cache_control_no_cache_and_no_store(router: Proc, sim: Proc) -> None:
+    c = client(router)
+    chat(c, "control")
+    before = origin_calls(sim)
+    fresh = chat(c, "control", extra_headers={"Cache-Control": "no-cache"})
+    assert fresh.headers["x-cache"] == "BYPASS"
+    assert origin_calls(sim) == before + 1
+    unstored = chat(c, "control never stored", extra_headers={"Cache-Control": "no-store"})
+    assert unstored.headers["x-cache"] == "MISS"
+    assert chat(c, "control never stored").headers["x-cache"] == "MISS"
+
+
+def test_uncacheable_requests_bypass(router: Proc) -> None:
+    c = client(router)
+    for _ in range(2):
+        assert chat(c, "hot", temperature=1.5).headers["x-cache"] == "BYPASS"
+        assert chat(c, "many", n=2).headers["x-cache"] == "BYPASS"
+        assert chat(c, "unset", temperature=openai.NOT_GIVEN).headers["x-cache"] == "BYPASS"
+
+
+def test_aborted_stream_is_never_stored(router: Proc) -> None:
+    c = client(router)
+    broken = chat(c, "die", stream=True, extra_headers={"x-sim-fail": "die-mid-stream"})
+    assert broken.headers["x-cache"] == "MISS"
+    with pytest.raises(openai.APIError):
+        list(broken.parse())
+    healthy = chat(c, "die", stream=True)
+    assert healthy.headers["x-cache"] == "MISS"
+    list(healthy.parse())
+    assert chat(c, "die", stream=True).headers["x-cache"] == "HIT"
+
+
+def test_upstream_error_is_not_stored(router: Proc) -> None:
+    c = client(router)
+    with pytest.raises(openai.APIStatusError):
+        chat(c, "error", extra_headers={"x-sim-fail": "500"})
+    assert chat(c, "error").headers["x-cache"] == "MISS"
+
+
+async def concurrent(proc: Proc, body: bytes, n: int, **headers: str) -> list[tuple[str, bytes]]:
+    h = {"Authorization": f"Bearer {KEYS['alpha']}", "Content-Type": "application/json", **headers}
+    timeout = aiohttp.ClientTimeout(total=30)
+    async with aiohttp.ClientSession(timeout=timeout) as s:
+
+        async def one() -> tuple[str, bytes]:
+            async with s.post(f"{proc.url}/v1/chat/completions", data=body, headers=h) as r:
+                assert r.status == 200
+                return r.headers["x-cache"], await r.read()
+
+        return await asyncio.gather(*(one() for _ in range(n)))
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["body", "stream"])
+def test_fifty_concurrent_identical_misses_send_one_upstream_request(
+    router: Proc, sim: Proc, stream: bool
+) -> None:
+    body = msgspec.json.encode(
+        {
+            "model": MODEL,
+            "temperature": 0,
+            "stream": stream,
+            "messages": [{"role": "user", "content": f"coalesce stream={stream}"}],
+        }
+    )
+    before = origin_calls(sim)
+    # A slow first token keeps the leader in flight while the other 49 arrive.
+    results = asyncio.run(
+        concurrent(router, body, 50, **{"x-sim-ttft-ms": "400", "x-sim-tokens-per-s": "200"})
+    )
+    assert origin_calls(sim) == before + 1
+    assert sorted(state for state, _ in results).count("MISS") == 1
+    assert len({payload for _, payload in results}) == 1
+    if stream:
+        assert results[0][1].endswith(b"data: [DONE]\n\n")
+
+
+def test_tenants_never_see_each_others_entries(router: Proc) -> None:
+    alpha, beta, alpha2 = client(router, "alpha"), client(router, "beta"), client(router, "alpha2")
+    chat(alpha, "tenant secret")
+    assert chat(alpha, "tenant secret").headers["x-cache"] == "HIT"
+    assert chat(beta, "tenant secret").headers["x-cache"] == "MISS"
+    # Two keys of one tenant share its namespace.
+    assert chat(alpha2, "tenant secret").headers["x-cache"] == "HIT"
+
+
+async def admin(proc: Proc, method: str, path: str, body: object = None) -> tuple[int, Any]:
+    h = {"Authorization": f"Bearer {ADMIN}"}
+    async with (
+        aiohttp.ClientSession() as s,
+        s.request(method, f"{proc.url}{path}", json=body, headers=h) as r,
+    ):
+        return r.status, await r.json()
+
+
+def test_admin_stats_and_purge(router: Proc) -> None:
+    c = client(router)
+    chat(c, "purge me")
+    chat(client(router, "beta"), "purge me")
+    status, stats = asyncio.run(admin(router, "GET", "/admin/cache/stats"))
+    assert status == 200
+    assert stats["entries"] >= 2
+    assert stats["bytes"] > 0
+    assert 0 < stats["hit_ratio"] < 1
+    status, out = asyncio.run(admin(router, "POST", "/admin/cache/purge", {"tenant": "alpha"}))
+    assert status == 200
+    assert out["purged"] >= 1
+    assert chat(c, "purge me").headers["x-cache"] == "MISS"
+    assert chat(client(router, "beta"), "purge me").headers["x-cache"] == "HIT"
+    status, out = asyncio.run(admin(router, "POST", "/admin/cache/purge", {"model": MODEL}))
+    assert out["purged"] >= 2
+    assert chat(client(router, "beta"), "purge me").headers["x-cache"] == "MISS"
+    status, out = asyncio.run(admin(router, "POST", "/admin/cache/purge", {"bogus": 1}))
+    assert status == 400
+    assert out["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.redis
+def test_redis_stopped_still_serving_and_two_routers_share_entries(
+    tmp_path: Path, sim: Proc
+) -> None:
+    redis = start_redis(tmp_path)
+    a = start_router(tmp_path, sim, redis=redis)
+    b = start_router(tmp_path, sim, redis=redis)
+    try:
+        assert chat(client(a), "shared").headers["x-cache"] == "MISS"
+        # The tier-2 write happens after the answer, so poll; no-store keeps b from storing a
+        # copy of its own, which would turn a later probe into a tier-1 hit.
+        for _ in range(50):
+            got = chat(client(b), "shared", extra_headers={"Cache-Control": "no-store"})
+            if got.headers["x-cache"] == "HIT":
+                break
+        assert got.headers["x-cache"] == "HIT"
+        assert got.parse().model_dump() == chat(client(a), "shared").parse().model_dump()
+        redis.kill()
+        assert chat(client(a), "shared").headers["x-cache"] == "HIT"  # tier 1 still has it
+        assert chat(client(a), "after outage").headers["x-cache"] == "MISS"
+        assert chat(client(a), "after outage").headers["x-cache"] == "HIT"
+        assert chat(client(b), "after outage").headers["x-cache"] == "MISS"
+        warnings = a.output().count("redis tier unavailable")
+        chat(client(a), "after outage again")
+        chat(client(a), "after outage again 2")
+        assert a.output().count("redis tier unavailable") == warnings == 1
+    finally:
+        a.kill()
+        b.kill()
+        redis.kill()
