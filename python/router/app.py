@@ -145,7 +145,9 @@ def _proxy_handler(
 
 
 async def _models(request: web.Request) -> web.Response:
-    return web.Response(body=request.app[_MODELS_BODY], content_type="application/json")
+    # From the live config, so models added or removed by a reload show up at once.
+    body = _models_body(request.app[RELOADER].live.config)
+    return web.Response(body=body, content_type="application/json")
 
 
 async def _healthz(request: web.Request) -> web.Response:

@@ -229,10 +229,20 @@ def test_sighup_invalid_config_rejected_then_valid_applied(stack: Stack) -> None
     assert "rollout.models.chat-default.deployments[1].model" in out
     assert stack.router.popen.poll() is None
     assert set(versions()) == {"v1", "v2"}  # old config still serving
-    stack.write(0, 100)
+    stack.write(0, 100, extra='[models]\naliases = { fast = "llama-v1" }\n')
     stack.router.popen.send_signal(signal.SIGHUP)
     wait_for_log(stack.router, "config reloaded from")
     assert versions() == Counter({"v2": 20})
+
+    async def new_alias() -> None:
+        async with aiohttp.ClientSession() as s:
+            async with s.get(stack.router.url + "/v1/models") as resp:
+                listed = [m["id"] for m in msgspec.json.decode(await resp.read())["data"]]
+            assert "fast" in listed
+            status, version, _ = await post(s, url, {**chat("f"), "model": "fast"})
+            assert (status, version) == (200, "llama-v1")
+
+    asyncio.run(new_alias())
 
 
 async def test_canary_errors_trigger_automatic_rollback(stack: Stack) -> None:
