@@ -34,7 +34,7 @@ def markdown_table(summaries: Sequence[Summary]) -> str:
     """One row per run: counts, RPS, TTFT/total/ITL percentiles (ms), errors and traffic."""
     header = (
         "| run | sent | ok | RPS | TTFT p50 | TTFT p95 | TTFT p99 | TTFT p99.9 | total p50 "
-        "| total p95 | ITL p50 | ITL p95 | errors | regions (header) | origin (counted) |"
+        "| total p95 | ITL p50 | ITL p95 | errors | regions (header) | cache | origin (counted) |"
     )
     rule = "|" + "---|" * (header.count("|") - 1)
     rows = [header, rule]
@@ -44,7 +44,7 @@ def markdown_table(summaries: Sequence[Summary]) -> str:
             f"| {_ms(s.ttft_ms, 'p50')} | {_ms(s.ttft_ms, 'p95')} | {_ms(s.ttft_ms, 'p99')} "
             f"| {_ms(s.ttft_ms, 'p999')} | {_ms(s.total_ms, 'p50')} | {_ms(s.total_ms, 'p95')} "
             f"| {_ms(s.itl_ms, 'p50')} | {_ms(s.itl_ms, 'p95')} | {_counts(s.errors)} "
-            f"| {_counts(s.regions)} | {_counts(s.origin)} |"
+            f"| {_counts(s.regions)} | {_counts(s.cache)} | {_counts(s.origin)} |"
         )
     notes = [f"- {s.name}: {n}" for s in summaries for n in s.notes]
     text = "\n".join(rows) + "\n"

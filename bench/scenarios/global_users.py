@@ -1,0 +1,286 @@
+"""Scenario "global users": users at three PoPs; centralized vs nearest routing vs routing + cache.
+
+    python -m bench.scenarios.global_users --results results/global-users
+
+(a) centralized: every user talks straight to one region (as seen from its PoP: far for two PoPs);
+(b) a router at each PoP, nearest routing, no cache; (c) (b) with the normalized response cache.
+Reports TTFT p50/p95 and origin load (requests the regions counted themselves) for each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import random
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import msgspec
+import uvloop
+from bench.procs import procs
+from bench.scenarios.topology import (
+    POPS,
+    Mesh,
+    delay_method,
+    delta,
+    nearest,
+    rtt_ms,
+    start_failure,
+)
+
+from router.loadgen import LoadSpec, Planned, Sample, Summary, run_load, summarize
+from router.loadgen.progress import Progress
+from router.loadgen.report import markdown_table, write_results
+from router.loadgen.stats import percentile
+
+MODEL = "sim-1"
+CHAT = "/chat/completions"
+
+# Surface variants a normalizing cache folds and an exact one does not: case and spacing.
+_VARIANTS: tuple[Callable[[str], str], ...] = (
+    lambda p: p,
+    str.lower,
+    str.upper,
+    lambda p: p.replace(" ", "  "),
+    lambda p: f"  {p}\n",
+)
+
+
+def workload(n: int, distinct: int, zipf_s: float, rng: random.Random) -> list[str]:
+    """n prompts: Zipf-popular questions out of `distinct`, each in a random surface variant."""
+    weights = [1.0 / (k**zipf_s) for k in range(1, distinct + 1)]
+    picks = rng.choices(range(distinct), weights=weights, k=n)
+    return [rng.choice(_VARIANTS)(f"In one sentence, what is topic number {k}?") for k in picks]
+
+
+def repeat_ceiling(prompts: Sequence[str]) -> float:
+    """The best hit rate any cache could reach on this sequence: 1 - distinct / requests."""
+    canon = {" ".join(p.split()).lower() for p in prompts}
+    return 1.0 - len(canon) / len(prompts) if prompts else 0.0
+
+
+def _body(prompt: str, max_tokens: int) -> bytes:
+    # temperature 0: deterministic, so the cache may store it.
+    return msgspec.json.encode(
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": True,
+        }
+    )
+
+
+async def run_phase(
+    name: str,
+    urls: Mapping[str, str],
+    prompts: Mapping[str, Sequence[str]],
+    spec: LoadSpec,
+    *,
+    max_tokens: int,
+    quiet: bool,
+) -> tuple[list[Sample], float]:
+    """All PoPs at once, each its own closed loop of users on its own base URL."""
+
+    def factory_for(pop: str) -> Callable[[int], Planned]:
+        url = urls[pop] + CHAT
+        bodies = [_body(p, max_tokens) for p in prompts[pop]]
+        return lambda i: Planned(url=url, body=bodies[i % len(bodies)], label=pop)
+
+    runs = await asyncio.gather(
+        *(
+            run_load(
+                f"{name}@{pop}",
+                spec,
+                factory_for(pop),
+                progress=None if quiet else Progress(f"{name}@{pop}", 2.0),
+            )
+            for pop in POPS
+        )
+    )
+    samples = sorted((s for r in runs for s in r.samples), key=lambda s: s.start_s)
+    return samples, max(r.wall_s for r in runs)
+
+
+def expected_ttft_ms(region_of: Callable[[str], str], ttft_ms: float) -> float:
+    """p50 TTFT the RTT model predicts when each PoP's users (equal shares) hit region_of(pop)."""
+    return percentile(sorted(rtt_ms(pop, region_of(pop)) + ttft_ms for pop in POPS), 0.5)
+
+
+def _args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m bench.scenarios.global_users",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--results", type=Path, default=Path("results/global-users"))
+    p.add_argument("--requests-per-pop", type=int, default=150, help="per phase and PoP")
+    p.add_argument("--users-per-pop", type=int, default=4, help="concurrent users at each PoP")
+    p.add_argument("--duration", type=float, default=15.0, help="cap per phase, seconds")
+    p.add_argument("--central", choices=POPS, default="us-east", help="the region of (a)")
+    p.add_argument("--ttft-ms", type=float, default=60.0, help="the regions' own TTFT")
+    p.add_argument("--tokens-per-s", type=float, default=500.0)
+    p.add_argument("--max-tokens", type=int, default=8)
+    p.add_argument("--distinct", type=int, default=100, help="distinct questions in the mix")
+    p.add_argument("--zipf", type=float, default=1.0, help="popularity skew of the questions")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--quiet", action="store_true")
+    return p.parse_args(argv)
+
+
+def _per_pop(name: str, samples: Sequence[Sample], wall_s: float) -> list[Summary]:
+    return [
+        summarize(f"{name} @{pop}", [s for s in samples if s.label == pop], wall_s) for pop in POPS
+    ]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run (a), (b), (c) in one go; write results; print the table and the explanation."""
+    args = _args(argv)
+    method = delay_method()
+    print(method, file=sys.stderr)
+    spec = LoadSpec(
+        concurrency=args.users_per_pop,
+        duration_s=args.duration,
+        max_requests=args.requests_per_pop,
+        grace_s=5.0,
+    )
+    prompts = {
+        pop: workload(
+            args.requests_per_pop, args.distinct, args.zipf, random.Random(f"{args.seed}:{pop}")
+        )
+        for pop in POPS
+    }
+    ceiling = sum(repeat_ceiling(p) for p in prompts.values()) / len(POPS)
+    phases: list[Summary] = []
+    rows: list[Summary] = []
+    samples: dict[str, list[Sample]] = {}
+    # Process logs stay next to the results: a failed phase is explained by its router's log.
+    with procs(args.results / "logs") as pr:
+        mesh = Mesh(pr, ttft_ms=args.ttft_ms, tokens_per_s=args.tokens_per_s, model=MODEL)
+        direct = {pop: mesh.url(pop, args.central) for pop in POPS}
+        plan: list[tuple[str, Callable[[], dict[str, str]], list[str]]] = [
+            (
+                "a-centralized",
+                lambda: direct,
+                [
+                    f"every PoP -> {args.central} directly; model p50 "
+                    f"{expected_ttft_ms(lambda _: args.central, args.ttft_ms):.0f} ms"
+                ],
+            ),
+            (
+                "b-routed",
+                lambda: mesh.routers(pr, None),
+                [
+                    f"router per PoP, nearest region; model p50 "
+                    f"{expected_ttft_ms(nearest, args.ttft_ms):.0f} ms + router overhead"
+                ],
+            ),
+            (
+                "c-routed+cache",
+                lambda: mesh.routers(pr, "normalized"),
+                [
+                    f"(b) + normalized cache per PoP; best possible hit rate on this mix "
+                    f"{ceiling:.0%}"
+                ],
+            ),
+        ]
+        for name, urls_of, notes in plan:
+            try:
+                urls = urls_of()
+            except RuntimeError as exc:
+                why = start_failure(exc)
+                print(f"{name}: skipped, its routers did not start: {why}", file=sys.stderr)
+                skipped = summarize(name, [], 0.0)
+                skipped.notes.append(f"skipped: a router did not start: {why}")
+                phases.append(skipped)
+                rows.append(skipped)
+                continue
+            before = mesh.origin_requests()
+            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+                run_samples, wall = runner.run(
+                    run_phase(
+                        name, urls, prompts, spec, max_tokens=args.max_tokens, quiet=args.quiet
+                    )
+                )
+            summary = summarize(name, run_samples, wall, config={"delay": method})
+            summary.origin = delta(mesh.origin_requests(), before)
+            summary.notes.extend(notes)
+            if name.startswith("c-"):
+                summary.notes.append(_cache_note(summary))
+            if not name.startswith("a-"):
+                summary.notes.append(_routing_note(summary))
+            phases.append(summary)
+            rows += [summary, *_per_pop(name, run_samples, wall)]
+            samples[name] = run_samples
+    explanation = explain(phases, args)
+    text = markdown_table(rows) + "\n" + explanation
+    print(text)
+    write_results(args.results, rows, title="global users", samples=samples, plots=not args.no_plot)
+    (args.results / "results.md").write_text("# global users\n\n" + method + "\n\n" + text)
+    print(f"results in {args.results}", file=sys.stderr)
+    return 0 if phases and all(0 < p.ok == p.sent for p in phases) else 1
+
+
+def _cache_note(summary: Summary) -> str:
+    hits = summary.cache.get("hit", 0)
+    if not summary.cache:
+        return "the router sent no x-cache header: the cache is not active in this build"
+    return f"cache: {hits}/{summary.ok} hits ({hits / max(summary.ok, 1):.0%}), {summary.cache}"
+
+
+def _routing_note(summary: Summary) -> str:
+    """Whether the regions' own counters show nearest routing (each region got its PoP's users)."""
+    origin = summary.origin or {}
+    served = {pop: origin.get(nearest(pop), 0) for pop in POPS}
+    if summary.ok and all(served.values()):
+        return f"origin counters consistent with nearest routing: {served}"
+    return f"NOT nearest: some PoP's nearest region got no requests (origin {origin})"
+
+
+def explain(phases: Sequence[Summary], args: argparse.Namespace) -> str:
+    """The measured change against the seed's claim, with the reasons."""
+    by = {p.name: p for p in phases}
+    lines = ["## Against the seed's claim (p50 TTFT 340 -> 85 ms, origin load -40-60%)", ""]
+
+    def p50(name: str) -> float:
+        s = by.get(name)
+        return s.ttft_ms.p50 if s is not None and s.ttft_ms is not None else math.nan
+
+    def origin(name: str) -> int:
+        s = by.get(name)
+        return sum((s.origin or {}).values()) if s is not None else 0
+
+    a, b, c = p50("a-centralized"), p50("b-routed"), p50("c-routed+cache")
+    if not math.isnan(a) and not math.isnan(b):
+        lines.append(
+            f"- TTFT p50: centralized {a:.0f} ms -> routed {b:.0f} ms "
+            f"({(b - a) / a:+.0%}); with cache {c:.0f} ms."
+        )
+    oa, oc = origin("a-centralized"), origin("c-routed+cache")
+    if oa and "c-routed+cache" in by and by["c-routed+cache"].ok:
+        lines.append(
+            f"- Origin load: {oa} requests centralized, {origin('b-routed')} routed, "
+            f"{oc} routed + cache ({(oc - oa) / oa:+.0%})."
+        )
+    lines += [
+        f"- Why: TTFT here is RTT + the region's own {args.ttft_ms:g} ms. Routing only removes "
+        "the RTT difference between the far region and the near one, and each request pays it "
+        "once: connections are kept alive, so there is no TCP/TLS handshake per request. The "
+        "seed's 340 ms centralized p50 implies ~255 ms of extra network time per request, i.e. "
+        "farther users or 2-3 round trips per request (cold TLS connections); with one RTT per "
+        "request and 100-180 ms far RTTs the saving is smaller.",
+        "- Why: origin load falls only by the cache hit rate, which is the workload's "
+        "repetition: per-PoP caches see only their own users' repeats, and the best any cache "
+        "can do on this mix is the ceiling noted for (c). Routing alone moves load between "
+        "regions but does not reduce it.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
