@@ -14,7 +14,7 @@ from aiohttp.typedefs import Middleware
 
 from router import metrics, status
 from router.accesslog import AccessLog, AccessRecord, CacheResult
-from router.context import RequestContext
+from router.context import RequestContext, request_id
 from router.metrics import RegionSource, RegionState, Telemetry
 from router.slo import SloTargets, SloTracker
 from router.timing import REGION_TTFT, TOTAL, TTFT, server_timing, totals
@@ -33,6 +33,7 @@ TELEMETRY: web.AppKey[Telemetry] = web.AppKey("telemetry", Telemetry)
 _START: web.RequestKey[int] = web.RequestKey("router.obs.start")
 # Stage durations fixed when the headers went out, so the header and the log agree.
 _AT_HEADERS: web.RequestKey[dict[str, int]] = web.RequestKey("router.obs.at_headers")
+_RESPONSE: web.RequestKey[web.StreamResponse] = web.RequestKey("router.obs.response")
 _ATTEMPTS = "obs.regions"  # ctx.extra: region names tried, in order
 _TENANT = "tenant"  # ctx.extra key the auth stage fills (an auth.Tenant)
 
@@ -163,6 +164,7 @@ def _middleware_factory(
         tokens: tuple[int | None, int | None] = (None, None)
         try:
             resp = await handler(request)
+            request[_RESPONSE] = resp
             code = resp.status
             if not resp.prepared:
                 tokens = usage(resp)
@@ -181,6 +183,10 @@ def _middleware_factory(
             raise
         finally:
             ctx = context_of(request)
+            if ctx is None and request.method == "POST" and request.path.startswith("/v1/"):
+                # Refused before the handler made a context (auth): still a request to count.
+                ctx = RequestContext(request_id(request.headers.get("X-Request-Id")), request.path)
+                ctx.request_id = _answered_id(request) or ctx.request_id
             if ctx is not None:
                 at_headers = request.get(_AT_HEADERS) or {}
                 durations = totals(ctx.timer.stages)
@@ -192,6 +198,12 @@ def _middleware_factory(
                 telemetry.finish(record)
 
     return observe
+
+
+def _answered_id(request: web.Request) -> str | None:
+    """The request id the answer already carries (error responses stamp one)."""
+    resp = request.get(_RESPONSE)
+    return resp.headers.get("X-Request-Id") if resp is not None else None
 
 
 def attempt_hook(
