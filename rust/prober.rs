@@ -131,7 +131,7 @@ impl std::error::Error for ProberError {}
 pub struct Target {
     pub host: String,
     pub port: u16,
-    /// Path prefix of the base URL without a trailing slash (e.g. "" or "/v1-proxy").
+    /// Path prefix of the base URL without a trailing slash or `/v1` (e.g. "" or "/proxy").
     pub prefix: String,
     /// https: only a TCP connect is probed (no TLS client here), so the status is not checked.
     pub tls: bool,
@@ -170,10 +170,14 @@ impl Target {
         if host.is_empty() || port == 0 {
             return Err(err());
         }
+        // Probe paths are from the server root: a base URL ending in /v1 (OpenAI style, as
+        // regions are configured) has /health and /v1/models one level up.
+        let prefix = path.trim_end_matches('/');
+        let prefix = prefix.strip_suffix("/v1").unwrap_or(prefix);
         Ok(Self {
             host,
             port,
-            prefix: path.trim_end_matches('/').to_owned(),
+            prefix: prefix.to_owned(),
             tls,
         })
     }
@@ -979,8 +983,10 @@ mod tests {
             (t.host.as_str(), t.port, t.prefix.as_str(), t.tls),
             ("127.0.0.1", 8080, "/base", false)
         );
-        let t = Target::parse("https://api.openai.com").unwrap();
+        let t = Target::parse("https://api.openai.com/v1").unwrap();
         assert_eq!((t.port, t.tls, t.prefix.as_str()), (443, true, ""));
+        let t = Target::parse("http://h:1/proxy/v1/").unwrap();
+        assert_eq!(t.prefix, "/proxy");
         let t = Target::parse("http://[::1]:81").unwrap();
         assert_eq!(
             (t.host.as_str(), t.port, t.authority()),

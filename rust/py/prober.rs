@@ -123,9 +123,15 @@ impl RegionHealth {
     }
 
     fn __repr__(&self) -> String {
+        let opt = |v: Option<f64>| v.map_or_else(|| "None".to_owned(), |x| format!("{x:.6}"));
+        let py_bool = |b: bool| if b { "True" } else { "False" };
         format!(
-            "RegionHealth(name={:?}, healthy={}, ejected={}, ewma_rtt_s={:?}, ewma_ttft_s={:?})",
-            self.name, self.healthy, self.ejected, self.ewma_rtt_s, self.ewma_ttft_s
+            "RegionHealth(name={:?}, healthy={}, ejected={}, ewma_rtt_s={}, ewma_ttft_s={})",
+            self.name,
+            py_bool(self.healthy),
+            py_bool(self.ejected),
+            opt(self.ewma_rtt_s),
+            opt(self.ewma_ttft_s)
         )
     }
 }
