@@ -1,0 +1,134 @@
+"""A deliberately broken OpenAI-compatible region, for the fault suite.
+
+`python -m tests.faults.bad_upstream --port P --mode MODE` answers every request on 127.0.0.1 in one
+broken way; GET /health answers 200 so the router's prober keeps it in rotation (the break is only
+on the inference path, where a real region hurts most).
+
+Modes: blackhole (read the request, never answer), html (200 with an HTML page), badjson (200
+application/json that is not JSON), badsse (200 text/event-stream whose events are not JSON and
+that ends without [DONE]), nodone (valid SSE chunks, then a clean close without [DONE]), big (a
+64 MiB JSON body), drip (200 headers, then one byte a second).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+
+MODES = ("blackhole", "html", "badjson", "badsse", "nodone", "big", "drip")
+_MAX_HEAD = 64 * 1024
+# Stops a forgotten server by itself: the suite never needs it this long.
+_LIFETIME_S = 300.0
+
+
+async def _read_request(reader: asyncio.StreamReader) -> tuple[str, bytes] | None:
+    """The request line's path and body; None when the client went away."""
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+        return None
+    lines = head[:_MAX_HEAD].decode("latin-1").split("\r\n")
+    path = lines[0].split(" ")[1] if len(lines[0].split(" ")) > 1 else "/"
+    length = 0
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        if name.strip().lower() == "content-length":
+            length = int(value.strip() or 0)
+    body = await reader.readexactly(length) if length else b""
+    return path, body
+
+
+def _head(status: str, content_type: str, extra: str = "") -> bytes:
+    return (
+        f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n{extra}Connection: close\r\n\r\n"
+    ).encode()
+
+
+def _chunk(data: bytes) -> bytes:
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+
+def _sse_event(content: str, finish: str | None = None) -> bytes:
+    delta = {"content": content} if finish is None else {}
+    choice = {"index": 0, "delta": delta, "finish_reason": finish}
+    event = {"id": "bad-1", "object": "chat.completion.chunk", "choices": [choice]}
+    return b"data: " + json.dumps(event).encode() + b"\n\n"
+
+
+async def _answer(mode: str, writer: asyncio.StreamWriter, body: bytes) -> None:
+    stream = b'"stream": true' in body or b'"stream":true' in body
+    if mode == "blackhole":
+        await asyncio.sleep(_LIFETIME_S)
+    elif mode == "html":
+        page = b"<html><body><h1>502 Bad Gateway</h1>nginx</body></html>"
+        writer.write(_head("200 OK", "text/html", f"Content-Length: {len(page)}\r\n") + page)
+    elif mode == "badjson":
+        text = b'{"id": "x", "choices": [{"message": {"content": "trunc'
+        writer.write(_head("200 OK", "application/json", f"Content-Length: {len(text)}\r\n") + text)
+    elif mode == "badsse":
+        writer.write(_head("200 OK", "text/event-stream", "Transfer-Encoding: chunked\r\n"))
+        writer.write(_chunk(b"data: {this is not json\n\n"))
+        writer.write(_chunk(b"garbage line without a field name\n\n"))
+        writer.write(b"0\r\n\r\n")
+    elif mode == "nodone":
+        writer.write(_head("200 OK", "text/event-stream", "Transfer-Encoding: chunked\r\n"))
+        for word in ("Hello", " there", " and"):
+            writer.write(_chunk(_sse_event(word)))
+        writer.write(b"0\r\n\r\n")
+    elif mode == "big":
+        size = 64 * 1024 * 1024
+        writer.write(_head("200 OK", "application/json", f"Content-Length: {size}\r\n"))
+        piece = b" " * (1024 * 1024)
+        for _ in range(64):
+            writer.write(piece)
+            await writer.drain()
+    elif mode == "drip":
+        ctype = "text/event-stream" if stream else "application/json"
+        writer.write(_head("200 OK", ctype, "Transfer-Encoding: chunked\r\n"))
+        payload = _sse_event("drip") if stream else b'{"id": "drip", "choices": []}'
+        for byte in payload:
+            writer.write(_chunk(bytes([byte])))
+            await writer.drain()
+            await asyncio.sleep(1.0)
+        writer.write(b"0\r\n\r\n")
+    await writer.drain()
+
+
+async def _serve_one(mode: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        request = await _read_request(reader)
+        if request is None:
+            return
+        path, body = request
+        if path.endswith("/health") or path.endswith("/models"):
+            ok = b'{"object": "list", "data": [{"id": "sim-1", "object": "model"}]}'
+            writer.write(_head("200 OK", "application/json", f"Content-Length: {len(ok)}\r\n") + ok)
+            await writer.drain()
+            return
+        await _answer(mode, writer, body)
+    except (ConnectionError, asyncio.IncompleteReadError):
+        pass
+    finally:
+        writer.close()
+
+
+async def _main(port: int, mode: str) -> None:
+    server = await asyncio.start_server(
+        lambda r, w: _serve_one(mode, r, w), "127.0.0.1", port, limit=_MAX_HEAD
+    )
+    async with server:
+        await asyncio.sleep(_LIFETIME_S)
+
+
+def main() -> None:
+    """Parse flags and serve until the lifetime ends or the process is killed."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--mode", choices=MODES, required=True)
+    args = parser.parse_args()
+    asyncio.run(_main(args.port, args.mode))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""Clients that misbehave at every stage of a request: the router cancels upstream work, frees
+what it held, and keeps serving everyone else."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import requests
+
+from tests.integration.conftest import (
+    MODEL,
+    RouterFactory,
+    SimFactory,
+    regions_toml,
+    sim_stats,
+)
+from tests.support import Proc
+
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "tell me a story"}]}
+
+
+def _raw(router: Proc, data: bytes) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", router.port), timeout=5)
+    sock.sendall(data)
+    return sock
+
+
+def _request_bytes(body: bytes, headers: dict[str, str] | None = None) -> bytes:
+    head = [
+        "POST /v1/chat/completions HTTP/1.1",
+        "Host: 127.0.0.1",
+        "Content-Type: application/json",
+        f"Content-Length: {len(body)}",
+        *(f"{k}: {v}" for k, v in (headers or {}).items()),
+    ]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+def _wait_idle(sim: Proc, timeout: float = 10.0) -> dict[str, int]:
+    """Poll until the sim has no request in progress; return its counters."""
+    deadline = time.monotonic() + timeout
+    while True:
+        stats = sim_stats(sim)
+        if stats["active"] == 0 or time.monotonic() > deadline:
+            return stats
+        time.sleep(0.05)
+
+
+def _serves(router: Proc) -> None:
+    resp = requests.post(
+        router.url + "/v1/chat/completions", json={**CHAT, "max_tokens": 4}, timeout=10
+    )
+    assert resp.status_code == 200, resp.text[:300]
+
+
+def test_disconnect_during_request_head_and_body(
+    sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    sim = sim_region("a")
+    router = router_proc(regions_toml(sim))
+    body = json.dumps(CHAT).encode()
+    for cut in (b"POST /v1/chat/compl", _request_bytes(body)[: -len(body) // 2]):
+        sock = _raw(router, cut)
+        sock.close()
+    _serves(router)
+    # Nothing half-received was forwarded: only the one good request reached the region.
+    assert sim_stats(sim)["requests"] == 1
+
+
+def test_disconnect_before_first_byte_cancels_upstream(
+    sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    sim = sim_region("a")
+    router = router_proc(regions_toml(sim))
+    body = json.dumps(CHAT).encode()
+    sock = _raw(router, _request_bytes(body, {"x-sim-fail": "hang", "x-sim-after-tokens": "0"}))
+    deadline = time.monotonic() + 10
+    while sim_stats(sim)["active"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sim_stats(sim)["active"] == 1
+    sock.close()
+    stats = _wait_idle(sim)
+    assert stats["active"] == 0
+    assert stats["cancelled"] == 1
+    _serves(router)
+
+
+def test_disconnect_mid_stream_cancels_upstream(
+    sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    sim = sim_region("a", tokens_per_s=20)
+    router = router_proc(regions_toml(sim))
+    body = json.dumps({**CHAT, "stream": True, "max_tokens": 400}).encode()
+    sock = _raw(router, _request_bytes(body))
+    received = b""
+    while received.count(b"data: ") < 3:
+        received += sock.recv(4096)
+    sock.close()
+    stats = _wait_idle(sim)
+    assert stats["cancelled"] == 1
+    assert stats["tokens_sent"] < 400
+    _serves(router)
+
+
+def test_client_that_never_reads_does_not_block_others(
+    sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    sim = sim_region("a")
+    router = router_proc(regions_toml(sim))
+    body = json.dumps({**CHAT, "stream": True, "max_tokens": 2000}).encode()
+    # A tiny receive buffer that is never read: the router's writes back up on this one client.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", router.port))
+    sock.sendall(_request_bytes(body))
+    try:
+        for _ in range(5):
+            _serves(router)
+    finally:
+        sock.close()
+    _wait_idle(sim)
+    _serves(router)

@@ -1,0 +1,101 @@
+"""Broken regions: what the client sees, that nothing hangs past its deadline, and that the router
+keeps serving afterwards."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+import requests
+
+from tests.faults.conftest import BadFactory
+from tests.integration.conftest import MODEL, RouterFactory, SimFactory, region_toml
+from tests.support import Proc
+
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
+TIMEOUTS = "[timeouts]\nconnect = 1.0\nfirst_byte = 1.5\nidle = 1.5\ntotal = 4.0\n"
+
+
+def _router(router_proc: RouterFactory, *regions: Proc, extra: str = "") -> Proc:
+    body = "".join(region_toml(proc, bias_ms=float(10 * i)) for i, proc in enumerate(regions))
+    return router_proc(TIMEOUTS + extra + "[auth]\nenabled = false\n" + body)
+
+
+def _post(router: Proc, payload: dict[str, Any], timeout: float = 20.0) -> requests.Response:
+    return requests.post(router.url + "/v1/chat/completions", json=payload, timeout=timeout)
+
+
+def _error_shape(resp: requests.Response) -> dict[str, Any]:
+    error: dict[str, Any] = resp.json()["error"]
+    assert isinstance(error["message"], str)
+    assert error["message"]
+    assert "type" in error
+    assert "code" in error
+    return error
+
+
+def _sse_events(text: str) -> list[Any]:
+    return [line[len("data: ") :] for line in text.split("\n") if line.startswith("data: ")]
+
+
+def _still_serving(router: Proc, sim: Proc) -> None:
+    resp = _post(router, CHAT)
+    assert resp.status_code == 200, resp.text[:300]
+    assert resp.headers["x-router-region"] == sim.name  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("mode", ["blackhole", "html", "badjson", "big"])
+def test_broken_region_fails_over_before_first_byte(
+    mode: str, bad_upstream: BadFactory, sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    bad = bad_upstream(mode)
+    good = sim_region("good")
+    router = _router(router_proc, bad, good)
+    for _ in range(3):
+        resp = _post(router, CHAT)
+        assert resp.status_code == 200, resp.text[:300]
+        assert resp.json()["object"] == "chat.completion"
+        assert resp.headers["x-router-region"] == "good"
+
+
+@pytest.mark.parametrize("mode", ["blackhole", "html", "badjson", "big", "drip"])
+def test_broken_only_region_gives_openai_error_within_deadline(
+    mode: str, bad_upstream: BadFactory, router_proc: RouterFactory
+) -> None:
+    bad = bad_upstream(mode)
+    router = _router(router_proc, bad)
+    began = time.monotonic()
+    resp = _post(router, CHAT)
+    elapsed = time.monotonic() - began
+    assert resp.status_code in (502, 504), resp.text[:300]
+    _error_shape(resp)
+    # [timeouts] total = 4 s bounds every attempt; far less than the client's 20 s.
+    assert elapsed < 12, elapsed
+
+
+@pytest.mark.parametrize("mode", ["badsse", "nodone", "drip"])
+def test_broken_stream_ends_with_error_event_never_looks_complete(
+    mode: str, bad_upstream: BadFactory, sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    bad = bad_upstream(mode)
+    router = _router(router_proc, bad)
+    began = time.monotonic()
+    resp = _post(router, {**CHAT, "stream": True})
+    assert time.monotonic() - began < 12
+    if resp.status_code != 200:
+        # Rejected before the first byte (the region's first event was unusable): an error shape.
+        assert resp.status_code in (502, 504), resp.text[:300]
+        _error_shape(resp)
+    else:
+        events = _sse_events(resp.text)
+        assert events, resp.text[:300]
+        assert events[-1] != "[DONE]", "a broken stream must not end like a complete one"
+        last = json.loads(events[-1])
+        assert last["error"]["message"], last
+    # The router itself is unharmed.
+    good = sim_region("good")
+    healthy = _router(router_proc, good)
+    _still_serving(healthy, good)
+    assert requests.get(router.url + "/healthz", timeout=5).status_code == 200
