@@ -322,3 +322,42 @@ def test_redis_stopped_still_serving_and_two_routers_share_entries(
         a.kill()
         b.kill()
         redis.kill()
+
+
+async def abort_leader_then_follow(proc: Proc, body: bytes) -> tuple[bytes, str]:
+    """A leader stream whose client leaves after the first chunk, and a follower joined to it."""
+    h = {
+        "Authorization": f"Bearer {KEYS['alpha']}",
+        "Content-Type": "application/json",
+        "x-sim-tokens-per-s": "40",
+    }
+    timeout = aiohttp.ClientTimeout(total=20)
+    async with aiohttp.ClientSession(timeout=timeout) as leader_s:
+        leader = await leader_s.post(f"{proc.url}/v1/chat/completions", data=body, headers=h)
+        assert leader.headers["x-cache"] == "MISS"
+        await leader.content.readany()
+        async with aiohttp.ClientSession(timeout=timeout) as follower_s:
+            follower = await follower_s.post(
+                f"{proc.url}/v1/chat/completions", data=body, headers=h
+            )
+            first = await follower.content.readany()
+            leader.close()  # the leader's client goes away mid-stream
+            rest = await follower.read()
+            return first + rest, follower.headers["x-cache"]
+
+
+def test_aborted_leader_releases_its_followers_and_nothing_is_stored(router: Proc) -> None:
+    body = msgspec.json.encode(
+        {
+            "model": MODEL,
+            "temperature": 0,
+            "stream": True,
+            "messages": [{"role": "user", "content": "leader walks away"}],
+        }
+    )
+    payload, state = asyncio.run(abort_leader_then_follow(router, body))
+    assert state == "HIT"  # it joined the leader's flight
+    # The follower ends cleanly: an OpenAI-shaped error event, never a hang or a cut stream.
+    assert payload.rstrip().endswith(b"}")
+    assert b'"upstream_stream_error"' in payload
+    assert chat(client(router), "leader walks away", stream=True).headers["x-cache"] == "MISS"
