@@ -10,6 +10,7 @@ import msgspec
 from aiohttp import web
 
 from router import cache_http, observability, rollout_admin
+from router.admin import AdminRoutes
 from router.auth import Authenticator
 from router.config import Config
 from router.context import RequestContext, request_id
@@ -183,7 +184,8 @@ def _install_rollout(app: web.Application, config: Config, config_path: Path | N
     reloader.register("rollout", rollout.prepare_reload, ("rollout", "models"))
     app[RELOADER] = reloader
     app.cleanup_ctx.append(sighup_ctx(reloader))
-    rollout_admin.add_routes(app.router, Authenticator.from_config(config.auth).check_admin)
+    guard = Authenticator.from_config(config.auth).check_admin
+    rollout_admin.add_routes(AdminRoutes(app.router, guard))
 
 
 def build_app(config: Config, config_path: Path | None = None) -> web.Application:
