@@ -1,0 +1,289 @@
+"""Proxy overhead: direct-to-upstream vs a minimal aiohttp pass-through vs the router.
+
+One zero-delay simulated region, three ways to reach it, non-stream and stream, at two
+concurrencies, each for a fixed bounded duration on loopback. Every response is checked
+against the bytes the region itself returns. Prints a table of RPS, p50/p99 latency (TTFT for
+streams) and the latency the router and the pass-through add over direct.
+
+    python -m bench.overhead                 # default: 2.5 s per cell, about 50 s in all
+    python -m bench.overhead --duration 5 --concurrency 32 128 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import aiohttp
+import uvloop
+from aiohttp import web
+from tests.support import Proc, free_port, router_cmd, spawn
+
+MODEL = "sim-1"
+BODY = {"model": MODEL, "messages": [{"role": "user", "content": "Measure the proxy."}]}
+ROUTER_CONFIG = """\
+[server]
+listen = "127.0.0.1:{port}"
+
+[auth]
+enabled = false
+
+[cache]
+enabled = false
+
+[[regions]]
+name = "sim"
+base_url = "http://127.0.0.1:{upstream}/v1"
+models = ["{model}"]
+"""
+
+
+# ---- the minimal pass-through proxy the router is compared with ----
+
+
+def passthrough_app(upstream: str) -> web.Application:
+    """POST anything -> same path upstream; body relayed whole, or chunk by chunk if SSE."""
+    app = web.Application()
+    sessions: list[aiohttp.ClientSession] = []
+
+    async def on_startup(app: web.Application) -> None:
+        sessions.append(aiohttp.ClientSession(auto_decompress=False))
+
+    async def on_cleanup(app: web.Application) -> None:
+        await sessions[0].close()
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        headers = {"Content-Type": request.headers.get("Content-Type", "application/json")}
+        async with sessions[0].post(upstream + request.path, data=body, headers=headers) as up:
+            ctype = up.headers.get("Content-Type", "")
+            if not ctype.startswith("text/event-stream"):
+                return web.Response(
+                    status=up.status,
+                    body=await up.read(),
+                    content_type=None,
+                    headers={"Content-Type": ctype},
+                )
+            resp = web.StreamResponse(status=up.status, headers={"Content-Type": ctype})
+            await resp.prepare(request)
+            async for chunk in up.content.iter_any():
+                await resp.write(chunk)
+            await resp.write_eof()
+            return resp
+
+    app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)
+    app.router.add_post("/{tail:.*}", handle)
+    return app
+
+
+def serve_passthrough(port: int, upstream: str) -> None:
+    """Run the pass-through proxy (a subprocess of the bench)."""
+    web.run_app(
+        passthrough_app(upstream),
+        host="127.0.0.1",
+        port=port,
+        print=None,
+        access_log=None,
+        loop=uvloop.new_event_loop(),
+    )
+
+
+# ---- the load generator ----
+
+
+@dataclass
+class Cell:
+    """One measured configuration."""
+
+    target: str
+    mode: str
+    concurrency: int
+    requests: int
+    errors: int
+    rps: float
+    p50_ms: float
+    p99_ms: float
+
+
+def _quantile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def _load(
+    url: str, stream: bool, concurrency: int, duration: float, expected: bytes
+) -> tuple[list[float], int, float]:
+    """Closed loop: `concurrency` workers for `duration` s; latencies (s), errors, elapsed."""
+    payload = json.dumps({**BODY, "stream": stream}).encode()
+    headers = {"Content-Type": "application/json"}
+    latencies: list[float] = []
+    errors = 0
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        began = time.perf_counter()
+        deadline = began + duration
+
+        async def worker() -> None:
+            nonlocal errors
+            while time.perf_counter() < deadline:
+                t0 = time.perf_counter()
+                try:
+                    async with session.post(url, data=payload, headers=headers) as resp:
+                        if stream:
+                            first = await resp.content.readany()
+                            ttft = time.perf_counter() - t0
+                            rest = await resp.read()
+                            ok = resp.status == 200 and first + rest == expected
+                            latency = ttft
+                        else:
+                            body = await resp.read()
+                            latency = time.perf_counter() - t0
+                            ok = resp.status == 200 and body == expected
+                except aiohttp.ClientError:
+                    ok = False
+                    latency = 0.0
+                if ok:
+                    latencies.append(latency)
+                else:
+                    errors += 1
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - began
+    return latencies, errors, elapsed
+
+
+async def _expected(url: str, stream: bool) -> bytes:
+    """The region's own answer: every measured response must equal it byte for byte."""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(url, json={**BODY, "stream": stream}) as resp,
+    ):
+        return await resp.read()
+
+
+async def measure(
+    targets: dict[str, str], concurrencies: Sequence[int], duration: float, warmup: float
+) -> list[Cell]:
+    cells: list[Cell] = []
+    for mode in ("non-stream", "stream"):
+        stream = mode == "stream"
+        expected = await _expected(targets["direct"], stream)
+        for concurrency in concurrencies:
+            for target, url in targets.items():
+                await _load(url, stream, concurrency, warmup, expected)
+                latencies, errors, elapsed = await _load(
+                    url, stream, concurrency, duration, expected
+                )
+                cells.append(
+                    Cell(
+                        target=target,
+                        mode=mode,
+                        concurrency=concurrency,
+                        requests=len(latencies),
+                        errors=errors,
+                        rps=len(latencies) / elapsed,
+                        p50_ms=1000 * _quantile(latencies, 0.5),
+                        p99_ms=1000 * _quantile(latencies, 0.99),
+                    )
+                )
+                print(
+                    f"  {mode:10} c={concurrency:<4} {target:12} {cells[-1].rps:8.0f} rps",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    return cells
+
+
+def table(cells: Sequence[Cell]) -> str:
+    """Markdown table; added latency is relative to direct in the same mode and concurrency."""
+    direct = {(c.mode, c.concurrency): c for c in cells if c.target == "direct"}
+    passthrough = {(c.mode, c.concurrency): c for c in cells if c.target == "passthrough"}
+    lines = [
+        "| mode | c | target | RPS | p50 ms | p99 ms | added p50 ms | added p99 ms "
+        "| RPS vs pass-through | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in cells:
+        base = direct[(c.mode, c.concurrency)]
+        added = "" if c.target == "direct" else f"{c.p50_ms - base.p50_ms:+.2f}"
+        added99 = "" if c.target == "direct" else f"{c.p99_ms - base.p99_ms:+.2f}"
+        ratio = ""
+        if c.target == "router":
+            ratio = f"{100 * c.rps / passthrough[(c.mode, c.concurrency)].rps:.0f}%"
+        metric = " (TTFT)" if c.mode == "stream" else ""
+        lines.append(
+            f"| {c.mode}{metric} | {c.concurrency} | {c.target} | {c.rps:.0f} | {c.p50_ms:.2f} "
+            f"| {c.p99_ms:.2f} | {added} | {added99} | {ratio} | {c.errors} |"
+        )
+    return "\n".join(lines)
+
+
+def _start(tmp: Path) -> list[Proc]:
+    upstream_port, pass_port, router_port = free_port(), free_port(), free_port()
+    sim = spawn(
+        router_cmd("sim-region", "--port", str(upstream_port), "--name", "sim"),
+        upstream_port,
+        tmp / "sim.log",
+    )
+    upstream = f"http://127.0.0.1:{upstream_port}"
+    passthrough = spawn(
+        [sys.executable, "-m", "bench.overhead", "--serve-passthrough", str(pass_port), upstream],
+        pass_port,
+        tmp / "passthrough.log",
+    )
+    config = tmp / "router.toml"
+    config.write_text(ROUTER_CONFIG.format(port=router_port, upstream=upstream_port, model=MODEL))
+    router = spawn(router_cmd("serve", "--config", str(config)), router_port, tmp / "router.log")
+    return [sim, passthrough, router]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration", type=float, default=2.5, help="seconds per cell")
+    parser.add_argument("--warmup", type=float, default=0.5, help="seconds before each cell")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[32, 128])
+    parser.add_argument("--json", type=Path, help="also write the cells as JSON here")
+    parser.add_argument(
+        "--serve-passthrough", nargs=2, metavar=("PORT", "UPSTREAM"), help=argparse.SUPPRESS
+    )
+    args = parser.parse_args(argv)
+    if args.serve_passthrough:
+        serve_passthrough(int(args.serve_passthrough[0]), args.serve_passthrough[1])
+        return 0
+    if args.duration <= 0 or args.duration > 60:
+        parser.error("--duration must be in (0, 60] seconds")
+    with tempfile.TemporaryDirectory(prefix="router-overhead-") as tmp:
+        procs = _start(Path(tmp))
+        try:
+            sim, passthrough, router = procs
+            path = "/v1/chat/completions"
+            targets = {
+                "direct": sim.url + path,
+                "passthrough": passthrough.url + path,
+                "router": router.url + path,
+            }
+            cells = uvloop.run(measure(targets, args.concurrency, args.duration, args.warmup))
+        finally:
+            for proc in procs:
+                proc.kill()
+    print(table(cells))
+    if args.json:
+        args.json.write_text(json.dumps([asdict(c) for c in cells], indent=2))
+    bad = sum(c.errors for c in cells)
+    if bad:
+        print(f"{bad} responses did not match the region's own answer", file=sys.stderr)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
