@@ -346,9 +346,13 @@ class Telemetry:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.slo = slo if slo is not None else SloTracker()
+        # Replaceable after startup (the health feature's snapshot); scrapes read it each time.
         self.regions = regions
-        self.metrics = Metrics(slo=self.slo, regions=regions, models=models, clock=clock)
+        self.metrics = Metrics(slo=self.slo, regions=self._regions, models=models, clock=clock)
         self.log = log
+
+    def _regions(self) -> Iterable[RegionState]:
+        return self.regions() if self.regions is not None else ()
 
     def finish(self, rec: AccessRecord) -> None:
         """Record one finished request everywhere."""

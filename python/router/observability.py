@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Awaitable, Callable, Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 from aiohttp import web
@@ -227,6 +227,54 @@ def attempt_hook(
             passive.saw(upstream.name, not unreachable)
 
     return hook
+
+
+class RegionHealthView(Protocol):
+    """What the status needs of one region's health (router.native.RegionHealth has it)."""
+
+    @property
+    def available(self) -> bool: ...
+    @property
+    def ewma_rtt_s(self) -> float | None: ...
+    @property
+    def ejections(self) -> int: ...
+
+
+class HealthView(Protocol):
+    """What the status needs of the health feature (router.health.Health has it)."""
+
+    @property
+    def in_flight(self) -> Mapping[str, int]: ...
+    def snapshot(self) -> Mapping[str, RegionHealthView]: ...
+
+
+def health_source(
+    health: HealthView, queue_depth: Callable[[str], int] | None = None
+) -> RegionSource:
+    """Region gauges from the health snapshot (and admission queue depths) at scrape time."""
+
+    def states() -> list[RegionState]:
+        in_flight = health.in_flight
+        return [
+            RegionState(
+                name,
+                h.available,
+                h.ewma_rtt_s,
+                in_flight.get(name, 0),
+                queue_depth(name) if queue_depth is not None else 0,
+                h.ejections,
+            )
+            for name, h in health.snapshot().items()
+        ]
+
+    return states
+
+
+def use_health(
+    app: web.Application, health: HealthView, queue_depth: Callable[[str], int] | None = None
+) -> None:
+    """Show the health feature's view (probes, ejections) instead of the passive one."""
+    app[TELEMETRY].regions = health_source(health, queue_depth)
 
 
 def telemetry_from_config(
