@@ -142,7 +142,7 @@ class CacheConfig(_Section, frozen=True):
     allow_tools: bool = False
     # Concurrent identical misses share one upstream request.
     coalesce: bool = True
-    redis_url: str | None = None
+    redis_url: Annotated[str, msgspec.Meta(pattern=r"^(redis|rediss|unix)://")] | None = None
     redis_prefix: str = "router:cache"
     redis_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 0.05
     # After a Redis failure, skip it for this long before trying again.
