@@ -6,6 +6,8 @@ import contextlib
 import json
 import shutil
 import signal
+import subprocess
+import time
 import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -39,9 +41,10 @@ class Procs:
         tokens_per_s: float,
         model: str = "sim-1",
         extra: Sequence[str] = (),
+        port: int | None = None,
     ) -> Proc:
         """A simulated OpenAI-compatible region with an in-process round-trip delay."""
-        port = free_port()
+        port = port or free_port()
         flags = {
             "--port": port,
             "--name": name,
@@ -101,10 +104,17 @@ class Procs:
         return self._spawn(args, f"nginx-{port}", port)
 
     def close(self) -> None:
-        """SIGTERM then SIGKILL every process started here, newest first."""
-        for proc in reversed(self._procs):
-            with contextlib.suppress(Exception):
-                proc.kill(signal.SIGTERM)
+        """SIGTERM every process started here at once, then reap them; SIGKILL stragglers."""
+        for proc in self._procs:
+            if proc.popen.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.popen.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 5.0
+        for proc in self._procs:
+            try:
+                proc.popen.wait(timeout=max(deadline - time.monotonic(), 0.01))
+            except subprocess.TimeoutExpired:
+                proc.kill()
         self._procs.clear()
 
 
