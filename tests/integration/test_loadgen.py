@@ -1,0 +1,206 @@
+"""The load generator against real sim region subprocesses: counts, TTFT, bounds, error kinds."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from router.loadgen import LoadSpec, RequestFactory, run_load, summarize
+from router.loadgen.requests import endpoint_url, round_robin
+from router.loadgen.schedule import poisson_schedule
+from tests.support import REPO, Proc, free_port, router_cmd, spawn
+
+TTFT_MS = 30.0
+MAX_TOKENS = 5
+
+
+def _sim(tmp: Path, name: str, *flags: str) -> Proc:
+    port = free_port()
+    args = router_cmd("sim-region", "--port", str(port), "--name", name, *flags)
+    return spawn(args, port, tmp / f"{name}.log")
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
+    """A healthy region: 30 ms to the first token, 500 tokens/s."""
+    proc = _sim(
+        tmp_path_factory.mktemp("sim"), "ok", "--ttft-ms", str(TTFT_MS), "--tokens-per-s", "500"
+    )
+    yield proc
+    proc.kill()
+
+
+def _stats(proc: Proc) -> dict[str, object]:
+    with urllib.request.urlopen(proc.url + "/sim/stats", timeout=5) as resp:
+        stats: dict[str, object] = json.loads(resp.read())
+        return stats
+
+
+def _reset(proc: Proc) -> None:
+    req = urllib.request.Request(proc.url + "/sim/reset", method="POST", data=b"")
+    urllib.request.urlopen(req, timeout=5).close()
+
+
+def _factory(proc: Proc, *, stream: bool = True) -> RequestFactory:
+    url = endpoint_url(proc.url, "chat")
+    return round_robin(
+        url,
+        ["one", "two", "three"],
+        model="sim-1",
+        endpoint="chat",
+        max_tokens=MAX_TOKENS,
+        stream=stream,
+    )
+
+
+async def test_closed_loop_sends_exactly_count_and_measures_ttft(sim: Proc) -> None:
+    _reset(sim)
+    spec = LoadSpec(concurrency=3, duration_s=30.0, max_requests=12)
+    result = await run_load("closed", spec, _factory(sim))
+    summary = summarize("closed", result.samples, result.wall_s)
+    assert (summary.sent, summary.ok, summary.errors) == (12, 12, {})
+    assert _stats(sim)["requests"] == 12
+    assert summary.ttft_ms is not None
+    assert summary.ttft_ms.n == 12
+    # The sim waits TTFT_MS before the first token, so no measured TTFT can be shorter.
+    assert summary.ttft_ms.min >= TTFT_MS
+    assert all(s.chunks == MAX_TOKENS and len(s.itl_s) == MAX_TOKENS - 1 for s in result.samples)
+    assert all(s.ttft_s is not None and s.total_s >= s.ttft_s for s in result.samples)
+    assert summary.itl_ms is not None
+    assert summary.itl_ms.n == 12 * (MAX_TOKENS - 1)
+
+
+async def test_non_streaming_requests_have_no_ttft(sim: Proc) -> None:
+    _reset(sim)
+    spec = LoadSpec(concurrency=2, duration_s=30.0, max_requests=4, stream=False)
+    result = await run_load("whole", spec, _factory(sim, stream=False))
+    summary = summarize("whole", result.samples, result.wall_s)
+    assert (summary.sent, summary.ok) == (4, 4)
+    assert summary.ttft_ms is None
+    assert summary.total_ms is not None
+    assert summary.total_ms.min >= TTFT_MS
+    assert _stats(sim)["streams"] == 0
+
+
+async def test_open_loop_follows_the_poisson_schedule(sim: Proc) -> None:
+    _reset(sim)
+    spec = LoadSpec(concurrency=50, rate=40.0, duration_s=1.0, max_requests=10_000, seed=5)
+    expected = len(poisson_schedule(40.0, 1.0, 10_000, random.Random(5)))
+    result = await run_load("open", spec, _factory(sim))
+    assert len(result.samples) == expected
+    assert all(s.ok for s in result.samples), {s.error for s in result.samples}
+    assert _stats(sim)["requests"] == expected
+    starts = [s.start_s for s in result.samples]
+    assert starts == sorted(starts)
+    assert all(0 < t < 1.0 for t in starts)
+
+
+async def test_duration_bounds_a_run_with_a_huge_count(sim: Proc) -> None:
+    spec = LoadSpec(concurrency=2, duration_s=0.5, max_requests=1_000_000, grace_s=5.0)
+    result = await run_load("short", spec, _factory(sim))
+    assert 0 < len(result.samples) < 1000
+    assert all(s.ok for s in result.samples)
+    assert all(s.start_s < 0.5 for s in result.samples)
+
+
+async def test_error_kinds(tmp_path: Path) -> None:
+    busy = _sim(tmp_path, "busy", "--fail-mode", "503")
+    cut = _sim(tmp_path, "cut", "--fail-mode", "die-mid-stream", "--after-tokens", "2")
+    hang = _sim(tmp_path, "hang", "--fail-mode", "hang")
+    closed = free_port()
+    try:
+        spec = LoadSpec(concurrency=2, duration_s=10.0, max_requests=4, grace_s=1.0)
+        r = await run_load("busy", spec, _factory(busy))
+        assert summarize("b", r.samples, r.wall_s).errors == {"http_503": 4}
+        r = await run_load("cut", spec, _factory(cut))
+        assert summarize("c", r.samples, r.wall_s).errors == {"stream_cut": 4}
+        dead = round_robin(
+            f"http://127.0.0.1:{closed}/v1/chat/completions",
+            ["x"],
+            model="sim-1",
+            endpoint="chat",
+            max_tokens=1,
+            stream=True,
+        )
+        r = await run_load("dead", spec, dead)
+        assert summarize("d", r.samples, r.wall_s).errors == {"connect": 4}
+        # A region that never answers: the run still ends at duration + grace, with a record
+        # of every request it cut off.
+        short = LoadSpec(concurrency=3, duration_s=0.3, max_requests=100, grace_s=0.2)
+        r = await run_load("hang", short, _factory(hang))
+        assert summarize("h", r.samples, r.wall_s).errors == {"unfinished": 3}
+        tight = LoadSpec(concurrency=1, duration_s=5.0, max_requests=1, timeout_s=0.3)
+        r = await run_load("hang", tight, _factory(hang))
+        assert summarize("t", r.samples, r.wall_s).errors == {"timeout": 1}
+    finally:
+        for proc in (busy, cut, hang):
+            proc.kill()
+
+
+def test_cli_writes_results_and_plots(sim: Proc, tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench.load",
+        "--url",
+        sim.url,
+        "--concurrency",
+        "2",
+        "--count",
+        "6",
+        "--duration",
+        "20",
+        "--max-tokens",
+        "3",
+        "--name",
+        "cli",
+        "--results",
+        str(out),
+        "--plot",
+        "--progress-interval",
+        "0",
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=50, cwd=REPO, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "| cli | 6 | 6 |" in done.stdout
+    assert "[cli]" in done.stderr  # the progress line
+    runs = json.loads((out / "results.json").read_bytes())["runs"]
+    assert runs[0]["sent"] == 6
+    assert runs[0]["ttft_ms"]["n"] == 6
+    assert (out / "results.md").read_text().count("| cli |") == 1
+    for png in ("ttft-cdf.png", "total-cdf.png", "traffic-cli.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_router_bench_reports_failures_in_its_exit_code(tmp_path: Path) -> None:
+    cmd = router_cmd(
+        "bench",
+        "--url",
+        f"http://127.0.0.1:{free_port()}",
+        "--count",
+        "2",
+        "--duration",
+        "5",
+        "--quiet",
+    )
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=50, cwd=REPO, check=False)
+    assert done.returncode == 1
+    assert "connect=2" in done.stdout
+    bad = subprocess.run(
+        router_cmd("bench", "--url", "nope", "--quiet"),
+        capture_output=True,
+        text=True,
+        timeout=50,
+        cwd=REPO,
+        check=False,
+    )
+    assert bad.returncode == 2
+    assert "not an http" in bad.stderr
