@@ -10,13 +10,13 @@ import msgspec
 from aiohttp import web
 
 from router import cache_http, observability, rollout_admin
-from router.admin import AdminRoutes
+from router.admin import HEALTH, AdminRoutes
 from router.auth import Authenticator
 from router.config import Config
 from router.context import RequestContext, request_id
 from router.errors import ApiError, InvalidRequest, NotFound, Unavailable
 from router.proxy import AttemptHook, Tap, error_response, forward
-from router.reload import RELOADER, LiveConfig, Reloader, sighup_ctx
+from router.reload import RELOADER, LiveConfig, Reloader, health_preparer, sighup_ctx
 from router.request import (
     CHAT,
     COMPLETIONS,
@@ -184,6 +184,14 @@ def _install_rollout(app: web.Application, config: Config, config_path: Path | N
     reloader.register("rollout", rollout.prepare_reload, ("rollout", "models"))
     app[RELOADER] = reloader
     app.cleanup_ctx.append(sighup_ctx(reloader))
+
+    async def adopt(app: web.Application) -> None:
+        # At startup every feature has installed itself; reload the ones that can take it.
+        health = app.get(HEALTH)
+        if health is not None:
+            reloader.register("health", health_preparer(health), ("health",))
+
+    app.on_startup.append(adopt)
     guard = Authenticator.from_config(config.auth).check_admin
     rollout_admin.add_routes(AdminRoutes(app.router, guard))
 

@@ -13,6 +13,8 @@ from aiohttp import web
 
 from router.config import Config, load
 from router.errors import ConfigError
+from router.health import Health, prober_kwargs
+from router.native import Prober
 
 log = logging.getLogger("router")
 
@@ -131,6 +133,27 @@ class Reloader:
 
 
 RELOADER = web.AppKey("router.reloader", Reloader)
+
+
+def health_preparer(health: Health) -> Preparer:
+    """[health] on reload: new probe settings and thresholds, history kept; probing on or off."""
+
+    def prepare(old: Config, new: Config) -> Commit:
+        if new.health == old.health:
+            return lambda: None
+        # A throwaway prober checks the values the native side refuses, before anything swaps.
+        Prober(**prober_kwargs(new.health))
+
+        def commit() -> None:
+            health.reconfigure(new.health)
+            if new.health.enabled and not health.prober.running:
+                health.start()
+            elif not new.health.enabled and health.prober.running:
+                health.stop()
+
+        return commit
+
+    return prepare
 
 
 def _changed_sections(old: Config, new: Config) -> set[str]:

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from router.config import Config, load, loads
-from router.reload import Commit, LiveConfig, Reloader
+from router.health import Health
+from router.reload import Commit, LiveConfig, Reloader, health_preparer
 from router.rollout import Rollout, table_from_config
 
 GOOD = """
@@ -169,3 +170,28 @@ def test_unhandled_section_applies_rest_and_warns(
     assert rollout.table.alias("chat").weights()["v1"] == 80.0
     assert "[limits] changed but is not hot-reloadable" in caplog.text
     assert "[rollout]" not in caplog.text
+
+
+def test_health_section_reconfigures_the_prober(tmp_path: Path) -> None:
+    path, reloader, _ = setup(tmp_path, GOOD + "\n[health]\nenabled = false\n")
+    health = Health(reloader.live.config.health, reloader.live.config.regions)
+    reloader.register("health", health_preparer(health), ("health",))
+    path.write_text(GOOD + "\n[health]\nenabled = false\ninterval_s = 3.0\n")
+    assert reloader.reload().applied
+    assert health.config.interval_s == 3.0
+    assert not health.prober.running
+
+
+def test_health_values_the_prober_refuses_reject_the_reload(tmp_path: Path) -> None:
+    path, reloader, rollout = setup(tmp_path, GOOD + "\n[health]\nenabled = false\n")
+    health = Health(reloader.live.config.health, reloader.live.config.regions)
+    reloader.register("health", health_preparer(health), ("health",))
+    before = rollout.table
+    path.write_text(
+        GOOD.replace("weight = 95", "weight = 1") + '\n[health]\nenabled = false\npath = "health"\n'
+    )
+    result = reloader.reload()
+    assert not result.applied
+    assert "health: invalid prober config: probe paths must start with '/'" in result.message
+    assert health.config.path == "/health"
+    assert rollout.table is before
