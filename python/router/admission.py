@@ -11,6 +11,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Generic, TypeVar
 
+from aiohttp import web
+
 from router.errors import Unavailable
 
 if TYPE_CHECKING:
@@ -237,3 +239,6 @@ class Admission:
             code="overloaded",
             headers={"Retry-After": str(retry_after)},
         )
+
+
+ADMISSION: web.AppKey[Admission] = web.AppKey("router.admission", Admission)

@@ -9,7 +9,7 @@ from pathlib import Path
 import msgspec
 from aiohttp import web
 
-from router import cache_http, observability, rollout_admin
+from router import cache_http, limits, observability, rollout_admin
 from router.admin import HEALTH, AdminRoutes
 from router.auth import Authenticator
 from router.config import Config
@@ -216,6 +216,8 @@ def build_app(config: Config, config_path: Path | None = None) -> web.Applicatio
         models=config.served_models(),
     )
     _install_rollout(app, config, config_path)
+    # Auth before the body is read, then per-key limits as the first stage after parsing.
+    limits.install(app, config, app[STAGES])
     if config.cache.enabled:
         app[AROUND] = cache_http.install(app, config)
     app[_MODELS_BODY] = _models_body(config)

@@ -82,10 +82,9 @@ class ApiKeyConfig(_Section, frozen=True):
 
 
 class AuthConfig(_Section, frozen=True):
-    """[auth]: API keys and tenants; off serves everyone anonymously (local use, loudly logged)."""
+    """[auth]: API keys and tenants; `enabled = false` serves everyone anonymously (local use)."""
 
-    # None: on when any [[auth.keys]] is configured, off (with a loud warning) when none is.
-    enabled: bool | None = None
+    enabled: bool = True
     keys: tuple[ApiKeyConfig, ...] = ()
     admin_token_sha256: _SHA256_HEX | None = None
 
@@ -97,7 +96,8 @@ class LimitsConfig(_Section, frozen=True):
     redis_url: str = "redis://127.0.0.1:6379/0"
     # When Redis is unreachable: "open" keeps serving with local limits, "closed" answers 503.
     on_redis_error: Literal["open", "closed"] = "open"
-    redis_timeout_ms: Annotated[float, msgspec.Meta(gt=0)] = 50.0
+    # Per Redis call; an outage costs the requests in flight this once, then none at all.
+    redis_timeout_ms: Annotated[float, msgspec.Meta(gt=0)] = 250.0
     redis_retry_s: Annotated[float, msgspec.Meta(gt=0)] = 1.0
     redis_key_prefix: str = "router:rl:"
     # Tokens reserved for the completion when a request sets no max_tokens.

@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 if TYPE_CHECKING:
-    from redis.commands.core import AsyncScript
-
     from router.config import LimitsConfig
 
 log = logging.getLogger("router")
@@ -97,21 +96,37 @@ class Decision:
     reset_tokens_s: float
 
 
+@dataclass(slots=True)
+class _Call:
+    """One script call waiting for the next pipeline; `done` is None when nobody waits."""
+
+    script: str
+    key: str
+    args: tuple[float | int, ...]
+    done: asyncio.Future[list[int]] | None
+
+
 class RedisBuckets:
-    """Atomic per-key buckets in Redis, with outage detection and recovery in the background."""
+    """Atomic per-key buckets in Redis, with outage detection and recovery in the background.
+
+    Calls made in the same event-loop turn go to Redis in one pipeline on one connection, so a
+    burst of requests costs a round trip, not a connection each.
+    """
 
     def __init__(
         self,
         url: str,
         *,
-        timeout_s: float = 0.05,
+        timeout_s: float = 0.25,
         retry_s: float = 1.0,
         prefix: str = "router:rl:",
+        max_batch: int = 256,
     ) -> None:
         self.url = url
         self.timeout_s = timeout_s
         self.retry_s = retry_s
         self.prefix = prefix
+        self.max_batch = max_batch
         # No client-side retries: a slow or absent Redis must cost one short timeout, not several.
         self._client = aioredis.Redis.from_url(
             url,
@@ -121,11 +136,11 @@ class RedisBuckets:
             retry_on_timeout=False,
             health_check_interval=0,
         )
-        self._acquire: AsyncScript = self._client.register_script(_ACQUIRE)
-        self._adjust: AsyncScript = self._client.register_script(_ADJUST)
+        self._scripts = {name: _sha1(text) for name, text in _SCRIPTS.items()}
+        self._queue: list[_Call] = []
+        self._flusher: asyncio.Task[None] | None = None
         self.available = True
         self._recovery: asyncio.Task[None] | None = None
-        self._background: set[asyncio.Task[None]] = set()
         self.outages = 0
 
     @classmethod
@@ -154,10 +169,13 @@ class RedisBuckets:
             1,
             tokens,
         )
+        done: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
+        self._submit(_Call("acquire", self.key(key_id), args, done))
         try:
-            async with asyncio.timeout(self.timeout_s * 2):
-                raw = await self._acquire(keys=[self.key(key_id)], args=args)
+            async with asyncio.timeout(self.timeout_s):
+                raw = await asyncio.shield(done)
         except _OUTAGE as exc:
+            done.cancel()  # the pipeline, if it ever answers, finds nobody waiting
             self._outage(exc)
             return None
         allowed, wait_ms, rem_r, rem_t, reset_r, reset_t = (int(v) for v in raw)
@@ -172,19 +190,56 @@ class RedisBuckets:
 
     def adjust_later(self, key_id: str, rates: Rates, delta_tokens: int) -> None:
         """Give back (or take more) tokens once usage is known, without making the caller wait."""
-        if not self.available or delta_tokens == 0:
-            return
-        task = asyncio.get_running_loop().create_task(self._adjust_now(key_id, rates, delta_tokens))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        if self.available and delta_tokens != 0:
+            args = (rates.token_capacity, rates.tokens_per_s, delta_tokens)
+            self._submit(_Call("adjust", self.key(key_id), args, None))
 
-    async def _adjust_now(self, key_id: str, rates: Rates, delta_tokens: int) -> None:
-        args = (rates.token_capacity, rates.tokens_per_s, delta_tokens)
-        try:
-            async with asyncio.timeout(self.timeout_s * 2):
-                await self._adjust(keys=[self.key(key_id)], args=args)
-        except _OUTAGE as exc:
-            self._outage(exc)
+    def _submit(self, call: _Call) -> None:
+        self._queue.append(call)
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.get_running_loop().create_task(self._flush())
+
+    async def _flush(self) -> None:
+        """Send queued calls in pipelines until the queue is empty."""
+        while self._queue:
+            batch, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch :]
+            try:
+                results = await self._run(batch)
+            except _OUTAGE as exc:
+                for call in batch:
+                    if call.done is not None and not call.done.done():
+                        call.done.set_exception(exc)
+                if not any(call.done is not None for call in batch):
+                    self._outage(exc)
+                continue
+            for call, result in zip(batch, results, strict=True):
+                if call.done is None or call.done.done():
+                    continue
+                if isinstance(result, BaseException):
+                    call.done.set_exception(result)
+                else:
+                    call.done.set_result(result)
+
+    async def _run(self, batch: list[_Call]) -> list[Any]:
+        """One pipeline of EVALSHAs; scripts Redis forgot (a restart) are loaded and re-run."""
+        results = await self._pipeline(batch)
+        missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
+        if missing:
+            for name, text in _SCRIPTS.items():
+                await self._client.script_load(text)
+                self._scripts[name] = _sha1(text)
+            again = await self._pipeline([batch[i] for i in missing])
+            for i, result in zip(missing, again, strict=True):
+                results[i] = result
+        return results
+
+    async def _pipeline(self, batch: list[_Call]) -> list[Any]:
+        pipe = self._client.pipeline(transaction=False)
+        for call in batch:
+            pipe.evalsha(self._scripts[call.script], 1, call.key, *call.args)
+        async with asyncio.timeout(self.timeout_s):
+            results: list[Any] = await pipe.execute(raise_on_error=False)
+        return results
 
     def _outage(self, exc: BaseException) -> None:
         """Switch to local-only limits and start probing for Redis's return (logged once)."""
@@ -207,11 +262,10 @@ class RedisBuckets:
         while True:
             await asyncio.sleep(self.retry_s)
             try:
-                async with asyncio.timeout(self.timeout_s * 2):
+                async with asyncio.timeout(self.timeout_s):
                     await self._client.ping()
             except _OUTAGE:
                 continue
-            # EVALSHA fails with NOSCRIPT after a restart; redis-py's Script reloads by itself.
             self.available = True
             log.warning(
                 "global limits: redis at %s answers again after %.1f s; global limits resumed",
@@ -222,7 +276,7 @@ class RedisBuckets:
 
     async def close(self) -> None:
         """Stop background work and close connections."""
-        tasks = [*self._background, *([self._recovery] if self._recovery else [])]
+        tasks = [t for t in (self._flusher, self._recovery) if t is not None]
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -230,3 +284,10 @@ class RedisBuckets:
                 await task
         with contextlib.suppress(*_OUTAGE):
             await self._client.aclose()
+
+
+def _sha1(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()
+
+
+_SCRIPTS = {"acquire": _ACQUIRE, "adjust": _ADJUST}

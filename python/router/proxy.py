@@ -12,9 +12,13 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
+from router.admission import ADMISSION, Slot, Spill
+from router.auth import TENANT
 from router.config import TimeoutsConfig
 from router.context import RequestContext
 from router.errors import ApiError, UpstreamError
+from router.limits import METER
+from router.timing import QUEUE
 from router.upstream import Upstream, response_headers
 
 log = logging.getLogger("router")
@@ -211,12 +215,16 @@ async def relay_stream(
     assert upstream is not None
     opened.headers["X-Request-Id"] = ctx.request_id
     resp = web.StreamResponse(status=opened.status, headers=opened.headers)
+    # The usage an OpenAI stream reports last settles the request's token reservation.
+    meter = request.get(METER)
     complete = False
     try:
         await resp.prepare(request)
         await resp.write(opened.first)
         if tap is not None:
             tap.chunk(opened.first)
+        if meter is not None:
+            meter.feed(opened.first)
         content = upstream.content
         loop = asyncio.get_running_loop()
         try:
@@ -231,6 +239,8 @@ async def relay_stream(
                     await resp.write(chunk)
                     if tap is not None:
                         tap.chunk(chunk)
+                    if meter is not None:
+                        meter.feed(chunk)
             complete = True
         except (aiohttp.ClientError, TimeoutError) as exc:
             reason = "idle timeout" if isinstance(exc, TimeoutError) else str(exc) or "disconnect"
@@ -258,25 +268,50 @@ async def forward(
 ) -> web.StreamResponse:
     """Send the parsed request to the first candidate that answers and relay its answer."""
     headers_in = request.headers
+    # Admission: a region's in-flight slot is held from its attempt to the end of the answer.
+    admission = request.app.get(ADMISSION)
+    tenant = request.get(TENANT)
+    priority = tenant.priority if tenant is not None else 0
+    held: list[Slot] = []
 
     async def open_one(upstream: Upstream) -> Opened:
+        if admission is not None:
+            try:
+                slot = await admission.acquire(
+                    upstream.name, priority=priority, last=upstream is candidates[-1]
+                )
+            except Spill as spill:
+                # status 429: "this region is full", which says nothing about its health.
+                raise AttemptError(upstream.name, "spill", spill.reason, status=429) from None
+            held.append(slot)
+            ctx.timer.record(QUEUE, int(slot.wait_s * 1e9))
+            ctx.extra["queue_depth"] = slot.queue_depth
         headers = upstream.request_headers(headers_in, ctx.request_id)
-        return await open_attempt(upstream, ctx, headers, timeouts)
+        try:
+            return await open_attempt(upstream, ctx, headers, timeouts)
+        except BaseException:
+            if held:
+                held.pop().release()
+            raise
 
-    ctx.timer.begin("upstream")
     try:
-        opened = await attempt_loop(ctx, candidates, open_one, hooks)
-    except AttemptError as exc:
+        ctx.timer.begin("upstream")
+        try:
+            opened = await attempt_loop(ctx, candidates, open_one, hooks)
+        except AttemptError as exc:
+            ctx.timer.end("upstream")
+            return failure_response(exc, ctx.request_id)
         ctx.timer.end("upstream")
-        return failure_response(exc, ctx.request_id)
-    ctx.timer.end("upstream")
-    if opened.response is None:
-        if tap is not None:
-            tap.body(opened.status, opened.headers.get("Content-Type"), opened.body or b"")
-        opened.headers["X-Request-Id"] = ctx.request_id
-        return web.Response(status=opened.status, body=opened.body, headers=opened.headers)
-    ctx.timer.begin("stream")
-    try:
-        return await relay_stream(request, ctx, opened, timeouts.idle, tap)
+        if opened.response is None:
+            if tap is not None:
+                tap.body(opened.status, opened.headers.get("Content-Type"), opened.body or b"")
+            opened.headers["X-Request-Id"] = ctx.request_id
+            return web.Response(status=opened.status, body=opened.body, headers=opened.headers)
+        ctx.timer.begin("stream")
+        try:
+            return await relay_stream(request, ctx, opened, timeouts.idle, tap)
+        finally:
+            ctx.timer.end("stream")
     finally:
-        ctx.timer.end("stream")
+        for slot in held:
+            slot.release()

@@ -23,7 +23,7 @@ from tests.integration.conftest import (
     start_router,
     start_sim,
 )
-from tests.support import Proc
+from tests.support import Proc, free_port
 
 HEADER = """
 [server]
@@ -495,3 +495,98 @@ def _accepts(port: int) -> bool:
             return True
     except OSError:
         return False
+
+
+# ---- upstream timeouts and dead regions (a router with short deadlines) ----
+
+FAST_TIMEOUTS = HEADER.replace("first_byte = 5.0", "first_byte = 0.5").replace(
+    "idle = 5.0", "idle = 0.5"
+)
+
+
+@pytest.fixture(scope="module")
+def short(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    """Region a, region b and a router whose first-byte and idle deadlines are 0.5 s."""
+    tmp = tmp_path_factory.mktemp("short")
+    a = start_sim(tmp, "a")
+    b = start_sim(tmp, "b")
+    router = start_router(tmp, FAST_TIMEOUTS + region_toml(a) + region_toml(b, bias_ms=50.0))
+    e = Env(a, b, router)
+    yield e
+    e.client.close()
+    e.direct.close()
+    for proc in (router, a, b):
+        proc.kill()
+
+
+def test_hang_before_first_byte_times_out_to_next_region(short: Env) -> None:
+    sim_reset(short.a)
+    sim_reset(short.b)
+    out = short.client.chat.completions.create(
+        model=MODEL,
+        messages=MESSAGES,  # type: ignore[arg-type]
+        extra_headers={"x-sim-fail": "hang", "x-sim-only": "a"},
+    )
+    assert out.choices[0].message.content == text.full_chat_text(MODEL, MESSAGES)
+    assert sim_stats(short.b)["completed"] == 1
+    # The router gave up on a and closed the connection, which cancels a's handler.
+    assert wait_until(lambda: sim_stats(short.a)["cancelled"] == 1, timeout=3.0)
+
+
+def test_every_region_hanging_is_504(short: Env) -> None:
+    resp = httpx.post(
+        short.router.url + "/v1/chat/completions",
+        json={"model": MODEL, "messages": MESSAGES},
+        headers={"x-sim-fail": "hang"},
+        timeout=10,
+    )
+    assert resp.status_code == 504
+    assert resp.json()["error"]["code"] == "upstream_timeout"
+
+
+def test_idle_stream_is_cut_with_an_error_event(short: Env) -> None:
+    resp = httpx.post(
+        short.router.url + "/v1/chat/completions",
+        json={"model": MODEL, "messages": MESSAGES, "stream": True},
+        headers={"x-sim-fail": "hang", "x-sim-after-tokens": "2"},
+        timeout=10,
+    )
+    events = [line for line in resp.text.split("\n\n") if line]
+    # role chunk + 2 tokens from the region, then the router's error event; no [DONE].
+    assert len(events) == 4
+    assert "idle timeout" in json.loads(events[-1].removeprefix("data: "))["error"]["message"]
+    assert "data: [DONE]" not in resp.text
+
+
+def test_client_giving_up_on_non_stream_cancels_upstream(short: Env) -> None:
+    sim_reset(short.a)
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(
+            short.router.url + "/v1/chat/completions",
+            json={"model": MODEL, "messages": MESSAGES},
+            headers={"x-sim-ttft-ms": "3000"},
+            timeout=0.3,
+        )
+    assert wait_until(lambda: sim_stats(short.a)["cancelled"] == 1, timeout=2.0)
+    assert sim_stats(short.a)["completed"] == 0
+
+
+def test_dead_region_is_skipped(tmp_path: Path) -> None:
+    b = start_sim(tmp_path, "b")
+    dead = f"""
+[[regions]]
+name = "dead"
+base_url = "http://127.0.0.1:{free_port()}/v1"
+models = ["{MODEL}"]
+"""
+    router = start_router(tmp_path, HEADER + dead + region_toml(b, bias_ms=50.0))
+    try:
+        with openai.OpenAI(base_url=router.url + "/v1", api_key="k", max_retries=0) as client:
+            out = client.chat.completions.create(model=MODEL, messages=MESSAGES)  # type: ignore[arg-type]
+        assert out.choices[0].message.content == text.full_chat_text(MODEL, MESSAGES)
+        # Whether the attempt loop hit the refused connect or health checks skipped the region
+        # first, region b answered.
+        assert sim_stats(b)["completed"] == 1
+    finally:
+        router.kill()
+        b.kill()

@@ -1,0 +1,200 @@
+"""Auth end to end: a real router and sim region; raw HTTP and the openai SDK see 401/403/429."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+
+from router.auth import hash_key
+from tests.integration.conftest import region_toml, sim_stats, start_router, start_sim
+from tests.support import Proc
+
+KEYS = {
+    "alpha": "sk-alpha-0123456789abcdef",  # sim-1 only
+    "beta": "sk-beta-0123456789abcdef",  # every model
+    "tight": "sk-tight-0123456789abcdef",  # 2 requests, then one a minute
+    "slow": "sk-slow-0123456789abcdef",  # 1 request, then one every 3 s
+}
+ADMIN = "admin-0123456789abcdef"
+MESSAGES = [{"role": "user", "content": "hello"}]
+BODIES: dict[str, dict[str, Any]] = {
+    "/v1/chat/completions": {"messages": MESSAGES, "max_tokens": 4},
+    "/v1/completions": {"prompt": "hello", "max_tokens": 4},
+    "/v1/embeddings": {"input": "hello"},
+}
+
+
+def _config(sim: Proc) -> str:
+    keys = [
+        ("alpha", 'models = ["sim-1"]'),
+        ("beta", ""),
+        ("tight", "requests_per_minute = 1\nrequest_burst = 2"),
+        ("slow", "requests_per_minute = 20\nrequest_burst = 1"),
+    ]
+    entries = "".join(
+        f'[[auth.keys]]\nsha256 = "{hash_key(KEYS[name])}"\ntenant = "{name}"\n{extra}\n'
+        for name, extra in keys
+    )
+    return f'[auth]\nadmin_token_sha256 = "{hash_key(ADMIN)}"\n{entries}\n' + region_toml(
+        sim, models=("sim-1", "sim-2")
+    )
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
+    proc = start_sim(tmp_path_factory.mktemp("sim"), "a", models="sim-1,sim-2")
+    yield proc
+    proc.kill()
+
+
+@pytest.fixture(scope="module")
+def router(tmp_path_factory: pytest.TempPathFactory, sim: Proc) -> Iterator[Proc]:
+    proc = start_router(tmp_path_factory.mktemp("auth"), _config(sim))
+    yield proc
+    proc.kill()
+
+
+def _sdk(router: Proc, key: str, retries: int = 0) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{router.url}/v1", api_key=key, max_retries=retries)
+
+
+async def _post(
+    router: Proc, path: str, headers: dict[str, str], model: str = "sim-1"
+) -> tuple[int, dict[str, Any], dict[str, str]]:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            router.url + path, json={"model": model, **BODIES[path]}, headers=headers
+        ) as resp,
+    ):
+        return resp.status, await resp.json(), dict(resp.headers)
+
+
+def _assert_openai_error(body: dict[str, Any], type_: str) -> dict[str, Any]:
+    error: dict[str, Any] = body["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == type_
+    assert error["message"]
+    return error
+
+
+@pytest.mark.parametrize("path", list(BODIES))
+async def test_every_endpoint_refuses_a_missing_key(router: Proc, path: str) -> None:
+    status, body, _ = await _post(router, path, {})
+    assert status == 401
+    assert _assert_openai_error(body, "authentication_error")["code"] == "missing_api_key"
+
+
+@pytest.mark.parametrize("path", list(BODIES))
+async def test_every_endpoint_refuses_a_wrong_key(router: Proc, path: str) -> None:
+    wrong = "sk-wrong-0123456789abcdef"
+    status, body, _ = await _post(router, path, {"Authorization": f"Bearer {wrong}"})
+    assert status == 401
+    error = _assert_openai_error(body, "authentication_error")
+    assert error["code"] == "invalid_api_key"
+    assert wrong not in error["message"]
+
+
+@pytest.mark.parametrize("path", list(BODIES))
+async def test_every_endpoint_refuses_another_tenants_model(router: Proc, path: str) -> None:
+    status, body, _ = await _post(router, path, {"x-api-key": KEYS["alpha"]}, model="sim-2")
+    assert status == 403
+    error = _assert_openai_error(body, "permission_error")
+    assert (error["code"], error["param"]) == ("model_not_allowed", "model")
+
+
+@pytest.mark.parametrize("path", list(BODIES))
+async def test_every_endpoint_serves_an_allowed_key(router: Proc, path: str) -> None:
+    status, _, _ = await _post(router, path, {"Authorization": f"Bearer {KEYS['beta']}"}, "sim-2")
+    assert status == 200
+
+
+async def test_model_list_needs_a_key(router: Proc) -> None:
+    async with aiohttp.ClientSession() as session:
+        async with session.get(router.url + "/v1/models") as resp:
+            assert resp.status == 401
+        headers = {"x-api-key": KEYS["beta"]}
+        async with session.get(router.url + "/v1/models", headers=headers) as resp:
+            assert resp.status == 200
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("GET", "/admin/rollout"), ("POST", "/admin/reload"), ("POST", "/admin/rollout/rollback")],
+)
+async def test_admin_endpoints_refuse_tenant_keys(router: Proc, method: str, path: str) -> None:
+    async with aiohttp.ClientSession() as session:
+        for key, status in [(None, 401), (KEYS["beta"], 403), ("not-a-key-at-all", 401)]:
+            headers = {} if key is None else {"Authorization": f"Bearer {key}"}
+            async with session.request(method, router.url + path, headers=headers) as resp:
+                assert resp.status == status, (key, await resp.text())
+                kind = "authentication_error" if status == 401 else "permission_error"
+                _assert_openai_error(await resp.json(), kind)
+        headers = {"Authorization": f"Bearer {ADMIN}"}
+        async with session.get(router.url + "/admin/rollout", headers=headers) as resp:
+            assert resp.status == 200
+
+
+def test_sdk_raises_authentication_error(router: Proc) -> None:
+    with pytest.raises(openai.AuthenticationError) as caught:
+        _sdk(router, "sk-wrong-0123456789abcdef").chat.completions.create(
+            model="sim-1", messages=MESSAGES, max_tokens=4
+        )
+    assert caught.value.status_code == 401
+    assert caught.value.code == "invalid_api_key"
+    assert caught.value.type == "authentication_error"
+
+
+def test_sdk_raises_permission_denied(router: Proc) -> None:
+    with pytest.raises(openai.PermissionDeniedError) as caught:
+        _sdk(router, KEYS["alpha"]).chat.completions.create(
+            model="sim-2", messages=MESSAGES, max_tokens=4
+        )
+    assert caught.value.code == "model_not_allowed"
+
+
+def test_sdk_raises_rate_limit_error_with_retry_headers(router: Proc) -> None:
+    sdk = _sdk(router, KEYS["tight"])
+    for _ in range(2):
+        raw = sdk.chat.completions.with_raw_response.create(
+            model="sim-1", messages=MESSAGES, max_tokens=4
+        )
+        assert raw.headers["x-ratelimit-limit-requests"] == "1"
+    assert raw.headers["x-ratelimit-remaining-requests"] == "0"
+    with pytest.raises(openai.RateLimitError) as caught:
+        sdk.chat.completions.create(model="sim-1", messages=MESSAGES, max_tokens=4)
+    assert caught.value.code == "rate_limit_exceeded"
+    assert caught.value.type == "rate_limit_error"
+    headers = caught.value.response.headers
+    assert 1 <= int(headers["retry-after"]) <= 60
+    assert int(headers["retry-after-ms"]) > 1000 * (int(headers["retry-after"]) - 1)
+    assert headers["x-ratelimit-remaining-requests"] == "0"
+
+
+def test_sdk_retry_waits_as_the_headers_say(router: Proc) -> None:
+    # One request per 3 s: the SDK's own backoff (0.5 s, then 1 s) would give up after two
+    # retries; only waiting the Retry-After it was told gets the second call through.
+    sdk = _sdk(router, KEYS["slow"], retries=2)
+    sdk.chat.completions.create(model="sim-1", messages=MESSAGES, max_tokens=4)
+    began = time.monotonic()
+    answer = sdk.chat.completions.create(model="sim-1", messages=MESSAGES, max_tokens=4)
+    assert answer.choices
+    assert time.monotonic() - began >= 2.0
+
+
+def test_refused_requests_never_reach_a_region(router: Proc, sim: Proc) -> None:
+    before = sim_stats(sim)["requests"]
+    with pytest.raises(openai.AuthenticationError):
+        _sdk(router, "sk-nope-0123456789abcdef").chat.completions.create(
+            model="sim-1", messages=MESSAGES, max_tokens=4
+        )
+    with pytest.raises(openai.PermissionDeniedError):
+        _sdk(router, KEYS["alpha"]).chat.completions.create(
+            model="sim-2", messages=MESSAGES, max_tokens=4
+        )
+    assert sim_stats(sim)["requests"] == before

@@ -1,0 +1,319 @@
+"""Rate limits and admission end to end: real routers, a real sim region, a real redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from router.auth import hash_key
+from tests.integration.conftest import region_toml, sim_stats, start_router, start_sim
+from tests.support import Proc, redis_server_binary, start_redis
+
+pytestmark = pytest.mark.skipif(redis_server_binary() is None, reason="needs redis-server")
+
+# name -> extra [[auth.keys]] fields; every key gets its own buckets.
+KEYS: dict[str, str] = {
+    "burst": "requests_per_minute = 60\nrequest_burst = 100",
+    "steady": "requests_per_minute = 1200\nrequest_burst = 20",
+    "small1": "requests_per_minute = 60\nrequest_burst = 4",
+    "small2": "requests_per_minute = 60\nrequest_burst = 4",
+    "small3": "requests_per_minute = 60\nrequest_burst = 4",
+    "tokens": "tokens_per_minute = 600\ntoken_burst = 1000",
+    "conc": "max_concurrent = 1",
+    "open": "",
+}
+BODY = {"model": "sim-1", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+TIMEOUT = aiohttp.ClientTimeout(total=10)
+
+
+def key_of(name: str) -> str:
+    return f"sk-{name}-0123456789abcdef"
+
+
+def auth(name: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key_of(name)}"}
+
+
+def _config(sim: Proc, limits: str = "", admission: str = "", *regions: Proc) -> str:
+    keys = "".join(
+        f'[[auth.keys]]\nsha256 = "{hash_key(key_of(n))}"\ntenant = "{n}"\n{extra}\n'
+        for n, extra in KEYS.items()
+    )
+    region_text = "".join(region_toml(r) for r in (regions or (sim,)))
+    return (
+        f"[auth]\n{keys}\n[limits]\ndefault_max_tokens = 800\nredis_retry_s = 0.2\n{limits}\n"
+        f"[admission]\n{admission}\n{region_text}"
+    )
+
+
+def _redis_limits(redis: Proc, extra: str = "") -> str:
+    return f'backend = "redis"\nredis_url = "redis://127.0.0.1:{redis.port}/0"\n{extra}'
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
+    proc = start_sim(tmp_path_factory.mktemp("sim"), "a")
+    yield proc
+    proc.kill()
+
+
+@pytest.fixture
+def routers(tmp_path: Path) -> Iterator[list[Proc]]:
+    """Routers started by a test; killed afterwards."""
+    procs: list[Proc] = []
+    yield procs
+    for proc in procs:
+        proc.kill()
+
+
+def _start(routers: list[Proc], tmp: Path, text: str) -> Proc:
+    proc = start_router(tmp, text)
+    routers.append(proc)
+    return proc
+
+
+async def _post(
+    session: aiohttp.ClientSession,
+    router: Proc,
+    name: str,
+    body: dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, dict[str, str], bytes]:
+    async with session.post(
+        router.url + "/v1/chat/completions",
+        json=body or BODY,
+        headers={**auth(name), **(headers or {})},
+    ) as resp:
+        return resp.status, dict(resp.headers), await resp.read()
+
+
+async def _burst(
+    session: aiohttp.ClientSession, targets: Sequence[Proc], name: str, n: int
+) -> list[int]:
+    """`n` requests at once, spread over `targets`; their statuses."""
+    answers = await asyncio.gather(
+        *(_post(session, targets[i % len(targets)], name) for i in range(n))
+    )
+    return [status for status, _, _ in answers]
+
+
+async def _paced(
+    session: aiohttp.ClientSession, targets: Sequence[Proc], name: str, rate: float, seconds: float
+) -> tuple[list[int], float]:
+    """`rate` requests per second for `seconds`, round robin over `targets`: statuses, span."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    sent: list[float] = []
+
+    async def one(i: int) -> int:
+        await asyncio.sleep(max(0.0, start + i / rate - loop.time()))
+        sent.append(loop.time())
+        status, _, _ = await _post(session, targets[i % len(targets)], name)
+        return status
+
+    statuses = await asyncio.gather(*(one(i) for i in range(int(rate * seconds))))
+    return list(statuses), max(sent) - min(sent)
+
+
+async def _sequential(
+    session: aiohttp.ClientSession, targets: Sequence[Proc], name: str, n: int
+) -> list[int]:
+    return [(await _post(session, targets[i % len(targets)], name))[0] for i in range(n)]
+
+
+async def _check_rates(targets: Sequence[Proc]) -> None:
+    """Burst of key `burst` (100) and sustained rate of key `steady` (20/s), within 5%."""
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+        statuses = await _burst(session, targets, "burst", 150)
+        assert set(statuses) <= {200, 429}
+        assert statuses.count(200) == pytest.approx(100, rel=0.05)
+        # Offered at twice the rate for 10 s: the burst, then 20/s.
+        statuses, span = await _paced(session, targets, "steady", rate=40, seconds=10)
+    assert set(statuses) <= {200, 429}
+    expected = 20 + 20 * span
+    assert statuses.count(200) == pytest.approx(expected, rel=0.05)
+
+
+@pytest.mark.slow
+async def test_one_instance_admits_burst_and_sustained_rate(
+    sim: Proc, routers: list[Proc], tmp_path: Path
+) -> None:
+    router = _start(routers, tmp_path, _config(sim))
+    await _check_rates([router])
+
+
+@pytest.mark.slow
+@pytest.mark.redis
+async def test_two_instances_share_one_redis(
+    sim: Proc, routers: list[Proc], tmp_path: Path, redis_proc: Proc
+) -> None:
+    text = _config(sim, _redis_limits(redis_proc))
+    await _check_rates([_start(routers, tmp_path, text), _start(routers, tmp_path, text)])
+
+
+def _logged(proc: Proc, text: str) -> bool:
+    return text in proc.output()
+
+
+async def _until_logged(procs: Sequence[Proc], text: str, within_s: float = 10.0) -> None:
+    deadline = time.monotonic() + within_s
+    while not all(_logged(p, text) for p in procs):
+        assert time.monotonic() < deadline, f"{text!r} never logged"
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.redis
+async def test_redis_outage_keeps_local_limits_then_global_ones_resume(
+    sim: Proc, routers: list[Proc], tmp_path: Path, redis_proc: Proc
+) -> None:
+    text = _config(sim, _redis_limits(redis_proc))
+    pair = [_start(routers, tmp_path, text), _start(routers, tmp_path, text)]
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+        # Shared: 4 in all, not 4 per instance.
+        assert (await _sequential(session, pair, "small1", 10)).count(200) in (4, 5)
+        redis_proc.kill()
+        began = time.monotonic()
+        statuses = await _sequential(session, pair, "small2", 10)
+        # No 5xx, no request waiting on the dead Redis, and each instance's own 4 still hold.
+        assert set(statuses) <= {200, 429}
+        assert statuses.count(200) in (8, 9)
+        assert time.monotonic() - began < 5
+        assert all(_logged(p, "serving with local limits only") for p in pair)
+        # Logged once per outage, not per request.
+        assert all(p.output().count("unreachable") == 1 for p in pair)
+        revived = start_redis(tmp_path, port=redis_proc.port)
+        try:
+            await _until_logged(pair, "global limits resumed")
+            assert (await _sequential(session, pair, "small3", 10)).count(200) in (4, 5)
+        finally:
+            revived.kill()
+
+
+@pytest.mark.redis
+async def test_fail_closed_answers_503_while_redis_is_down(
+    sim: Proc, routers: list[Proc], tmp_path: Path, redis_proc: Proc
+) -> None:
+    text = _config(sim, _redis_limits(redis_proc, 'on_redis_error = "closed"'))
+    router = _start(routers, tmp_path, text)
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+        assert (await _post(session, router, "open"))[0] == 200
+        assert (await _post(session, router, "small1"))[0] == 200
+        redis_proc.kill()
+        for _ in range(3):
+            status, headers, body = await _post(session, router, "small1")
+            assert status == 503
+            assert b'"rate_limit_store_unavailable"' in body
+            assert int(headers["Retry-After"]) >= 1
+        # Keys without limits never needed Redis.
+        assert (await _post(session, router, "open"))[0] == 200
+
+
+async def test_rate_headers_on_every_answer(sim: Proc, routers: list[Proc], tmp_path: Path) -> None:
+    router = _start(routers, tmp_path, _config(sim))
+    names = (
+        "x-ratelimit-limit-requests",
+        "x-ratelimit-remaining-requests",
+        "x-ratelimit-reset-requests",
+    )
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+        remaining = []
+        for _ in range(4):
+            status, headers, _ = await _post(session, router, "small1")
+            assert status == 200
+            assert all(n in headers for n in names)
+            assert headers["x-ratelimit-limit-requests"] == "60"
+            remaining.append(int(headers["x-ratelimit-remaining-requests"]))
+        assert remaining == [3, 2, 1, 0]
+        status, headers, _ = await _post(session, router, "small1")
+        assert status == 429
+        assert all(n in headers for n in names)
+        assert int(headers["Retry-After"]) >= 1
+        # A stream, and an answer the region failed, carry them too.
+        stream = {**BODY, "stream": True}
+        status, headers, _ = await _post(session, router, "small2", stream)
+        assert status == 200
+        assert headers["x-ratelimit-remaining-requests"] == "3"
+        status, headers, _ = await _post(session, router, "small2", headers={"x-sim-fail": "500"})
+        assert status >= 500
+        assert headers["x-ratelimit-remaining-requests"] == "2"
+        status, headers, _ = await _post(session, router, "tokens")
+        assert status == 200
+        assert "x-ratelimit-remaining-tokens" in headers
+        assert "x-ratelimit-limit-requests" not in headers
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_tokens_reserved_at_admission_are_reconciled_with_usage(
+    sim: Proc, routers: list[Proc], tmp_path: Path, stream: bool
+) -> None:
+    # Each request reserves its prompt + 800 (default_max_tokens) of a 1000-token bucket that
+    # refills 10/s; the sim answers with a few tokens. Only giving back the unused reservation
+    # lets the next request in.
+    router = _start(routers, tmp_path, _config(sim))
+    body: dict[str, Any] = {"model": "sim-1", "messages": [{"role": "user", "content": "hi"}]}
+    if stream:
+        body |= {"stream": True, "stream_options": {"include_usage": True}}
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+        status, headers, _ = await _post(session, router, "tokens", body)
+        assert status == 200
+        assert int(headers["x-ratelimit-remaining-tokens"]) < 200
+        for _ in range(3):
+            status, headers, _ = await _post(session, router, "tokens", body)
+            assert status == 200
+            assert int(headers["x-ratelimit-remaining-tokens"]) < 200
+
+
+async def test_request_larger_than_the_bucket_is_refused_for_good(
+    sim: Proc, routers: list[Proc], tmp_path: Path
+) -> None:
+    router = _start(routers, tmp_path, _config(sim))
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+        status, headers, body = await _post(session, router, "tokens", {**BODY, "max_tokens": 5000})
+    assert status == 429
+    assert b'"request_too_large"' in body
+    assert headers["x-should-retry"] == "false"
+
+
+async def test_max_concurrent_per_key(sim: Proc, routers: list[Proc], tmp_path: Path) -> None:
+    router = _start(routers, tmp_path, _config(sim))
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+        slow = asyncio.create_task(
+            _post(session, router, "conc", headers={"x-sim-ttft-ms": "1500"})
+        )
+        await asyncio.sleep(0.5)
+        status, _, body = await _post(session, router, "conc")
+        assert status == 429
+        assert b'"concurrency_limit_exceeded"' in body
+        assert (await slow)[0] == 200
+        # The slot came back when the first answer ended.
+        assert (await _post(session, router, "conc"))[0] == 200
+
+
+async def test_full_region_spills_to_the_next_then_503(routers: list[Proc], tmp_path: Path) -> None:
+    a, b = start_sim(tmp_path, "a"), start_sim(tmp_path, "b")
+    try:
+        admission = "max_in_flight = 1\nqueue_size = 0"
+        router = _start(routers, tmp_path, _config(a, "", admission, a, b))
+        hold = {"x-sim-ttft-ms": "1500"}
+        async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+            first = asyncio.create_task(_post(session, router, "open", headers=hold))
+            await asyncio.sleep(0.3)
+            second = asyncio.create_task(_post(session, router, "open", headers=hold))
+            await asyncio.sleep(0.3)
+            status, headers, body = await _post(session, router, "open")
+            assert status == 503
+            assert b'"overloaded"' in body
+            assert int(headers["Retry-After"]) >= 1
+            answers = [await first, await second]
+        assert [s for s, _, _ in answers] == [200, 200]
+        # Each region took one: the second request spilled over instead of waiting.
+        assert (sim_stats(a)["requests"], sim_stats(b)["requests"]) == (1, 1)
+    finally:
+        a.kill()
+        b.kill()
