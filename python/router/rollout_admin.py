@@ -8,6 +8,7 @@ import msgspec
 from aiohttp import web
 
 from router.admin import AdminRoutes, json_response
+from router.canary import WindowStats
 from router.errors import InvalidRequest
 from router.reload import RELOADER
 from router.rollout import describe
@@ -38,9 +39,31 @@ def _decode(raw: bytes, kind: type[T]) -> T:
         raise InvalidRequest(f"Invalid admin request: {exc}") from None
 
 
+def _stats(w: WindowStats) -> dict[str, object]:
+    p95 = w.ttft_p95
+    return {
+        "samples": w.samples,
+        "errors": w.errors,
+        "error_rate": w.error_rate,
+        "ttft_p95_ms": None if p95 is None else round(p95 * 1000, 3),
+    }
+
+
 async def table(request: web.Request) -> web.Response:
-    """GET: every alias with its deployments, weights and stable version."""
-    return json_response(describe(request.app[ROLLOUT].rollout.table))
+    """GET: every alias with its deployments, weights, stable version and canary window stats."""
+    runtime = request.app[ROLLOUT]
+    current = runtime.rollout.table
+    payload = describe(current)
+    tracker = runtime.canary.tracker
+    payload["window"] = {
+        alias.name: {
+            d.version: _stats(tracker.stats(alias.name, d.version)) for d in alias.deployments
+        }
+        for alias in current.aliases.values()
+        if len(alias.deployments) > 1
+    }
+    payload["auto_rollback"] = runtime.canary.policy.auto_rollback
+    return json_response(payload)
 
 
 async def weights(request: web.Request) -> web.Response:

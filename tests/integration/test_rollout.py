@@ -272,6 +272,8 @@ async def test_admin_table_weights_and_errors(stack: Stack) -> None:
         chat_default = table["models"]["chat-default"]
         assert chat_default["stable"] == "v1"
         assert [d["weight"] for d in chat_default["deployments"]] == [50.0, 50.0]
+        assert table["auto_rollback"] is True
+        assert set(table["window"]["chat-default"]) == {"v1", "v2"}
         moved = msgspec.json.decode(
             await admin(
                 s, base + "/rollout/weights", {"model": "chat-default", "weights": {"v1": 0}}
@@ -281,6 +283,11 @@ async def test_admin_table_weights_and_errors(stack: Stack) -> None:
         url = stack.router.url + "/v1/chat/completions"
         got = {(await post(s, url, chat(f"w{i}")))[1] for i in range(10)}
         assert got == {"v2"}
+        async with s.get(base + "/rollout", headers=token) as resp:
+            window = msgspec.json.decode(await resp.read())["window"]["chat-default"]
+        assert window["v2"]["samples"] >= 10
+        assert window["v2"]["errors"] == 0
+        assert window["v2"]["ttft_p95_ms"] > 0
         bad: list[tuple[str, dict[str, object] | bytes, dict[str, str], int, str]] = [
             (
                 "/rollout/weights",
