@@ -20,6 +20,8 @@ class ServerConfig(_Section, frozen=True):
     """[server]: where the router listens and how long it waits on clients."""
 
     listen: str = "127.0.0.1:8080"
+    # Optional second listener serving the same app (bind it to a private interface for
+    # /metrics and admin endpoints).
     admin_listen: str | None = None
     max_body_bytes: int = 1 << 20
     # Slow-loris protection: a connection must complete a request head within header_timeout_s of

@@ -77,7 +77,15 @@ async def serve_async(
             "stop signal: draining in-flight requests (up to %gs)", config.server.drain_timeout_s
         )
 
-    await run_until_signal(runner, config.server.listen, on_ready, draining)
+    async def admin_site() -> None:
+        # The same app on a second address, so operators can keep /metrics and the admin
+        # endpoints on a private interface while `listen` faces clients.
+        if config.server.admin_listen is not None:
+            host, port = parse_listen(config.server.admin_listen)
+            await web.TCPSite(runner, host, port, reuse_address=True).start()
+            log.warning("admin listener on http://%s:%d", host, port)
+
+    await run_until_signal(runner, config.server.listen, on_ready, draining, admin_site)
 
 
 def serve(config: Config, config_path: Path | None = None) -> None:

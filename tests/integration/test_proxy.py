@@ -23,7 +23,7 @@ from tests.integration.conftest import (
     start_router,
     start_sim,
 )
-from tests.support import Proc, free_port
+from tests.support import Proc, free_port, wait_for_port
 
 HEADER = """
 [server]
@@ -590,3 +590,16 @@ models = ["{MODEL}"]
     finally:
         router.kill()
         b.kill()
+
+
+def test_admin_listen_serves_a_second_address(tmp_path: Path) -> None:
+    a = start_sim(tmp_path, "a")
+    admin = free_port()
+    config = HEADER.replace("[server]", f'[server]\nadmin_listen = "127.0.0.1:{admin}"')
+    router = start_router(tmp_path, config + region_toml(a))
+    try:
+        wait_for_port(admin, 10.0, router.popen)
+        assert httpx.get(f"http://127.0.0.1:{admin}/healthz").status_code == 200
+    finally:
+        router.kill()
+        a.kill()
