@@ -204,3 +204,19 @@ def test_router_bench_reports_failures_in_its_exit_code(tmp_path: Path) -> None:
     )
     assert bad.returncode == 2
     assert "not an http" in bad.stderr
+    for flags in (
+        ["--concurrency", "0"],
+        ["--duration", "inf"],
+        ["--timeline-bin", "0"],
+        ["--prompts-file", str(tmp_path / "missing.txt")],
+    ):
+        done = subprocess.run(
+            router_cmd("bench", "--url", "http://127.0.0.1:1", *flags),
+            capture_output=True,
+            text=True,
+            timeout=50,
+            cwd=REPO,
+            check=False,
+        )
+        assert done.returncode == 2, flags
+        assert done.stderr.startswith("router bench: "), done.stderr

@@ -70,6 +70,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--plot", action="store_true", help="also write PNG plots (matplotlib)")
     parser.add_argument("--samples", action="store_true", help="also write every sample")
+    parser.add_argument(
+        "--timeline-bin", type=float, default=1.0, help="seconds per bar of the region plot"
+    )
     parser.add_argument("--progress-interval", type=float, default=1.0)
     parser.add_argument("--quiet", action="store_true", help="no progress line")
 
@@ -100,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
         )
         spec.validate()
+        if not args.timeline_bin > 0:
+            raise ValueError("--timeline-bin must be positive")
         prompts = _prompts(args)
     except (ValueError, OSError) as exc:
         print(f"router bench: {exc}", file=sys.stderr)
@@ -133,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
             samples={args.name: result.samples} if (args.plot or args.samples) else None,
             plots=args.plot,
             timeline=args.name if args.plot else None,
+            timeline_bin_s=args.timeline_bin,
         )
         print("wrote " + " ".join(str(p) for p in paths), file=sys.stderr)
     return 0 if summary.ok == summary.sent else 1

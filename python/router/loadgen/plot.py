@@ -58,7 +58,10 @@ def region_traffic(path: Path, title: str, samples: Sequence[Sample], bin_s: flo
     starts, series = region_timeline(samples, bin_s)
     fig, ax = plt.subplots(figsize=(8, 4))
     if starts:
-        ax.stackplot(starts, *series.values(), labels=list(series), step="post")
+        # A closing edge, so the last bin is drawn as wide as the others.
+        edges = [*starts, starts[-1] + bin_s]
+        rows = [[*counts, counts[-1]] for counts in series.values()]
+        ax.stackplot(edges, *rows, labels=list(series), step="post")
         ax.legend(loc="upper right", fontsize="small")
     ax.set_xlabel("time since start (s)")
     ax.set_ylabel(f"requests started per {bin_s:g}s")
