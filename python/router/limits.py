@@ -16,7 +16,7 @@ from router.admission import ADMISSION, Admission
 from router.auth import AUTH_NS, TENANT, Authenticator, Tenant
 from router.errors import RateLimited, Unavailable
 from router.global_limits import Rates, RedisBuckets
-from router.native import BucketTable, count_request_tokens, encoding_for_model
+from router.native import BucketTable, NativeError, count_request_tokens, encoding_for_model
 from router.timing import AUTH, RATE_LIMIT
 
 if TYPE_CHECKING:
@@ -217,7 +217,11 @@ class Limiter:
         encoding = self._encodings.get(model)
         if encoding is None:
             encoding = self._encodings[model] = encoding_for_model(model)
-        prompt = count_request_tokens(parsed.body, encoding)
+        try:
+            prompt = count_request_tokens(parsed.body, encoding)
+        except NativeError:
+            # A body the request stage accepted but the counter cannot read: estimate, never 500.
+            prompt = len(parsed.body) // 4 + 1
         if parsed.endpoint.endswith("/embeddings"):
             return prompt
         return prompt + completion_budget(parsed.body, self.default_max_tokens)

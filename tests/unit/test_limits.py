@@ -1,0 +1,205 @@
+"""Rate limits in process: header formats, token estimates, usage parsing, the Limiter's rules."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from router.auth import ANONYMOUS_TENANT, Tenant
+from router.errors import RateLimited
+from router.limits import (
+    Limiter,
+    StreamUsage,
+    completion_budget,
+    format_reset,
+    rate_headers,
+    retry_headers,
+    usage_tokens,
+)
+from router.request import parse_body
+
+TENANT = Tenant(
+    key_id="k1",
+    name="t",
+    models=None,
+    requests_per_minute=60,
+    tokens_per_minute=6000,
+    request_burst=3,
+    token_burst=1000,
+    max_concurrent=None,
+    priority=0,
+    cache_namespace="t",
+)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0, "0ms"), (0.0001, "1ms"), (0.25, "250ms"), (1, "1s"), (1.5, "1.5s"), (12.34, "12.4s"),
+     (60, "1m0s"), (361, "6m1s")],
+)  # fmt: skip
+def test_format_reset_like_openai(seconds: float, text: str) -> None:
+    assert format_reset(seconds) == text
+
+
+def test_rate_headers_only_for_limited_dimensions() -> None:
+    both = rate_headers(TENANT, 2, 900, 1.0, 0.5)
+    assert both == {
+        "x-ratelimit-limit-requests": "60",
+        "x-ratelimit-remaining-requests": "2",
+        "x-ratelimit-reset-requests": "1s",
+        "x-ratelimit-limit-tokens": "6000",
+        "x-ratelimit-remaining-tokens": "900",
+        "x-ratelimit-reset-tokens": "500ms",
+    }
+    requests_only = replace(TENANT, tokens_per_minute=None)
+    assert set(rate_headers(requests_only, 1, 0, 1, 1)) == {
+        "x-ratelimit-limit-requests",
+        "x-ratelimit-remaining-requests",
+        "x-ratelimit-reset-requests",
+    }
+    assert rate_headers(ANONYMOUS_TENANT, 1, 1, 1, 1) == {}
+
+
+def test_retry_headers_round_up_and_never_say_zero() -> None:
+    assert retry_headers(0.0) == {"Retry-After": "1", "retry-after-ms": "1"}
+    assert retry_headers(2.0001) == {"Retry-After": "3", "retry-after-ms": "2001"}
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ({}, 256),
+        ({"max_tokens": 10}, 10),
+        ({"max_tokens": 10, "max_completion_tokens": 20}, 20),
+        ({"max_tokens": 10, "n": 3}, 30),
+        ({"max_tokens": 0}, 256),
+    ],
+)
+def test_completion_budget(body: dict[str, int], expected: int) -> None:
+    assert completion_budget(json.dumps({"model": "m", **body}).encode(), 256) == expected
+
+
+def test_completion_budget_of_a_strange_body_is_the_default() -> None:
+    assert completion_budget(b'{"max_tokens": "many"}', 99) == 99
+
+
+@pytest.mark.parametrize(
+    ("payload", "expected"),
+    [
+        (b'{"usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}}', 7),
+        (b'{"usage": {"prompt_tokens": 3, "completion_tokens": 4}}', 7),
+        (b'{"usage": null, "choices": []}', None),
+        (b'{"choices": []}', None),
+        (b'{"usage": {}}', None),
+        (b'not json but mentions "usage"', None),
+    ],
+)
+def test_usage_tokens(payload: bytes, expected: int | None) -> None:
+    assert usage_tokens(payload) == expected
+
+
+STREAM = (
+    b'data: {"choices":[{"delta":{"content":"hi"}}],"usage":null}\n\n'
+    b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":2,"total_tokens":7}}\n\n'
+    b"data: [DONE]\n\n"
+)
+
+
+@pytest.mark.parametrize("size", [1, 2, 7, 64, len(STREAM)])
+def test_stream_usage_found_across_any_chunking(size: int) -> None:
+    meter = StreamUsage()
+    for i in range(0, len(STREAM), size):
+        meter.feed(STREAM[i : i + size])
+    assert meter.total_tokens == 7
+
+
+def test_stream_without_usage_reports_none() -> None:
+    meter = StreamUsage()
+    meter.feed(STREAM.split(b"\n\n")[0] + b"\n\ndata: [DONE]\n\n")
+    assert meter.total_tokens is None
+
+
+def test_estimate_is_prompt_plus_completion_budget() -> None:
+    limiter = Limiter([TENANT], default_max_tokens=100)
+    chat = parse_body(
+        "/v1/chat/completions",
+        b'{"model": "gpt-4o", "messages": [{"role": "user", "content": "hello world"}]}',
+    )
+    with_max = parse_body(
+        "/v1/chat/completions",
+        b'{"model": "gpt-4o", "max_tokens": 5, "messages": [{"role": "user", "content": "hello"}]}',
+    )
+    embed = parse_body("/v1/embeddings", b'{"model": "text-embedding-3-small", "input": "a b c"}')
+    prompt = limiter.estimate(chat) - 100
+    assert 0 < prompt < 20
+    assert 0 < limiter.estimate(with_max) - 5 < 20
+    assert 0 < limiter.estimate(embed) < 10
+
+
+async def test_requests_beyond_the_burst_get_429_with_retry_after() -> None:
+    limiter = Limiter([TENANT])
+    grants = [await limiter.admit(TENANT, 10) for _ in range(3)]
+    assert [g.headers["x-ratelimit-remaining-requests"] for g in grants] == ["2", "1", "0"]
+    with pytest.raises(RateLimited) as caught:
+        await limiter.admit(TENANT, 10)
+    headers = caught.value.headers
+    assert caught.value.status == 429
+    assert headers["Retry-After"] == "1"
+    assert 0 < int(headers["retry-after-ms"]) <= 1000
+    assert headers["x-ratelimit-remaining-requests"] == "0"
+
+
+async def test_finish_gives_back_unused_tokens() -> None:
+    tenant = replace(TENANT, request_burst=10)
+    limiter = Limiter([tenant])
+    first = await limiter.admit(tenant, 900)
+    assert int(first.headers["x-ratelimit-remaining-tokens"]) <= 100
+    with pytest.raises(RateLimited):
+        await limiter.admit(tenant, 900)
+    first.finish(50)
+    first.finish(0)  # only the first call counts
+    second = await limiter.admit(tenant, 900)
+    assert int(second.headers["x-ratelimit-remaining-tokens"]) <= 100
+    # Using more than reserved takes the excess: the bucket goes into debt.
+    second.finish(1900)
+    with pytest.raises(RateLimited):
+        await limiter.admit(tenant, 1)
+
+
+async def test_unknown_usage_keeps_the_reservation() -> None:
+    tenant = replace(TENANT, request_burst=10)
+    limiter = Limiter([tenant])
+    (await limiter.admit(tenant, 900)).finish(None)
+    with pytest.raises(RateLimited):
+        await limiter.admit(tenant, 900)
+
+
+async def test_a_request_bigger_than_the_bucket_is_refused_for_good() -> None:
+    limiter = Limiter([TENANT])
+    with pytest.raises(RateLimited) as caught:
+        await limiter.admit(TENANT, 1001)
+    assert caught.value.code == "request_too_large"
+    assert caught.value.headers == {"x-should-retry": "false"}
+
+
+async def test_max_concurrent_counts_until_finish() -> None:
+    tenant = replace(TENANT, requests_per_minute=None, tokens_per_minute=None, max_concurrent=2)
+    limiter = Limiter([tenant])
+    a = await limiter.admit(tenant, 0)
+    b = await limiter.admit(tenant, 0)
+    with pytest.raises(RateLimited) as caught:
+        await limiter.admit(tenant, 0)
+    assert caught.value.code == "concurrency_limit_exceeded"
+    a.finish(None)
+    c = await limiter.admit(tenant, 0)
+    assert a.headers == {}
+    b.finish(None)
+    c.finish(None)
+
+
+async def test_unlimited_tenant_is_always_admitted() -> None:
+    limiter = Limiter([ANONYMOUS_TENANT])
+    for _ in range(100):
+        (await limiter.admit(ANONYMOUS_TENANT, 10**9)).finish(None)
