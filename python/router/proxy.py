@@ -234,6 +234,10 @@ async def relay_stream(
                     chunk = await content.readany()
                     # A slow client is backpressure, not an idle upstream.
                     idle.reschedule(None)
+                    # Under load several events are already buffered: one write, not one each.
+                    more = content.read_nowait()
+                    if more:
+                        chunk += more
                     if not chunk:
                         break
                     await resp.write(chunk)
