@@ -1,0 +1,89 @@
+"""Per-request cost of the cache's hit path without HTTP: policy, fingerprint, tier-1 lookup."""
+
+from __future__ import annotations
+
+import msgspec
+from pytest_benchmark.fixture import BenchmarkFixture
+
+from router import sse
+from router.cache import CacheControl, MemoryStore, decide, storage_key
+from router.cache_http import knobs, native_key_fn
+from router.cache_tiers import ResponseCache
+from router.config import CacheConfig
+
+BODY = msgspec.json.encode(
+    {
+        "model": "sim-1",
+        "temperature": 0,
+        "messages": [
+            {"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": "How do I reset my password on the web app?"},
+        ],
+    }
+)
+
+
+def filled() -> tuple[ResponseCache, bytes]:
+    cache = ResponseCache(CacheConfig(enabled=True, max_temperature=0.0), native_key_fn())
+    rule = cache.rule("sim-1")
+    key = cache.key(
+        BODY, namespace="t", level="exact", endpoint="/v1/chat/completions", stream=False
+    )
+    cache.memory.put(
+        key,
+        cache.new_entry(namespace="t", model="sim-1", rule=rule, content_type="x", body=b"{}"),
+    )
+    for i in range(10_000):  # a realistically full table, not a one-entry dict
+        cache.memory.put(
+            i.to_bytes(16, "big"),
+            cache.new_entry(namespace="t", model="sim-1", rule=rule, content_type="x", body=b"{}"),
+        )
+    return cache, key
+
+
+def test_hit_decision_and_lookup(benchmark: BenchmarkFixture) -> None:
+    cache, key = filled()
+    rule = cache.rule("sim-1")
+    assert cache.memory.get(key, "t") is not None
+
+    def hit() -> bool:
+        d = decide(knobs(BODY), rule, CacheControl())
+        k = cache.key(
+            BODY, namespace="t", level=rule.level, endpoint="/v1/chat/completions", stream=False
+        )
+        return d.lookup and cache.memory.get(k, "t") is not None
+
+    assert benchmark(hit)
+
+
+def test_normalized_fingerprint(benchmark: BenchmarkFixture) -> None:
+    fn = native_key_fn()
+    exact = storage_key(fn(BODY, "t", "normalized"), endpoint="/e", stream=False)
+    assert (
+        benchmark(lambda: storage_key(fn(BODY, "t", "normalized"), endpoint="/e", stream=False))
+        == exact
+    )
+
+
+def test_stream_replay_framing(benchmark: BenchmarkFixture) -> None:
+    chunks = tuple(
+        msgspec.json.encode({"choices": [{"index": 0, "delta": {"content": f" w{i}"}}]})
+        for i in range(60)
+    )
+
+    def frame() -> bytes:
+        return b"".join(sse.encode(c) for c in chunks) + sse.encode_done()
+
+    out = benchmark(frame)
+    assert sse.Decoder().feed(out) == [*chunks, sse.DONE]
+
+
+def test_memory_store_put_with_eviction(benchmark: BenchmarkFixture) -> None:
+    store = MemoryStore(1 << 20)
+    cache, _ = filled()
+    entry = cache.new_entry(
+        namespace="t", model="m", rule=cache.rule("m"), content_type="x", body=b"x" * 2000
+    )
+    counter = iter(range(10**9))
+    benchmark(lambda: store.put(next(counter).to_bytes(16, "big"), entry))
+    assert store.size <= 1 << 20
