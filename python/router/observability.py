@@ -6,8 +6,11 @@ import asyncio
 import itertools
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from contextvars import ContextVar
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Protocol
 
+import aiohttp
 import msgspec
 from aiohttp import web
 from aiohttp.typedefs import Middleware
@@ -17,7 +20,7 @@ from router.accesslog import AccessLog, AccessRecord, CacheResult
 from router.context import RequestContext, request_id
 from router.metrics import RegionSource, RegionState, Telemetry
 from router.slo import SloTargets, SloTracker
-from router.timing import REGION_TTFT, TOTAL, TTFT, server_timing, totals
+from router.timing import CONNECT, REGION_TTFT, TOTAL, TTFT, server_timing, totals
 
 if TYPE_CHECKING:
     from router.config import ObservabilityConfig
@@ -160,6 +163,7 @@ def _middleware_factory(
         """Times the whole request; one access record per proxied request once it is done."""
         start = time.perf_counter_ns()
         request[_START] = start
+        token = _CURRENT.set(lambda: context_of(request))
         code = 500
         tokens: tuple[int | None, int | None] = (None, None)
         try:
@@ -182,6 +186,7 @@ def _middleware_factory(
             code = exc.status
             raise
         finally:
+            _CURRENT.reset(token)
             ctx = context_of(request)
             if ctx is None and request.method == "POST" and request.path.startswith("/v1/"):
                 # Refused before the handler made a context (auth): still a request to count.
@@ -198,6 +203,35 @@ def _middleware_factory(
                 telemetry.finish(record)
 
     return observe
+
+
+# The running request's context, for aiohttp client trace callbacks: they run in the request's
+# task but are handed only the client session.
+_CURRENT: ContextVar[Callable[[], RequestContext | None] | None] = ContextVar(
+    "router.obs.current", default=None
+)
+
+
+def connect_trace() -> aiohttp.TraceConfig:
+    """An aiohttp client TraceConfig adding new-connection time (TCP + TLS) to the `connect` stage.
+
+    A reused keep-alive connection costs nothing and records nothing.
+    """
+    trace = aiohttp.TraceConfig()
+
+    async def start(session: object, trace_ctx: SimpleNamespace, params: object) -> None:
+        trace_ctx.connect_start = time.perf_counter_ns()
+
+    async def end(session: object, trace_ctx: SimpleNamespace, params: object) -> None:
+        began = getattr(trace_ctx, "connect_start", None)
+        current = _CURRENT.get()
+        ctx = current() if current is not None else None
+        if began is not None and ctx is not None:
+            ctx.timer.record(CONNECT, time.perf_counter_ns() - began)
+
+    trace.on_connection_create_start.append(start)
+    trace.on_connection_create_end.append(end)
+    return trace
 
 
 def _answered_id(request: web.Request) -> str | None:

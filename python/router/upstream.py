@@ -9,6 +9,7 @@ from collections.abc import Iterable, Iterator, Mapping
 import aiohttp
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from router import observability
 from router.config import Config, RegionConfig
 
 log = logging.getLogger("router")
@@ -135,6 +136,8 @@ def open_upstreams(config: Config) -> Upstreams:
             auto_decompress=False,
             skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept"),
             cookie_jar=aiohttp.DummyCookieJar(),
+            # New-connection time goes to the request's `connect` stage (Server-Timing, metrics).
+            trace_configs=[observability.connect_trace()],
         )
         regions.append(Upstream(region, session, api_key))
     return Upstreams(regions)

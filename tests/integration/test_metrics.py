@@ -3,6 +3,7 @@ and the access log must reflect it exactly."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import urllib.error
 import urllib.request
@@ -180,11 +181,14 @@ def test_server_timing_on_every_answer_and_consistent(env: Env) -> None:
             assert ms <= t.get("total", t["ttft"]) + 0.001, (stage, t)
     t = whole.timing()
     assert t["ttft"] == t["total"]  # a whole body leaves at once
+    # This router's first request opened a connection to the region; the next one reuses it.
+    assert 0 < t["connect"] <= t["region_ttft"]
     # The request's own spans run one after another, so together they fit in the total.
     assert t["parse"] + t["upstream"] <= t["total"]
     assert t["region_ttft"] <= t["upstream"]
     # A stream's headers go out before its body: TTFT is known there, the total is not.
     s = stream.timing()
+    assert "connect" not in s
     assert "total" not in s
     assert "stream" not in s
     assert s["parse"] + s["upstream"] <= s["ttft"]
@@ -218,3 +222,43 @@ def test_status_json_and_page(env: Env) -> None:
         assert resp.headers["Content-Type"].startswith("text/html")
     assert "/status.json" in page
     assert "http://" not in page.replace("http://www.w3.org/2000/svg", "")  # no external assets
+
+
+def test_auth_and_rate_limit_answers_are_counted(tmp_path: Path, sim_region: Any) -> None:
+    a = sim_region("a")
+    key = "sk-tenant-key-0123456789"
+    auth = f"""
+[[auth.keys]]
+sha256 = "{hashlib.sha256(key.encode()).hexdigest()}"
+tenant = "acme"
+requests_per_minute = 2
+request_burst = 2
+"""
+    router = start_router(tmp_path, "[auth]\nenabled = true\n" + auth + region_toml(a))
+    try:
+        url = router.url + "/v1/chat/completions"
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+        good = {"Authorization": f"Bearer {key}"}
+        codes = [
+            call(url, body).status,
+            call(url, body, {"Authorization": "Bearer sk-wrong-key-000000"}).status,
+            call(url, body, good).status,
+            call(url, body, good).status,
+            call(url, body, good).status,
+        ]
+        assert codes == [401, 401, 200, 200, 429]
+        m = samples(router)
+        by_status = {
+            dict(labels)["status"]: v
+            for (name, labels), v in m.items()
+            if name == "router_requests_total"
+        }
+        assert by_status == {"401": 2, "200": 2, "429": 1}
+        assert value(m, "router_rate_limited_total") == 1
+        log = [json.loads(line) for line in router.output().splitlines() if line.startswith("{")]
+        assert [line["status"] for line in log] == codes
+        assert [line.get("tenant") for line in log] == [None, None, "acme", "acme", "acme"]
+        assert key not in router.output()
+        assert "sk-wrong-key-000000" not in router.output()
+    finally:
+        router.kill()
