@@ -15,6 +15,7 @@ import aiohttp
 import msgspec
 import pytest
 
+from tests.integration.conftest import start_sim
 from tests.support import Proc, free_port, router_cmd, spawn
 
 ADMIN_TOKEN = "admin-secret-token-for-tests"
@@ -77,26 +78,7 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
     procs: list[Proc] = []
     try:
         for name, model in (("a", "llama-v1"), ("b", "llama-v2")):
-            port = free_port()
-            procs.append(
-                spawn(
-                    router_cmd(
-                        "sim-region",
-                        "--port",
-                        str(port),
-                        "--name",
-                        name,
-                        "--models",
-                        model,
-                        "--ttft-ms",
-                        "5",
-                        "--tokens-per-s",
-                        "2000",
-                    ),
-                    port,
-                    tmp_path / f"sim-{name}.log",
-                )
-            )
+            procs.append(start_sim(tmp_path, name, models=model, ttft_ms=5, tokens_per_s=2000))
         port = free_port()
         config = tmp_path / "router.toml"
         config.write_text(config_text(port, procs[0].port, procs[1].port, 50, 50))
