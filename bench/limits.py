@@ -1,0 +1,145 @@
+"""Cost of rate limiting per request: local (Rust buckets) in process, and the Redis round trip.
+
+Local: the auth + limit path of one request (key lookup, token estimate, admit, settle) and a
+bare BucketTable.try_acquire, in CPU ns per call. Global: RedisBuckets.acquire against a real
+redis-server on 127.0.0.1, one at a time (latency p50/p99) and 64 at once (pipelined). Every
+phase checks the number admitted is exactly what the limits allow.
+
+    python bench/limits.py [--requests 20000] [--redis-requests 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import uvloop
+from multidict import CIMultiDict
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.support import start_redis
+
+from router.auth import Authenticator, Tenant, hash_key
+from router.global_limits import Rates, RedisBuckets
+from router.limits import Limiter
+from router.native import BucketTable
+from router.request import parse_body
+
+KEY = "sk-bench-0123456789abcdef"
+BODY = (
+    b'{"model": "gpt-4o-mini", "max_tokens": 64, "messages": ['
+    b'{"role": "system", "content": "You are a terse assistant."},'
+    b'{"role": "user", "content": "Name three failure modes of a multi-region router."}]}'
+)
+
+
+def tenant(requests_per_minute: int, burst: int) -> Tenant:
+    return Tenant(
+        key_id=hash_key(KEY)[:16],
+        name="bench",
+        models=None,
+        requests_per_minute=requests_per_minute,
+        tokens_per_minute=10**9,
+        request_burst=burst,
+        token_burst=None,
+        max_concurrent=None,
+        priority=0,
+        cache_namespace="bench",
+    )
+
+
+def bench_table(n: int) -> float:
+    """CPU ns per BucketTable.try_acquire; exactly the burst is admitted."""
+    table = BucketTable()
+    table.set_limits("k", requests_per_minute=1, tokens_per_minute=10**9, request_burst=n // 2)
+    acquire = table.try_acquire
+    start = time.thread_time_ns()
+    admitted = sum(1 for _ in range(n) if acquire("k", 100)[0])
+    spent = time.thread_time_ns() - start
+    assert admitted == n // 2, admitted
+    return spent / n
+
+
+async def bench_request_path(n: int) -> float:
+    """CPU ns per request of auth + estimate + admit + settle, as the router runs them."""
+    who = tenant(requests_per_minute=1, burst=n // 2)
+    auth = Authenticator([(hash_key(KEY), who)])
+    limiter = Limiter([who], default_max_tokens=256)
+    headers = CIMultiDict({"Authorization": f"Bearer {KEY}"})
+    parsed = parse_body("/v1/chat/completions", BODY)
+    admitted = 0
+    start = time.thread_time_ns()
+    for _ in range(n):
+        found = auth.authenticate(headers)
+        auth.authorize_model(found, parsed.model)
+        try:
+            grant = await limiter.admit(found, limiter.estimate(parsed))
+        except Exception:
+            continue
+        admitted += 1
+        grant.finish(40)
+    spent = time.thread_time_ns() - start
+    assert admitted == n // 2, admitted
+    return spent / n
+
+
+async def bench_redis(url: str, n: int) -> tuple[list[float], float]:
+    """Wall-clock us per sequential acquire, and us per acquire when 64 go at once."""
+    buckets = RedisBuckets(url, timeout_s=1.0)
+    rates = Rates(request_capacity=n / 2, requests_per_s=1e-9, token_capacity=1e12, tokens_per_s=1)
+    try:
+        await buckets.acquire("warm", rates, 0)
+        samples: list[float] = []
+        admitted = 0
+        for _ in range(n):
+            began = time.perf_counter()
+            decision = await buckets.acquire("seq", rates, 1)
+            samples.append((time.perf_counter() - began) * 1e6)
+            assert decision is not None
+            admitted += decision.allowed
+        assert admitted == n // 2, admitted
+        began = time.perf_counter()
+        admitted = 0
+        for _ in range(n // 64):
+            batch = await asyncio.gather(*(buckets.acquire("par", rates, 1) for _ in range(64)))
+            admitted += sum(1 for d in batch if d is not None and d.allowed)
+        per_call = (time.perf_counter() - began) * 1e6 / (n // 64 * 64)
+        assert admitted == min(n // 2, n // 64 * 64), admitted
+        assert buckets.outages == 0
+        return samples, per_call
+    finally:
+        await buckets.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=20000)
+    parser.add_argument("--redis-requests", type=int, default=2000)
+    args = parser.parse_args()
+    table_ns = min(bench_table(args.requests) for _ in range(3))
+    path_ns = min(uvloop.run(bench_request_path(args.requests)) for _ in range(3))
+    with tempfile.TemporaryDirectory() as tmp:
+        redis = start_redis(Path(tmp))
+        try:
+            url = f"redis://127.0.0.1:{redis.port}/0"
+            samples, pipelined = uvloop.run(bench_redis(url, args.redis_requests))
+        finally:
+            redis.kill()
+    q = statistics.quantiles(samples, n=100)
+    print(f"local  BucketTable.try_acquire          {table_ns:10.0f} ns/call (CPU)")
+    print(f"local  auth + estimate + admit + settle {path_ns:10.0f} ns/request (CPU)")
+    print(
+        f"redis  acquire, one at a time          p50 {q[49]:7.0f} us  p99 {q[98]:7.0f} us  "
+        f"max {max(samples):7.0f} us (wall, loopback)"
+    )
+    print(f"redis  acquire, 64 at once (pipelined) {pipelined:10.0f} us/request (wall)")
+
+
+if __name__ == "__main__":
+    main()
