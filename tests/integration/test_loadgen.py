@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import random
+import re
 import subprocess
 import sys
 import urllib.request
@@ -220,3 +223,58 @@ def test_router_bench_reports_failures_in_its_exit_code(tmp_path: Path) -> None:
         )
         assert done.returncode == 2, flags
         assert done.stderr.startswith("router bench: "), done.stderr
+
+
+def test_api_key_is_sent_as_bearer_to_a_real_router(sim: Proc, tmp_path: Path) -> None:
+    key = "sk-bench-test"
+    port = free_port()
+    config = tmp_path / "router.toml"
+    config.write_text(
+        f'[server]\nlisten = "127.0.0.1:{port}"\n'
+        f'[[auth.keys]]\nsha256 = "{hashlib.sha256(key.encode()).hexdigest()}"\n'
+        'tenant = "bench"\n'
+        f'[[regions]]\nname = "ok"\nbase_url = "{sim.url}/v1"\nmodels = ["sim-1"]\n'
+    )
+    router = spawn(router_cmd("serve", "--config", str(config)), port, tmp_path / "router.log")
+    try:
+        base = [
+            "bench",
+            "--url",
+            router.url,
+            "--model",
+            "sim-1",
+            "--count",
+            "3",
+            "--concurrency",
+            "1",
+            "--duration",
+            "20",
+            "--max-tokens",
+            "2",
+            "--quiet",
+        ]
+        ok = subprocess.run(
+            router_cmd(*base, "--api-key", key),
+            capture_output=True,
+            text=True,
+            timeout=50,
+            cwd=REPO,
+            check=False,
+        )
+        assert ok.returncode == 0, ok.stdout + ok.stderr
+        assert "| load | 3 | 3 |" in ok.stdout
+        env = {k: v for k, v in os.environ.items() if "API_KEY" not in k}
+        anon = subprocess.run(
+            router_cmd(*base),
+            capture_output=True,
+            text=True,
+            timeout=50,
+            cwd=REPO,
+            check=False,
+            env=env,
+        )
+        assert anon.returncode == 1
+        # The OpenAI error code rides along with the status (the router's own wording).
+        assert re.search(r"\| http_401:[a-z_]+=3 \|", anon.stdout), anon.stdout
+    finally:
+        router.kill()
