@@ -81,7 +81,7 @@ def _set_state(state: AdminState) -> Handler:
         if not health.set_admin(name, state):
             raise NotFound(f"Unknown region {name!r}.", param="name", code="unknown_region")
         return json_response(
-            {"region": name, "admin": state.value, "in_flight": health.in_flight.get(name, 0)}
+            {"region": name, "admin": state.value, "in_flight": health.in_flight_of(name)}
         )
 
     return handler

@@ -9,7 +9,7 @@ from pathlib import Path
 import msgspec
 from aiohttp import web
 
-from router import cache_http, limits, observability, rollout_admin
+from router import cache_http, limits, observability, rollout_admin, routing
 from router.admin import HEALTH, AdminRoutes
 from router.auth import Authenticator
 from router.config import Config
@@ -25,7 +25,7 @@ from router.request import (
     parse_body,
     read_body,
 )
-from router.rollout_web import ROLLOUT, RolloutRuntime, canary_hook, restrict, tag_response
+from router.rollout_web import ROLLOUT, RolloutRuntime, canary_hook, tag_response
 from router.upstream import Upstream, Upstreams, open_upstreams
 
 log = logging.getLogger("router")
@@ -130,7 +130,7 @@ def _proxy_handler(
                 return answer
 
         async def origin(tap: Tap | None) -> web.StreamResponse:
-            candidates = restrict(ctx, app[SELECTOR](ctx, app[UPSTREAMS]))
+            candidates = app[ROLLOUT].regions(ctx, app[SELECTOR](ctx, app[UPSTREAMS]))
             if not candidates:
                 raise Unavailable(f"No region can serve model `{ctx.request.model}` now.")
             hooks: list[AttemptHook] = app[ATTEMPT_HOOKS]
@@ -218,6 +218,16 @@ def build_app(config: Config, config_path: Path | None = None) -> web.Applicatio
     _install_rollout(app, config, config_path)
     # Auth before the body is read, then per-key limits as the first stage after parsing.
     limits.install(app, config, app[STAGES])
+    # Nearest healthy region first; passive health, retry budget, x-router-region headers.
+    app[SELECTOR] = routing.install(
+        app,
+        config,
+        context_of=lambda request: request.get(CONTEXT),
+        hooks=app[ATTEMPT_HOOKS],
+        stages=app[STAGES],
+        ready_checks=app[READY_CHECKS],
+        guard=Authenticator.from_config(config.auth).check_admin,
+    )
     if config.cache.enabled:
         app[AROUND] = cache_http.install(app, config)
     app[_MODELS_BODY] = _models_body(config)

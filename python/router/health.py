@@ -72,7 +72,8 @@ class Health:
         self.rng = rng or random.Random()
         self._bias_s: dict[str, float] = {}
         self._admin: dict[str, AdminState] = {}
-        self.in_flight: dict[str, int] = {}
+        # In-flight attempts per region; the app points this at admission's counters.
+        self.in_flight_of: Callable[[str], int] = lambda name: 0
         self.set_regions(regions)
 
     # ---- lifecycle ----
@@ -100,7 +101,6 @@ class Health:
                 raise ConfigError(f"regions.{name}.base_url: {exc}") from None
             self._bias_s[name] = region.bias_ms / 1000
             self._admin.setdefault(name, AdminState.ACTIVE)
-            self.in_flight.setdefault(name, 0)
 
     def reconfigure(self, config: HealthConfig) -> None:
         """Adopt a new [health] section without losing history."""
@@ -140,7 +140,7 @@ class Health:
                     ewma_rtt_s=h.ewma_rtt_s if h is not None else None,
                     ewma_ttft_s=h.ewma_ttft_s if h is not None else None,
                     bias_s=self._bias_s.get(name, 0.0),
-                    in_flight=self.in_flight.get(name, 0),
+                    in_flight=self.in_flight_of(name),
                     admin=self._admin.get(name, AdminState.ACTIVE),
                 )
             )
@@ -178,7 +178,7 @@ class Health:
                     "ejected_for_s": h.ejected_for_s,
                     "ejected_until": h.ejected_until,
                     "ejections": h.ejections,
-                    "in_flight": self.in_flight.get(h.name, 0),
+                    "in_flight": self.in_flight_of(h.name),
                     "bias_ms": self._bias_s.get(h.name, 0.0) * 1000,
                     "ewma_rtt_ms": _ms(h.ewma_rtt_s),
                     "rtt_p50_ms": _ms(h.rtt_p50_s),
@@ -221,14 +221,6 @@ class Health:
         """Feed one attempt's outcome to the health table (passive health, ejection)."""
         if self.prober.report(region, outcome, connect_s, ttft_s, total_s):
             log.warning("region %s: ejected after consecutive %s", region, outcome)
-
-    def begin(self, region: str) -> None:
-        """An attempt at `region` started."""
-        self.in_flight[region] = self.in_flight.get(region, 0) + 1
-
-    def end(self, region: str) -> None:
-        """An attempt at `region` ended (answered, failed or cancelled)."""
-        self.in_flight[region] = max(0, self.in_flight.get(region, 0) - 1)
 
 
 def _ms(seconds: float | None) -> float | None:

@@ -88,6 +88,10 @@ class Tap(Protocol):
 # Called after every attempt with (ctx, region, error or None, seconds): passive health, metrics.
 AttemptHook = Callable[[RequestContext, Upstream, AttemptError | None, float], None]
 Opener = Callable[[Upstream], Awaitable[Opened]]
+# Whether another attempt may start (attempt cap, client deadline, retry budget); asked before
+# every attempt, the first included (ctx.attempts == 0), so it can count requests.
+RetryGate = Callable[[RequestContext], bool]
+RETRY_GATE: web.AppKey[RetryGate] = web.AppKey("router.retry_gate")
 
 
 async def open_attempt(
@@ -152,10 +156,13 @@ async def attempt_loop(
     candidates: Sequence[Upstream],
     open_one: Opener,
     hooks: Sequence[AttemptHook] = (),
+    gate: RetryGate | None = None,
 ) -> Opened:
     """Try `candidates` in order until one answers; raise the last AttemptError if none does."""
     last: AttemptError | None = None
     for upstream in candidates:
+        if gate is not None and not gate(ctx):
+            break
         ctx.attempts += 1
         ctx.region = upstream.name
         began = time.perf_counter()
@@ -301,7 +308,8 @@ async def forward(
     try:
         ctx.timer.begin("upstream")
         try:
-            opened = await attempt_loop(ctx, candidates, open_one, hooks)
+            gate = request.app.get(RETRY_GATE)
+            opened = await attempt_loop(ctx, candidates, open_one, hooks, gate)
         except AttemptError as exc:
             ctx.timer.end("upstream")
             return failure_response(exc, ctx.request_id)

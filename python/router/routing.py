@@ -1,0 +1,166 @@
+"""Wires health, selection, the retry budget and the routing headers into the app."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+
+from aiohttp import web
+
+from router import admin
+from router.admission import ADMISSION
+from router.budget import RetryBudget
+from router.config import Config, RoutingConfig
+from router.context import RequestContext
+from router.health import Health, lifetime, outcome_of
+from router.proxy import RETRY_GATE, AttemptError, AttemptHook
+from router.upstream import Upstream, Upstreams
+
+log = logging.getLogger("router")
+
+ContextOf = Callable[[web.Request], RequestContext | None]
+Selector = Callable[[RequestContext, Upstreams], Sequence[Upstream]]
+Stage = Callable[[web.Request, RequestContext], Awaitable[web.StreamResponse | None]]
+Signal = Callable[[web.Request, web.StreamResponse], Awaitable[None]]
+
+BUDGET: web.AppKey[RetryBudget] = web.AppKey("router.retry_budget", RetryBudget)
+# ctx.extra keys this feature owns.
+DEADLINE = "routing.deadline"
+SELECTION = "routing.selection"
+# A client's overall deadline: the OpenAI SDKs send their timeout as x-stainless-timeout (s).
+_DEADLINE_HEADERS = (("x-router-timeout-ms", 0.001), ("x-stainless-timeout", 1.0))
+
+
+def client_deadline(headers: Mapping[str, str], now: float) -> float | None:
+    """The monotonic time the client stops waiting, from its timeout header; None if unsaid."""
+    for name, scale in _DEADLINE_HEADERS:
+        raw = headers.get(name)
+        if raw is None:
+            continue
+        try:
+            seconds = float(raw) * scale
+        except ValueError:
+            continue
+        if seconds > 0 and seconds == seconds and seconds != float("inf"):
+            return now + seconds
+    return None
+
+
+def selector(health: Health, routing: RoutingConfig) -> Selector:
+    """Regions serving the model, nearest healthy first (see selection.select)."""
+
+    def select(ctx: RequestContext, upstreams: Upstreams) -> Sequence[Upstream]:
+        serving = upstreams.serving(ctx.request.upstream_model)
+        chosen = health.select([u.name for u in serving], routing)
+        ctx.extra[SELECTION] = chosen
+        if chosen.panic and chosen.order:
+            log.warning("request %s: no region available, trying all (panic)", ctx.request_id)
+        by_name = {u.name: u for u in serving}
+        return [by_name[name] for name in chosen.names]
+
+    return select
+
+
+def retry_gate(budget: RetryBudget, routing: RoutingConfig) -> Callable[[RequestContext], bool]:
+    """Whether another attempt may start: attempt cap, client deadline, retry budget."""
+
+    def gate(ctx: RequestContext) -> bool:
+        now = time.monotonic()
+        if ctx.attempts == 0:
+            budget.record_request(now)
+            return True
+        if ctx.attempts >= routing.max_attempts:
+            return False
+        deadline = ctx.extra.get(DEADLINE)
+        if isinstance(deadline, float) and now >= deadline:
+            return False
+        if not budget.try_retry(now):
+            log.warning("request %s: retry budget exhausted, not retrying", ctx.request_id)
+            return False
+        return True
+
+    return gate
+
+
+def passive_hook(health: Health) -> AttemptHook:
+    """Every attempt's outcome and latency into the health table."""
+
+    def hook(ctx: RequestContext, upstream: Upstream, error: AttemptError | None, s: float) -> None:
+        if error is None:
+            # An attempt returns at the first byte of a stream, or with a whole body.
+            if ctx.request.stream:
+                health.report(upstream.name, "ok", ttft_s=s)
+            else:
+                health.report(upstream.name, "ok", total_s=s)
+            return
+        if error.kind == "spill":
+            return  # admission said "full here": nothing about the region's health
+        health.report(upstream.name, outcome_of(error.kind, error.status))
+
+    return hook
+
+
+def _headers_stamp(context_of: ContextOf) -> Signal:
+    """Every proxied response says which region served it and after how many attempts."""
+
+    async def stamp(request: web.Request, response: web.StreamResponse) -> None:
+        ctx = context_of(request)
+        if ctx is None or ctx.region is None or ctx.attempts == 0:
+            return
+        response.headers["x-router-region"] = ctx.region
+        response.headers["x-router-attempts"] = str(ctx.attempts)
+        response.headers["x-router-failovers"] = str(ctx.attempts - 1)
+
+    return stamp
+
+
+def _deadline_stage() -> Stage:
+    """Remember the client's deadline so no attempt starts after it."""
+
+    async def stage(request: web.Request, ctx: RequestContext) -> web.StreamResponse | None:
+        deadline = client_deadline(request.headers, time.monotonic())
+        if deadline is not None:
+            ctx.extra[DEADLINE] = deadline
+        return None
+
+    return stage
+
+
+def install(
+    app: web.Application,
+    config: Config,
+    *,
+    context_of: ContextOf,
+    hooks: list[AttemptHook],
+    stages: list[Stage],
+    ready_checks: list[Callable[[], bool]],
+    guard: admin.Guard,
+) -> Selector:
+    """Health for the app's lifetime, passive reports, budget, headers, admin; -> the selector."""
+    routing = config.routing
+    health = Health(config.health, config.regions)
+    app[admin.HEALTH] = health
+    app.cleanup_ctx.append(lifetime(health))
+    budget = RetryBudget(
+        ratio=routing.retry_budget_ratio,
+        min_retries=routing.retry_budget_min,
+        window_s=routing.retry_budget_window_s,
+    )
+    app[BUDGET] = budget
+    app[RETRY_GATE] = retry_gate(budget, routing)
+    hooks.append(passive_hook(health))
+    stages.append(_deadline_stage())
+    ready_checks.append(health.any_available)
+    app.on_response_prepare.append(_headers_stamp(context_of))
+    admin.add_routes(admin.AdminRoutes(app.router, guard))
+
+    async def use_admission(app: web.Application) -> None:
+        # Admission (limits.install) holds a slot per attempt until the answer ends: the
+        # in-flight count power-of-two-choices compares.
+        gates = app.get(ADMISSION)
+        if gates is not None:
+            health.in_flight_of = gates.in_flight
+
+    app.on_startup.append(use_admission)
+    return selector(health, routing)

@@ -1,0 +1,300 @@
+"""Failover with real processes: SIGKILL under load, slow region, retry budget, admin drain."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from router.sim import text
+from tests.integration.conftest import (
+    MODEL,
+    region_toml,
+    sim_config,
+    sim_stats,
+    start_router,
+    start_sim,
+)
+from tests.support import Proc, spawn
+
+ADMIN = "admin-secret-token"
+INTERVAL = 0.2
+HEADER = f"""
+[timeouts]
+connect = 0.5
+first_byte = 3.0
+idle = 2.0
+total = 20.0
+
+[health]
+interval_s = {INTERVAL}
+timeout_s = 0.3
+unhealthy_after = 2
+healthy_after = 2
+eject_after = 3
+base_ejection_s = 1.0
+
+[routing]
+tolerance_ms = 5.0
+max_attempts = 3
+
+[cache]
+enabled = false
+
+[auth]
+enabled = false
+admin_token_sha256 = "{hashlib.sha256(ADMIN.encode()).hexdigest()}"
+"""
+
+
+def messages(i: int) -> list[dict[str, str]]:
+    return [{"role": "user", "content": f"Request number {i} about regions."}]
+
+
+@dataclass
+class Three:
+    """Regions a (nearest), b (+30 ms bias), c (+60 ms bias) behind one router."""
+
+    a: Proc
+    b: Proc
+    c: Proc
+    router: Proc
+    tmp: Path
+
+    def admin(self, method: str, path: str, token: str | None = ADMIN) -> tuple[int, Any]:
+        import urllib.error
+        import urllib.request
+
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        req = urllib.request.Request(
+            self.router.url + path,
+            method=method,
+            headers=headers,
+            data=b"" if method == "POST" else None,
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=5) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+    def region(self, name: str) -> dict[str, Any]:
+        status, body = self.admin("GET", "/admin/health")
+        assert status == 200, body
+        found: dict[str, Any] = next(r for r in body["regions"] if r["name"] == name)
+        return found
+
+
+def start_three(tmp: Path, header: str = HEADER, **sim_flags: Any) -> Three:
+    a = start_sim(tmp, "a", **sim_flags)
+    b = start_sim(tmp, "b", **sim_flags)
+    c = start_sim(tmp, "c", **sim_flags)
+    config = header + region_toml(a) + region_toml(b, bias_ms=30.0) + region_toml(c, bias_ms=60.0)
+    return Three(a, b, c, start_router(tmp, config), tmp)
+
+
+@pytest.fixture
+def three(tmp_path: Path) -> Any:
+    env = start_three(tmp_path, tokens_per_s=100)
+    yield env
+    for proc in (env.router, env.a, env.b, env.c):
+        proc.kill()
+
+
+def wait_until(check: Callable[[], bool], timeout: float = 10.0) -> float:
+    """Poll until `check()`; returns the seconds it took."""
+    began = time.monotonic()
+    while not check():
+        assert time.monotonic() - began < timeout, "condition not reached in time"
+        time.sleep(0.02)
+    return time.monotonic() - began
+
+
+@dataclass
+class Outcomes:
+    """What the clients saw."""
+
+    ok: int = 0
+    errors: list[str] = field(default_factory=list)
+    midstream_errors: int = 0
+    regions: Counter[str] = field(default_factory=Counter)
+    failovers: int = 0
+
+
+async def one_request(
+    session: aiohttp.ClientSession, url: str, i: int, stream: bool, out: Outcomes
+) -> None:
+    body = {"model": MODEL, "messages": messages(i), "stream": stream}
+    expected = text.full_chat_text(MODEL, messages(i))
+    async with session.post(url + "/v1/chat/completions", json=body) as resp:
+        raw = await resp.read()
+        if resp.status != 200:
+            out.errors.append(f"{resp.status}: {raw[:200]!r}")
+            return
+        out.regions[resp.headers["x-router-region"]] += 1
+        out.failovers += int(resp.headers["x-router-failovers"])
+    if not stream:
+        got = json.loads(raw)["choices"][0]["message"]["content"]
+        if got != expected:
+            out.errors.append(f"non-stream text differs: {got!r}")
+        else:
+            out.ok += 1
+        return
+    pieces: list[str] = []
+    done = error = False
+    for line in raw.decode().splitlines():
+        if not line.startswith("data: "):
+            continue
+        data = line[6:]
+        if data == "[DONE]":
+            done = True
+            continue
+        event = json.loads(data)
+        if "error" in event:
+            error = True
+            continue
+        for choice in event.get("choices", []):
+            pieces.append(choice.get("delta", {}).get("content") or "")
+    streamed = "".join(pieces)
+    if error and not done and expected.startswith(streamed):
+        # Broke after tokens reached the client: a clean terminal error, never a fake [DONE].
+        out.midstream_errors += 1
+    elif done and not error and streamed == expected:
+        out.ok += 1
+    else:
+        out.errors.append(f"bad stream: done={done} error={error} text={streamed!r}")
+
+
+async def load(url: str, seconds: float, workers: int, out: Outcomes, start: int = 0) -> None:
+    """`workers` closed-loop clients for `seconds`, alternating stream and non-stream."""
+    stop = time.monotonic() + seconds
+    timeout = aiohttp.ClientTimeout(total=15)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+
+        async def worker(w: int) -> None:
+            n = 0
+            while time.monotonic() < stop and n < 500:
+                i = start + w * 1000 + n
+                await one_request(session, url, i, stream=bool(n % 2), out=out)
+                n += 1
+
+        await asyncio.gather(*(worker(w) for w in range(workers)))
+
+
+async def test_sigkill_nearest_under_load_then_restart(three: Three) -> None:
+    out = Outcomes()
+    task = asyncio.create_task(load(three.router.url, 3.0, 6, out))
+    await asyncio.sleep(1.0)
+    assert three.region("a")["available"]
+    three.a.kill()
+    killed = time.monotonic()
+    # Passive ejection usually takes it out first; the probes must flip it on their own too:
+    # every INTERVAL, refused connections fail at once, so 2 intervals plus scheduling slack.
+    took = await asyncio.to_thread(wait_until, lambda: not three.region("a")["healthy"])
+    await task
+    assert took < 2 * INTERVAL * 1.1 + 0.5, took
+    assert out.errors == []
+    assert out.ok > 20
+    assert out.regions["a"] > 0
+    assert out.regions["b"] > 0
+    # Back by itself once restarted on the same port.
+    restarted = spawn(three.a.args, three.a.port, three.tmp / "a-again.log")
+    try:
+        back = await asyncio.to_thread(wait_until, lambda: three.region("a")["available"])
+        assert back < 5.0
+        again = Outcomes()
+        await load(three.router.url, 0.5, 2, again, start=90_000)
+        assert again.errors == []
+        assert again.regions["a"] > 0
+    finally:
+        restarted.kill()
+    assert time.monotonic() - killed < 30
+
+
+async def test_slow_region_loses_traffic_to_the_next(three: Three) -> None:
+    first = Outcomes()
+    await load(three.router.url, 0.5, 2, first)
+    assert first.regions.most_common(1)[0][0] == "a"
+    sim_config(three.a, rtt_ms=200.0)
+    changed = time.monotonic()
+
+    def mostly_b() -> bool:
+        window = Outcomes()
+        asyncio.run(load(three.router.url, 0.3, 2, window, start=50_000))
+        return window.regions["b"] > 2 * window.regions["a"]
+
+    took = await asyncio.to_thread(wait_until, mostly_b, 8.0)
+    assert took < 5.0
+    assert time.monotonic() - changed < 8.0
+    assert three.region("a")["ewma_rtt_ms"] > 100
+
+
+def test_retry_budget_bounds_attempts_when_every_region_fails(tmp_path: Path) -> None:
+    header = HEADER.replace("max_attempts = 3", "max_attempts = 3\nretry_budget_min = 5")
+    env = start_three(tmp_path, header, fail_mode="503")
+    try:
+        import urllib.error
+        import urllib.request
+
+        n = 60
+        statuses = Counter()
+        for i in range(n):
+            body = json.dumps({"model": MODEL, "messages": messages(i)}).encode()
+            req = urllib.request.Request(
+                env.router.url + "/v1/chat/completions",
+                data=body,
+                headers={"Content-Type": "application/json"},
+            )
+            try:
+                with urllib.request.urlopen(req, timeout=10) as resp:
+                    statuses[resp.status] += 1
+            except urllib.error.HTTPError as exc:
+                statuses[exc.code] += 1
+                exc.read()
+        attempts = sum(sim_stats(p)["requests"] for p in (env.a, env.b, env.c))
+        assert statuses == {503: n}
+        # Without a budget: 3 attempts each (180). With it: n + min + 20 % of n.
+        assert n < attempts <= n + 5 + int(0.2 * n)
+    finally:
+        for proc in (env.router, env.a, env.b, env.c):
+            proc.kill()
+
+
+async def test_failover_headers_and_admin_drain(three: Three) -> None:
+    async with aiohttp.ClientSession() as session:
+        body = {"model": MODEL, "messages": messages(1)}
+        headers = {"x-sim-fail": "503", "x-sim-only": "a"}
+        async with session.post(
+            three.router.url + "/v1/chat/completions", json=body, headers=headers
+        ) as resp:
+            assert resp.status == 200
+            assert resp.headers["x-router-region"] == "b"
+            assert resp.headers["x-router-attempts"] == "2"
+            assert resp.headers["x-router-failovers"] == "1"
+    assert three.admin("POST", "/admin/regions/a/drain", token=None)[0] == 401
+    assert three.admin("POST", "/admin/regions/a/drain", token="wrong-token-value")[0] == 401
+    status, body = three.admin("POST", "/admin/regions/nope/drain")
+    assert status == 404
+    assert body["error"]["code"] == "unknown_region"
+    assert three.admin("POST", "/admin/regions/a/drain") == (
+        200,
+        {"region": "a", "admin": "drained", "in_flight": 0},
+    )
+    drained = Outcomes()
+    await load(three.router.url, 0.5, 2, drained, start=70_000)
+    assert drained.errors == []
+    assert drained.regions["a"] == 0
+    assert three.region("a")["admin"] == "drained"
+    assert three.admin("POST", "/admin/regions/a/enable")[0] == 200
+    back = Outcomes()
+    await load(three.router.url, 0.5, 2, back, start=80_000)
+    assert back.regions["a"] > 0
