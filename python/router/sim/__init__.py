@@ -1,1 +1,13 @@
-"""A simulated OpenAI-compatible region for the demo, tests and benchmarks."""
+"""A simulated OpenAI-compatible region for the demo, tests and benchmarks.
+
+`router sim-region --port P --name N [--rtt-ms --ttft-ms --tokens-per-s --fail-mode ...]` serves
+POST /v1/chat/completions, /v1/completions, /v1/embeddings; GET /v1/models, /health; and, for
+tests, GET /sim/stats, POST /sim/reset, GET|POST /sim/config (change options live).
+
+Per-request headers override the flags: x-sim-fail (none|refuse|500|503|429|hang|die-mid-stream|
+drip), x-sim-after-tokens, x-sim-drip-ms, x-sim-ttft-ms, x-sim-tokens-per-s, x-sim-rtt-ms, and
+x-sim-only: NAME[,NAME] (faults apply only in the named regions).
+
+Text is a pure function of model + messages (role and content only); a trailing assistant
+message that is a prefix of that text is continued, so a resumed stream reproduces it exactly.
+"""
