@@ -277,24 +277,24 @@ class RegionHealthView(Protocol):
 class HealthView(Protocol):
     """What the status needs of the health feature (router.health.Health has it)."""
 
-    @property
-    def in_flight(self) -> Mapping[str, int]: ...
     def snapshot(self) -> Mapping[str, RegionHealthView]: ...
 
 
+Count = Callable[[str], int]
+
+
 def health_source(
-    health: HealthView, queue_depth: Callable[[str], int] | None = None
+    health: HealthView, in_flight: Count | None = None, queue_depth: Count | None = None
 ) -> RegionSource:
-    """Region gauges from the health snapshot (and admission queue depths) at scrape time."""
+    """Region gauges from the health snapshot and admission's counts, read at scrape time."""
 
     def states() -> list[RegionState]:
-        in_flight = health.in_flight
         return [
             RegionState(
                 name,
                 h.available,
                 h.ewma_rtt_s,
-                in_flight.get(name, 0),
+                in_flight(name) if in_flight is not None else 0,
                 queue_depth(name) if queue_depth is not None else 0,
                 h.ejections,
             )
@@ -305,10 +305,28 @@ def health_source(
 
 
 def use_health(
-    app: web.Application, health: HealthView, queue_depth: Callable[[str], int] | None = None
+    app: web.Application,
+    health: HealthView,
+    in_flight: Count | None = None,
+    queue_depth: Count | None = None,
 ) -> None:
     """Show the health feature's view (probes, ejections) instead of the passive one."""
-    app[TELEMETRY].regions = health_source(health, queue_depth)
+    app[TELEMETRY].regions = health_source(health, in_flight, queue_depth)
+
+
+async def _adopt_health(app: web.Application) -> None:
+    """on_startup: once every feature is installed, prefer the prober's view when there is one."""
+    from router.admin import HEALTH
+    from router.admission import ADMISSION
+
+    health = app.get(HEALTH)
+    if health is None:
+        return
+    gates = app.get(ADMISSION)
+    if gates is None:
+        use_health(app, health)
+    else:
+        use_health(app, health, gates.in_flight, gates.depth)
 
 
 def telemetry_from_config(
@@ -355,8 +373,9 @@ def install(
 ) -> Telemetry:
     """Add the timing middleware (outermost), Server-Timing, /metrics, /status, /status.json.
 
-    `regions` is the health snapshot; without one the status page shows what the request path
-    last saw of each region (PassiveHealth). `models` (the served names) bounds the model label.
+    Region gauges come from `regions` if given, else from the health feature's snapshot (found
+    at startup), else from what the request path last saw (PassiveHealth). `models` (the served
+    names) bounds the model label.
     """
     passive = PassiveHealth(region_names)
     telemetry = telemetry_from_config(config, regions or passive.states, models)
@@ -365,6 +384,8 @@ def install(
     # Outermost, so it also times and sees the error responses the inner middlewares render.
     app.middlewares.insert(0, _middleware_factory(telemetry, context_of, cache_of))
     app.on_response_prepare.append(_stamp_factory(context_of))
+    if regions is None:
+        app.on_startup.append(_adopt_health)
     metrics.add_routes(app, telemetry)
     status.add_routes(app, telemetry, refresh_ms=config.status_refresh_ms)
     return telemetry

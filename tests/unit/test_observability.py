@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from aiohttp import web
 
@@ -33,15 +33,14 @@ class _Region:
 @dataclass
 class _Health:
     regions: dict[str, _Region]
-    in_flight: dict[str, int] = field(default_factory=dict)
 
     def snapshot(self) -> dict[str, _Region]:
         return self.regions
 
 
 def test_health_source_reads_the_snapshot_each_time() -> None:
-    health = _Health({"a": _Region(True, 0.003, 0)}, {"a": 2})
-    source = health_source(health, queue_depth=lambda name: 5)
+    health = _Health({"a": _Region(True, 0.003, 0)})
+    source = health_source(health, in_flight={"a": 2}.__getitem__, queue_depth=lambda name: 5)
     assert list(source()) == [RegionState("a", True, 0.003, 2, 5, 0)]
     health.regions["a"] = _Region(False, None, 1)
     assert list(source()) == [RegionState("a", False, None, 2, 5, 1)]
