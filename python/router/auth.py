@@ -80,19 +80,23 @@ ANONYMOUS_TENANT = Tenant(
 
 def presented_key(headers: Mapping[str, str]) -> str | None:
     """The API key in `Authorization: Bearer ...` or `x-api-key`, if any."""
-    authorization = headers.get("Authorization")
-    if authorization:
-        scheme, _, value = authorization.strip().partition(" ")
-        if scheme.lower() == "bearer" and value.strip():
-            return value.strip()
-        return None
+    scheme, _, value = headers.get("Authorization", "").strip().partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip()
     key = headers.get("x-api-key", "").strip()
     return key or None
 
 
+def _digest(key: str) -> bytes:
+    # aiohttp hands undecodable header bytes over as surrogates: hash the bytes as sent.
+    return hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()
+
+
 def _redacted(key: str) -> str:
     # OpenAI shows a hint of the key so a user can tell which one was wrong, never all of it.
-    return f"{key[:3]}***{key[-4:]}" if len(key) >= 12 else "***"
+    if len(key) >= 12 and key.isascii() and key.isprintable():
+        return f"{key[:3]}***{key[-4:]}"
+    return "***"
 
 
 class Authenticator:
@@ -158,7 +162,7 @@ class Authenticator:
                 "or in the 'x-api-key' header.",
                 code="missing_api_key",
             )
-        tenant = self._lookup(hashlib.sha256(key.encode()).digest())
+        tenant = self._lookup(_digest(key))
         if tenant is None:
             raise Unauthorized(f"Incorrect API key provided: {_redacted(key)}.")
         return tenant
@@ -176,7 +180,7 @@ class Authenticator:
         key = presented_key(headers)
         if key is None:
             raise Unauthorized("The admin API needs the admin token.", code="missing_api_key")
-        digest = hashlib.sha256(key.encode()).digest()
+        digest = _digest(key)
         if self._admin is not None and hmac.compare_digest(digest, self._admin):
             return
         if self._lookup(digest) is not None:

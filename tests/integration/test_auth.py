@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -198,3 +199,21 @@ def test_refused_requests_never_reach_a_region(router: Proc, sim: Proc) -> None:
             model="sim-2", messages=MESSAGES, max_tokens=4
         )
     assert sim_stats(sim)["requests"] == before
+
+
+async def test_undecodable_key_bytes_get_401_not_500(router: Proc) -> None:
+    body = b'{"model": "sim-1", "messages": [{"role": "user", "content": "hi"}]}'
+    head = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+        b"Content-Type: application/json\r\nAuthorization: Bearer \xff\xfe\xfd-key-bytes\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n"
+    )
+    reader, writer = await asyncio.open_connection("127.0.0.1", router.port)
+    try:
+        writer.write(head + body)
+        await writer.drain()
+        status_line = await asyncio.wait_for(reader.readline(), 10)
+    finally:
+        writer.close()
+        await writer.wait_closed()
+    assert status_line.split()[1] == b"401"

@@ -71,6 +71,8 @@ def test_hash_key_is_sha256_hex() -> None:
         ({"x-api-key": "sk-2"}, "sk-2"),
         ({"X-Api-Key": " sk-2 "}, "sk-2"),
         ({"Authorization": "Basic abc"}, None),
+        ({"Authorization": "Basic abc", "x-api-key": "sk-3"}, "sk-3"),
+        ({"Authorization": "Bearer sk-1", "x-api-key": "sk-3"}, "sk-1"),
         ({"Authorization": "Bearer "}, None),
         ({"x-api-key": ""}, None),
         ({}, None),
@@ -106,6 +108,13 @@ def test_wrong_key_is_401_and_never_echoed(auth: Authenticator) -> None:
     assert error["code"] == "invalid_api_key"
     assert wrong not in str(error["message"])
     assert "ghij" in str(error["message"])
+
+
+@pytest.mark.parametrize("key", ["\udcff\udcfe-undecodable-bytes", "sk-\u00e9\u00e8-non-ascii-key"])
+def test_odd_keys_are_401_not_a_crash(auth: Authenticator, key: str) -> None:
+    with pytest.raises(Unauthorized) as caught:
+        auth.authenticate(headers(Authorization=f"Bearer {key}"))
+    assert b"***" in caught.value.body()
 
 
 def test_model_not_allowed_is_403(auth: Authenticator) -> None:
