@@ -221,23 +221,34 @@ def resolve_rule(config: CacheConfig, model: str) -> Rule:
     )
 
 
-def decide(request: Mapping[str, Any], rule: Rule, control: CacheControl) -> Decision:
-    """Whether to read/write the cache for this decoded request body; pure."""
-    reason = _uncacheable(request, rule)
+def decide(
+    request: Mapping[str, Any], rule: Rule, control: CacheControl, *, sampled: bool = True
+) -> Decision:
+    """Whether to read/write the cache for this decoded request body; pure.
+
+    `sampled` is False for endpoints with no sampling (embeddings): temperature does not apply.
+    """
+    reason = _uncacheable(request, rule, sampled)
     if reason:
         return Decision(False, False, reason)
     return Decision(not control.no_cache, not control.no_store, "")
 
 
-def _uncacheable(request: Mapping[str, Any], rule: Rule) -> str:
+def _temperature(temperature: Any, rule: Rule) -> str:
+    if temperature is None:
+        return "" if rule.cache_unset_temperature else "temperature unset"
+    if isinstance(temperature, bool) or not isinstance(temperature, int | float):
+        return "temperature"
+    return "temperature" if temperature > rule.max_temperature else ""
+
+
+def _uncacheable(request: Mapping[str, Any], rule: Rule, sampled: bool) -> str:
     if not rule.enabled:
         return "disabled"
-    temperature = request.get("temperature")
-    if temperature is None:
-        if not rule.cache_unset_temperature:
-            return "temperature unset"
-    elif not isinstance(temperature, int | float) or temperature > rule.max_temperature:
-        return "temperature"
+    if sampled:
+        reason = _temperature(request.get("temperature"), rule)
+        if reason:
+            return reason
     n = request.get("n")
     if n is not None and n != 1:
         return "n"

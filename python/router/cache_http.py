@@ -29,6 +29,7 @@ from router.config import AuthConfig, Config
 from router.context import RequestContext
 from router.errors import UpstreamError
 from router.native import NativeError
+from router.request import EMBEDDINGS
 from router.singleflight import Flight, FlightFailed
 from router.timing import CACHE as CACHE_STAGE
 
@@ -186,7 +187,10 @@ async def serve(
     parsed = ctx.request
     rule = cache.rule(parsed.model)
     decision: Decision = decide(
-        knobs(parsed.body), rule, parse_cache_control(request.headers.get("Cache-Control"))
+        knobs(parsed.body),
+        rule,
+        parse_cache_control(request.headers.get("Cache-Control")),
+        sampled=parsed.endpoint != EMBEDDINGS,
     )
     if decision.bypass:
         return await _origin(request, ctx, cache, XCache.BYPASS, origin, None)

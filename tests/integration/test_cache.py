@@ -361,3 +361,11 @@ def test_aborted_leader_releases_its_followers_and_nothing_is_stored(router: Pro
     assert payload.rstrip().endswith(b"}")
     assert b'"upstream_stream_error"' in payload
     assert chat(client(router), "leader walks away", stream=True).headers["x-cache"] == "MISS"
+
+
+def test_embeddings_are_cached_and_identical(router: Proc) -> None:
+    c = client(router)
+    first = c.embeddings.with_raw_response.create(model=MODEL, input="embed me")
+    second = c.embeddings.with_raw_response.create(model=MODEL, input="embed me")
+    assert (first.headers["x-cache"], second.headers["x-cache"]) == ("MISS", "HIT")
+    assert second.parse().data[0].embedding == first.parse().data[0].embedding

@@ -183,6 +183,12 @@ def test_policy(request_body: dict[str, object], rule: Rule, reason: str) -> Non
     assert d.lookup is d.store is (reason == "")
 
 
+def test_embeddings_are_cacheable_without_a_temperature() -> None:
+    assert decide({}, Rule(), CacheControl(), sampled=False).reason == ""
+    assert decide({}, Rule(), CacheControl()).reason == "temperature unset"
+    assert decide({"n": 2}, Rule(), CacheControl(), sampled=False).reason == "n"
+
+
 def test_cache_control_splits_lookup_and_store() -> None:
     body = {"temperature": 0}
     d = decide(body, Rule(), CacheControl(no_cache=True))
