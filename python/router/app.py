@@ -25,7 +25,7 @@ from router.request import (
     parse_body,
     read_body,
 )
-from router.rollout_web import ROLLOUT, RolloutRuntime, canary_hook, restrict, tag_response
+from router.rollout_web import ROLLOUT, RolloutRuntime, canary_hook, tag_response
 from router.upstream import Upstream, Upstreams, open_upstreams
 
 log = logging.getLogger("router")
@@ -130,7 +130,7 @@ def _proxy_handler(
                 return answer
 
         async def origin(tap: Tap | None) -> web.StreamResponse:
-            candidates = restrict(ctx, app[SELECTOR](ctx, app[UPSTREAMS]))
+            candidates = app[ROLLOUT].regions(ctx, app[SELECTOR](ctx, app[UPSTREAMS]))
             if not candidates:
                 raise Unavailable(f"No region can serve model `{ctx.request.model}` now.")
             hooks: list[AttemptHook] = app[ATTEMPT_HOOKS]

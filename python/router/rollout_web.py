@@ -56,6 +56,16 @@ class RolloutRuntime:
         ctx.extra[EXTRA] = assignment
         return assignment
 
+    def regions(self, ctx: RequestContext, candidates: Sequence[Upstream]) -> Sequence[Upstream]:
+        """The candidates the request's version runs in; none left counts against the version."""
+        allowed = restrict(ctx, candidates)
+        a = assignment(ctx)
+        if not allowed and a is not None:
+            # With every region of a canary down or ejected no attempt happens, yet its users
+            # fail: that must weigh in the comparison with stable, or it would never roll back.
+            self.canary.record(a.alias, a.deployment.version, ok=False, ttft_s=None)
+        return allowed
+
     def prepare_reload(self, old: Config, new: Config) -> Commit:
         """A reload's rollout part: the new table is built (and checked) before anything swaps."""
         table = table_from_config(new)
