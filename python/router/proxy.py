@@ -253,7 +253,11 @@ async def relay_stream(
                     if meter is not None:
                         meter.feed(chunk)
             complete = True
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except (aiohttp.ClientError, ConnectionResetError, TimeoutError) as exc:
+            transport = request.transport
+            if transport is None or transport.is_closing():
+                # A write to the client failed: it left, so there is nobody to tell.
+                return resp
             reason = "idle timeout" if isinstance(exc, TimeoutError) else str(exc) or "disconnect"
             log.warning("request %s: stream from %s broke: %s", ctx.request_id, ctx.region, reason)
             await resp.write(_stream_error_event(f"The region stopped mid-stream ({reason})."))
