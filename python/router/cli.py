@@ -29,7 +29,17 @@ def build_parser() -> argparse.ArgumentParser:
     hash_key.add_argument("key", nargs="?", help="the key (read from stdin when omitted)")
     hash_key.set_defaults(handler=_hash_key)
     _add_bench(commands)
+    _add_top(commands)
     return parser
+
+
+def _add_top(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`router top`: a terminal view of a running router's /status.json."""
+    from router import top
+
+    view = commands.add_parser("top", help="watch a running router's status in the terminal")
+    top.add_arguments(view)
+    view.set_defaults(handler=top.run)
 
 
 def _add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from router.timing import parse_server_timing
 from tests.integration.conftest import MODEL, region_toml, sim_config, start_router, start_sim
-from tests.support import Proc
+from tests.support import Proc, router_cmd
 
 HEADER = """
 [timeouts]
@@ -262,3 +263,13 @@ request_burst = 2
         assert "sk-wrong-key-000000" not in router.output()
     finally:
         router.kill()
+
+
+def test_router_top_prints_the_regions(env: Env) -> None:
+    out = subprocess.run(
+        router_cmd("top", "--once", "--url", env.plain.url),
+        capture_output=True, text=True, timeout=30, check=True,
+    )  # fmt: skip
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("router status at")
+    assert [line.split()[0] for line in lines[5:]] == ["a", "b"]
