@@ -296,8 +296,18 @@ async def forward(
                     upstream.name, priority=priority, last=upstream is candidates[-1]
                 )
             except Spill as spill:
-                # status 429: "this region is full", which says nothing about its health.
-                raise AttemptError(upstream.name, "spill", spill.reason, status=429) from None
+                # 429 "this region is full" says nothing of its health; relayed (with
+                # Retry-After) only if no other attempt follows.
+                full = admission.unavailable(upstream.name, spill.reason)
+                full_headers = CIMultiDict({"Content-Type": "application/json", **full.headers})
+                raise AttemptError(
+                    upstream.name,
+                    "spill",
+                    spill.reason,
+                    status=429,
+                    headers=full_headers,
+                    body=full.body(),
+                ) from None
             held.append(slot)
             ctx.timer.record(QUEUE, int(slot.wait_s * 1e9))
             ctx.extra["queue_depth"] = slot.queue_depth
