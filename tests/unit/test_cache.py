@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
+
 import msgspec
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from router import sse
 from router.cache import (
@@ -339,3 +343,27 @@ def test_redis_envelope_round_trips_and_rejects_other_versions() -> None:
 
 def test_redis_key_quotes_separators() -> None:
     assert redis_key("p", b"\x00\xff", "a:b", "m*") == "p:v1:a%3Ab:m%2A:00ff"
+
+
+@given(
+    payloads=st.lists(
+        st.binary(min_size=1, max_size=40).filter(lambda b: b"\n" not in b and b"\r" not in b),
+        max_size=8,
+    ),
+    cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=12),
+    crlf=st.booleans(),
+)
+def test_sse_decoder_is_independent_of_chunking(
+    payloads: list[bytes], cuts: list[int], crlf: bool
+) -> None:
+    raw = b"".join(sse.encode(p) for p in payloads)
+    if crlf:
+        raw = raw.replace(b"\n", b"\r\n")
+    points = sorted({c for c in cuts if c < len(raw)} | {0, len(raw)})
+    d = sse.Decoder()
+    out: list[bytes] = []
+    for a, b in itertools.pairwise(points):
+        out += d.feed(raw[a:b])
+    # encode() writes "data: " and the decoder strips exactly that one space: a round trip.
+    assert out == payloads
+    assert not d.pending
