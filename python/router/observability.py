@@ -39,6 +39,8 @@ _AT_HEADERS: web.RequestKey[dict[str, int]] = web.RequestKey("router.obs.at_head
 _RESPONSE: web.RequestKey[web.StreamResponse] = web.RequestKey("router.obs.response")
 _ATTEMPTS = "obs.regions"  # ctx.extra: region names tried, in order
 _TENANT = "tenant"  # ctx.extra key the auth stage fills (an auth.Tenant)
+# ctx.extra key a hedging attempt loop sets to the number of hedged requests it sent.
+HEDGES = "hedges"
 
 # nginx's code for "the client closed the connection before the answer".
 CLIENT_CLOSED = 499
@@ -121,12 +123,17 @@ def _record(
         attempts=ctx.attempts,
         retries=max(0, ctx.attempts - 1 - failovers),
         failovers=failovers,
+        hedges=_count(ctx.extra.get(HEDGES)),
         cache=cache,
         stream=parsed.stream if parsed is not None else False,
         stages=durations,
         tokens_in=tokens[0],
         tokens_out=tokens[1],
     )
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and value > 0 else 0
 
 
 class _Usage(msgspec.Struct):
@@ -190,15 +197,19 @@ def _middleware_factory(
             ctx = context_of(request)
             if ctx is None and request.method == "POST" and request.path.startswith("/v1/"):
                 # Refused before the handler made a context (auth): still a request to count.
-                ctx = RequestContext(request_id(request.headers.get("X-Request-Id")), request.path)
-                ctx.request_id = _answered_id(request) or ctx.request_id
+                rid = _answered_id(request) or request_id(request.headers.get("X-Request-Id"))
+                ctx = RequestContext(rid, request.path)
             if ctx is not None:
                 at_headers = request.get(_AT_HEADERS) or {}
-                durations = totals(ctx.timer.stages)
-                if TTFT in at_headers:
-                    durations[TTFT] = at_headers[TTFT]
-                # A whole body's total is fixed with its headers; a stream's ends now.
-                durations[TOTAL] = at_headers.get(TOTAL) or time.perf_counter_ns() - start
+                if TOTAL in at_headers:
+                    # A whole body: everything was fixed with its headers, which showed the same.
+                    durations = at_headers
+                else:
+                    # A stream (or no answer): the body's stages have ended by now.
+                    durations = totals(ctx.timer.stages)
+                    if TTFT in at_headers:
+                        durations[TTFT] = at_headers[TTFT]
+                    durations[TOTAL] = time.perf_counter_ns() - start
                 record = _record(request, ctx, code, durations, cache_of(request), tokens)
                 telemetry.finish(record)
 
