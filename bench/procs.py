@@ -23,7 +23,8 @@ class Procs:
     """Starts processes into one folder and kills every one of them on close."""
 
     def __init__(self, folder: Path) -> None:
-        self.folder = folder
+        # Absolute: nginx resolves a relative -c against its -p prefix.
+        self.folder = folder.resolve()
         self.folder.mkdir(parents=True, exist_ok=True)
         self._procs: list[Proc] = []
 

@@ -164,6 +164,7 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--tokens-per-s", type=float, default=500.0)
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no per-phase lines on stderr")
     return p.parse_args(argv)
 
 
@@ -197,7 +198,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     )
                 )
                 continue
-            print(f"{name}: running tasks", file=sys.stderr)
+            if not args.quiet:
+                print(f"{name}: running tasks", file=sys.stderr)
             wall0 = time.perf_counter()
             with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
                 tasks = runner.run(

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from router.loadgen import LoadSpec, RequestFactory, run_load, summarize
+from router.loadgen import LoadSpec, Planned, RequestFactory, run_load, summarize
 from router.loadgen.requests import endpoint_url, round_robin
 from router.loadgen.schedule import poisson_schedule
 from tests.support import REPO, Proc, free_port, router_cmd, spawn
@@ -278,3 +278,17 @@ def test_api_key_is_sent_as_bearer_to_a_real_router(sim: Proc, tmp_path: Path) -
         assert re.search(r"\| http_401:[a-z_]+=3 \|", anon.stdout), anon.stdout
     finally:
         router.kill()
+
+
+@pytest.mark.parametrize("rate", [None, 50.0])
+async def test_a_broken_request_factory_fails_the_run(sim: Proc, rate: float | None) -> None:
+    good = _factory(sim)
+
+    def factory(index: int) -> Planned:
+        if index == 2:
+            raise LookupError("no request 2")
+        return good(index)
+
+    spec = LoadSpec(concurrency=10, rate=rate, duration_s=2.0, max_requests=5, grace_s=1.0)
+    with pytest.raises(LookupError, match="no request 2"):
+        await run_load("broken", spec, factory)

@@ -33,7 +33,7 @@ def _counts(counts: Mapping[str, int] | None) -> str:
 def markdown_table(summaries: Sequence[Summary]) -> str:
     """One row per run: counts, RPS, TTFT/total/ITL percentiles (ms), errors and traffic."""
     header = (
-        "| run | sent | ok | RPS | TTFT p50 | TTFT p95 | TTFT p99 | TTFT p99.9 | total p50 "
+        "| run | sent | ok | ok RPS | TTFT p50 | TTFT p95 | TTFT p99 | TTFT p99.9 | total p50 "
         "| total p95 | ITL p50 | ITL p95 | errors | regions (header) | cache | origin (counted) |"
     )
     rule = "|" + "---|" * (header.count("|") - 1)

@@ -66,6 +66,7 @@ class _Run:
         self.sent = 0
         self.errors = 0
         self.in_flight = 0
+        self.failure: BaseException | None = None
         self.t0 = time.perf_counter()
 
     def elapsed(self) -> float:
@@ -132,16 +133,28 @@ class _Run:
                 continue
             task = asyncio.create_task(self.one(index, offset))
             tasks.add(task)
-            task.add_done_callback(tasks.discard)
+            task.add_done_callback(self._finished(tasks))
         await self._drain(list(tasks))
+        if self.failure is not None:
+            raise self.failure
+
+    def _finished(self, tasks: set[asyncio.Task[None]]) -> Callable[[asyncio.Task[None]], None]:
+        def done(task: asyncio.Task[None]) -> None:
+            tasks.discard(task)
+            if not task.cancelled() and task.exception() is not None and self.failure is None:
+                self.failure = task.exception()
+
+        return done
 
     async def _drain(self, tasks: list[asyncio.Task[None]]) -> None:
         remaining = self.spec.duration_s + self.spec.grace_s - self.elapsed()
         if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=max(remaining, 0.0))
+            done, pending = await asyncio.wait(tasks, timeout=max(remaining, 0.0))
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
+            for task in done:
+                task.result()  # a bug in a request factory surfaces instead of vanishing
 
 
 async def run_load(
