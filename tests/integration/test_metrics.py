@@ -222,6 +222,10 @@ def test_status_json_and_page(env: Env) -> None:
         page = resp.read().decode()
         assert resp.headers["Content-Type"].startswith("text/html")
     assert "/status.json" in page
+    for path in ("/metrics", "/status", "/status.json"):
+        wrong = call(r.url + path, {"x": 1})  # POST where only GET is served
+        assert wrong.status == 405
+        assert json.loads(wrong.body)["error"]["type"] == "invalid_request_error"
     assert "http://" not in page.replace("http://www.w3.org/2000/svg", "")  # no external assets
 
 
