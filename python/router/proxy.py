@@ -312,6 +312,10 @@ async def forward(
             ctx.timer.record(QUEUE, int(slot.wait_s * 1e9))
             ctx.extra["queue_depth"] = slot.queue_depth
         headers = upstream.request_headers(headers_in, ctx.request_id)
+        if tap is not None:
+            # The cache records, stores and replays identity bytes: a compressed answer could
+            # be neither parsed nor served to a later client that asked for another encoding.
+            headers["Accept-Encoding"] = "identity"
         try:
             return await open_attempt(upstream, ctx, headers, timeouts)
         except BaseException:

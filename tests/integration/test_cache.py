@@ -369,3 +369,16 @@ def test_embeddings_are_cached_and_identical(router: Proc) -> None:
     second = c.embeddings.with_raw_response.create(model=MODEL, input="embed me")
     assert (first.headers["x-cache"], second.headers["x-cache"]) == ("MISS", "HIT")
     assert second.parse().data[0].embedding == first.parse().data[0].embedding
+
+
+async def sim_last_headers(sim: Proc) -> dict[str, str]:
+    async with aiohttp.ClientSession() as s, s.get(f"{sim.url}/sim/stats") as r:
+        headers: dict[str, str] = (await r.json())["last_headers"]
+    return {k.lower(): v for k, v in headers.items()}
+
+
+def test_a_miss_asks_the_region_for_identity_bytes(router: Proc, sim: Proc) -> None:
+    body = b'{"model":"sim-1","temperature":0,"messages":[{"role":"user","content":"gzip?"}]}'
+    status, headers, _ = asyncio.run(post_raw(router, body, **{"Accept-Encoding": "gzip, br"}))
+    assert (status, headers["x-cache"]) == (200, "MISS")
+    assert asyncio.run(sim_last_headers(sim))["accept-encoding"] == "identity"
