@@ -159,6 +159,9 @@ async def test_rollback_under_load_has_zero_failed_requests(stack: Stack) -> Non
     results: list[tuple[float, float, int, str | None]] = []
     rolled_back_at: list[float] = []
     third_done = asyncio.Event()
+    rolled_back = asyncio.Event()
+    slow_started = asyncio.Event()
+    busy_on_v2: list[int] = []
     total, workers = 300, 8
 
     async def worker(w: int, s: aiohttp.ClientSession) -> None:
@@ -175,10 +178,32 @@ async def test_rollback_under_load_has_zero_failed_requests(stack: Stack) -> Non
         await third_done.wait()
         await admin(s, stack.router.url + "/admin/rollout/rollback", {"model": "chat-default"})
         rolled_back_at.append(time.monotonic())
+        async with s.get(stack.b.url + "/sim/stats") as resp:
+            busy_on_v2.append(msgspec.json.decode(await resp.read())["active"])
+        rolled_back.set()
+
+    async def slow_stream_on_v2(s: aiohttp.ClientSession) -> tuple[str | None, bytes]:
+        """A v2 stream that starts before the rollback and is still running after it."""
+        i = 0
+        while (await post(s, url, chat(f"slow{i}")))[1] != "v2":
+            i += 1
+        headers = {"x-sim-tokens-per-s": "8"}  # 25 tokens: about 3 s
+        async with s.post(url, json=chat(f"slow{i}", stream=True), headers=headers) as resp:
+            assert resp.status == 200
+            slow_started.set()
+            await rolled_back.wait()
+            return resp.headers.get(VERSION), await resp.read()
 
     async with aiohttp.ClientSession() as s:
         async with asyncio.timeout(45):
+            slow = asyncio.create_task(slow_stream_on_v2(s))
+            await slow_started.wait()
             await asyncio.gather(roll_back(s), *(worker(w, s) for w in range(workers)))
+            slow_version, slow_body = await slow
+    # v2 was still generating when the rollback answered; its in-flight stream finished whole
+    assert busy_on_v2[0] >= 1
+    assert slow_version == "v2"
+    assert slow_body.rstrip().endswith(b"data: [DONE]")
     assert len(results) == total
     assert Counter(status for *_, status, _ in results) == Counter({200: total})
     [cut] = rolled_back_at
