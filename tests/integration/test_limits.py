@@ -12,6 +12,7 @@ import aiohttp
 import pytest
 
 from router.auth import hash_key
+from router.timing import parse_server_timing
 from tests.integration.conftest import region_toml, sim_stats, start_router, start_sim
 from tests.support import Proc, redis_server_binary, start_redis
 
@@ -317,3 +318,24 @@ async def test_full_region_spills_to_the_next_then_503(routers: list[Proc], tmp_
     finally:
         a.kill()
         b.kill()
+
+
+async def test_queued_request_waits_for_the_slot_and_reports_its_wait(
+    routers: list[Proc], tmp_path: Path
+) -> None:
+    a = start_sim(tmp_path, "only")
+    try:
+        admission = "max_in_flight = 1\nqueue_size = 4\nmax_wait_s = 10"
+        router = _start(routers, tmp_path, _config(a, "", admission, a))
+        async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+            first = asyncio.create_task(
+                _post(session, router, "open", headers={"x-sim-ttft-ms": "800"})
+            )
+            await asyncio.sleep(0.3)
+            status, headers, _ = await _post(session, router, "open")
+            assert status == 200
+            assert (await first)[0] == 200
+        queue_ms = parse_server_timing(headers["Server-Timing"])["queue"]
+        assert queue_ms > 100  # it waited for the first answer's slot instead of being refused
+    finally:
+        a.kill()

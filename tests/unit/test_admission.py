@@ -8,8 +8,10 @@ import time
 from collections.abc import Callable
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from router.admission import Admission, SlotQueue, Spill
+from router.admission import Admission, SlotQueue, Spill, Ticket
 from router.errors import Unavailable
 
 
@@ -236,3 +238,36 @@ async def test_cancelled_right_after_being_handed_the_slot_passes_it_on() -> Non
     assert adm.in_flight("a") == 1
     slot.release()
     assert adm.in_flight("a") == 0
+
+
+@given(
+    cap=st.integers(1, 4),
+    capacity=st.integers(0, 4),
+    ops=st.lists(st.tuples(st.sampled_from(["enter", "release", "cancel"]), st.integers(0, 3))),
+)
+def test_slots_are_never_over_the_cap_nor_lost(
+    cap: int, capacity: int, ops: list[tuple[str, int]]
+) -> None:
+    q: SlotQueue[int] = SlotQueue(max_in_flight=cap, capacity=capacity)
+    holders = 0  # requests holding a slot
+    waiting: list[Ticket[int]] = []
+    for op, arg in ops:
+        if op == "enter":
+            if q.try_acquire():
+                holders += 1
+            else:
+                ticket = q.push(arg, arg)
+                if ticket is not None:
+                    waiting.append(ticket)
+        elif op == "release" and holders:
+            woken = q.release()
+            if woken is None:
+                holders -= 1
+            else:
+                waiting = [t for t in waiting if not t.cancelled]
+        elif op == "cancel" and waiting:
+            assert q.cancel(waiting.pop(arg % len(waiting)))
+        assert q.in_flight == holders <= cap
+        assert q.depth == len([t for t in waiting if not t.cancelled]) <= capacity
+        # Nobody waits while a slot is free.
+        assert q.depth == 0 or q.in_flight == cap
