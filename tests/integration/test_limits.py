@@ -155,7 +155,9 @@ async def test_two_instances_share_one_redis(
     sim: Proc, routers: list[Proc], tmp_path: Path, redis_proc: Proc
 ) -> None:
     text = _config(sim, _redis_limits(redis_proc))
-    await _check_rates([_start(routers, tmp_path, text), _start(routers, tmp_path, text)])
+    pair = [_start(routers, tmp_path, text), _start(routers, tmp_path, text)]
+    await _check_rates(pair)
+    assert not any("unreachable" in p.output() for p in pair)
 
 
 def _logged(proc: Proc, text: str) -> bool:
@@ -250,13 +252,20 @@ async def test_rate_headers_on_every_answer(sim: Proc, routers: list[Proc], tmp_
 
 
 @pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("backend", ["local", "redis"])
 async def test_tokens_reserved_at_admission_are_reconciled_with_usage(
-    sim: Proc, routers: list[Proc], tmp_path: Path, stream: bool
+    sim: Proc,
+    routers: list[Proc],
+    tmp_path: Path,
+    stream: bool,
+    backend: str,
+    request: pytest.FixtureRequest,
 ) -> None:
     # Each request reserves its prompt + 800 (default_max_tokens) of a 1000-token bucket that
     # refills 10/s; the sim answers with a few tokens. Only giving back the unused reservation
-    # lets the next request in.
-    router = _start(routers, tmp_path, _config(sim))
+    # (locally, and in Redis) lets the next request in.
+    limits = _redis_limits(request.getfixturevalue("redis_proc")) if backend == "redis" else ""
+    router = _start(routers, tmp_path, _config(sim, limits))
     body: dict[str, Any] = {"model": "sim-1", "messages": [{"role": "user", "content": "hi"}]}
     if stream:
         body |= {"stream": True, "stream_options": {"include_usage": True}}
@@ -268,6 +277,8 @@ async def test_tokens_reserved_at_admission_are_reconciled_with_usage(
             status, headers, _ = await _post(session, router, "tokens", body)
             assert status == 200
             assert int(headers["x-ratelimit-remaining-tokens"]) < 200
+    # Redis answered throughout: the shared buckets, not the local fallback, admitted these.
+    assert "unreachable" not in router.output()
 
 
 async def test_request_larger_than_the_bucket_is_refused_for_good(
