@@ -47,6 +47,8 @@ class Entry(msgspec.Struct, frozen=True, kw_only=True):
     body: bytes = b""
     chunks: tuple[bytes, ...] = ()
     stream: bool = False
+    # Only 200s are stored; another status travels only from a coalesced leader to followers.
+    status: int = 200
 
     def size(self) -> int:
         """Approximate bytes this entry holds in memory."""

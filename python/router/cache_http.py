@@ -140,12 +140,12 @@ class Tap:
 
     def body(self, status: int, content_type: str | None, body: bytes) -> None:
         """A whole non-stream answer just relayed to the client."""
-        if status != 200:
-            if self._flight is not None:
-                self._cache.flights.fail(self._flight)
-            return
+        # A region's final non-200 answer (a 4xx the attempt loop does not retry) is what any
+        # identical request would get: followers share it, but it is never stored.
         entry = self._entry(body=body, content_type=content_type or "application/json")
-        if self._store and len(body) <= self._max_entry and complete_body(body):
+        if status != 200:
+            entry = msgspec.structs.replace(entry, status=status)
+        elif self._store and len(body) <= self._max_entry and complete_body(body):
             self._cache.put(self._key, entry)
         if self._flight is not None:
             self._cache.flights.finish(self._flight, entry)
@@ -232,8 +232,15 @@ async def serve(
             return await _follow(request, ctx, cache, flight)
         except _Rejoin:
             continue
-    tap = Tap(cache, ctx, key, namespace, rule, store=decision.store, flight=None)
-    return await _origin(request, ctx, cache, XCache.MISS, origin, tap)
+    # Leader after leader failed to get any answer: going upstream one by one now would be a
+    # thundering herd on a region that is already failing.
+    ctx.timer.end(CACHE_STAGE)
+    cache.count(XCache.MISS)
+    request[MARK] = Mark(XCache.MISS)
+    raise UpstreamError(
+        "The region failed to answer this request (shared with identical concurrent requests).",
+        code="upstream_error",
+    )
 
 
 async def _origin(
@@ -259,7 +266,7 @@ async def _replay(
     request[MARK] = Mark(XCache.HIT, entry.age(cache.clock()))
     if not entry.stream:
         headers = {"Content-Type": entry.content_type, "X-Request-Id": ctx.request_id}
-        return web.Response(body=entry.body, headers=headers)
+        return web.Response(status=entry.status, body=entry.body, headers=headers)
     resp = web.StreamResponse(headers={**SSE_HEADERS, "X-Request-Id": ctx.request_id})
     await resp.prepare(request)
     await resp.write(b"".join(sse.encode(c) for c in entry.chunks) + sse.encode_done())

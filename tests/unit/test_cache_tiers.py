@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 
 import pytest
 
-from router.cache import Level, Rule, XCache
-from router.cache_http import knobs
+from router import sse
+from router.cache import Entry, Level, Rule, XCache
+from router.cache_http import Tap, knobs
 from router.cache_tiers import ResponseCache
 from router.config import CacheConfig, CacheModelConfig
+from router.context import RequestContext
+from router.request import CHAT, parse_body
+from router.singleflight import Flight, FlightFailed
 
 
 def key_fn(body: bytes, namespace: str, level: Level) -> bytes:
@@ -109,3 +115,71 @@ def test_knobs_reads_only_the_policy_fields(body: bytes, expected: dict[str, obj
 
 def test_rule_default_is_conservative() -> None:
     assert make().rule("m") == Rule()
+
+
+def ctx_for(body: bytes, *, stream: bool = False) -> RequestContext:
+    ctx = RequestContext("req-1", CHAT)
+    ctx.parsed = parse_body(CHAT, body)
+    assert ctx.request.stream is stream
+    return ctx
+
+
+CHAT_BODY = b'{"model":"m","temperature":0,"messages":[{"role":"user","content":"hi"}]}'
+OK_BODY = b'{"choices":[{"index":0,"message":{"content":"yo"},"finish_reason":"stop"}]}'
+
+
+async def test_tap_shares_a_regions_error_with_followers_but_never_stores_it() -> None:
+    cache = make()
+    ctx = ctx_for(CHAT_BODY)
+    flight, leads = cache.flights.join(b"k")
+    assert leads
+    follower = asyncio.create_task(flight.result())
+    tap = Tap(cache, ctx, b"k", "t", cache.rule("m"), store=True, flight=flight)
+    with cache.flights.lead(flight):
+        tap.body(400, "application/json", b'{"error":{"message":"bad"}}')
+    shared = await follower
+    assert shared.status == 400
+    assert shared.body == b'{"error":{"message":"bad"}}'
+    assert len(cache.memory) == 0
+
+
+async def test_tap_stores_a_clean_body_and_respects_no_store() -> None:
+    cache = make()
+    ctx = ctx_for(CHAT_BODY)
+    Tap(cache, ctx, b"k", "t", cache.rule("m"), store=True, flight=None).body(
+        200, "application/json", OK_BODY
+    )
+    Tap(cache, ctx, b"n", "t", cache.rule("m"), store=False, flight=None).body(
+        200, "application/json", OK_BODY
+    )
+    stored = await cache.get(b"k", "t", "m")
+    assert stored is not None
+    assert stored.body == OK_BODY
+    assert await cache.get(b"n", "t", "m") is None
+
+
+async def test_tap_stream_is_stored_only_when_clean_and_followers_see_payloads() -> None:
+    cache = make()
+    ctx = ctx_for(
+        CHAT_BODY.replace(b'"temperature":0', b'"temperature":0,"stream":true'), stream=True
+    )
+    chunk = b'{"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":"stop"}]}'
+    raw = sse.encode(chunk) + sse.encode_done()
+    for clean, key in ((False, b"broken"), (True, b"clean")):
+        flight, _ = cache.flights.join(key)
+        follower = asyncio.create_task(collect(flight))
+        tap = Tap(cache, ctx, key, "t", cache.rule("m"), store=True, flight=flight)
+        with contextlib.suppress(FlightFailed), cache.flights.lead(flight):
+            tap.chunk(raw[:10])
+            tap.chunk(raw[10:])
+            tap.end(clean)
+        got = await follower
+        assert got == ([chunk] if clean else None)
+        assert (await cache.get(key, "t", "m") is not None) is clean
+
+
+async def collect(flight: Flight[Entry]) -> list[bytes] | None:
+    try:
+        return [c async for c in flight.follow()]
+    except FlightFailed:
+        return None
