@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from bench.procs import NGINX, procs
 
 from router.loadgen import LoadSpec, Planned, RequestFactory, run_load, summarize
 from router.loadgen.requests import endpoint_url, round_robin
@@ -292,3 +293,18 @@ async def test_a_broken_request_factory_fails_the_run(sim: Proc, rate: float | N
     spec = LoadSpec(concurrency=10, rate=rate, duration_s=2.0, max_requests=5, grace_s=1.0)
     with pytest.raises(LookupError, match="no request 2"):
         await run_load("broken", spec, factory)
+
+
+@pytest.mark.skipif(not Path(NGINX).exists(), reason="nginx is not installed")
+async def test_nginx_from_bench_procs_relays_the_stream(sim: Proc, tmp_path: Path) -> None:
+    with procs(tmp_path / "procs") as pr:
+        nginx = pr.nginx(sim.port)
+        spec = LoadSpec(concurrency=2, duration_s=20.0, max_requests=6)
+        result = await run_load("nginx", spec, _factory(nginx))
+    summary = summarize("nginx", result.samples, result.wall_s)
+    assert (summary.sent, summary.ok) == (6, 6)
+    # Unbuffered: tokens arrive one by one, after the region's own TTFT.
+    assert all(s.chunks == MAX_TOKENS and len(s.itl_s) == MAX_TOKENS - 1 for s in result.samples)
+    assert summary.ttft_ms is not None
+    assert summary.ttft_ms.min >= TTFT_MS
+    assert nginx.popen.poll() is not None  # killed with the procs block

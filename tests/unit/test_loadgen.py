@@ -22,7 +22,7 @@ from router.loadgen.sample import Sample
 from router.loadgen.schedule import poisson_schedule
 from router.loadgen.sse import SseParser, StreamError, chunk_content
 from router.loadgen.stats import distribution, percentile
-from router.loadgen.summary import region_timeline, summarize
+from router.loadgen.summary import Summary, region_timeline, summarize
 
 
 def test_percentile_interpolates_between_closest_ranks() -> None:
@@ -325,3 +325,82 @@ def test_router_cli_does_not_import_matplotlib() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=30
     )
     assert out.stdout.split() == ["router.loadgen.cli", "False"]
+
+
+# ---- the scenarios' pure parts (bench/scenarios, bench/procs) ----
+
+
+def test_topology_rtts_are_symmetric_and_in_the_issue_ranges() -> None:
+    from bench.scenarios.topology import POPS, nearest, rtt_ms
+
+    for pop in POPS:
+        assert nearest(pop) == pop
+        assert 10 <= rtt_ms(pop, pop) <= 20
+        for region in POPS:
+            assert rtt_ms(pop, region) == rtt_ms(region, pop)
+            if region != pop:
+                assert 100 <= rtt_ms(pop, region) <= 180
+
+
+def test_global_users_workload_is_reproducible_and_only_surface_varies() -> None:
+    from bench.scenarios.global_users import repeat_ceiling, workload
+
+    a = workload(300, 20, 1.0, random.Random(4))
+    assert a == workload(300, 20, 1.0, random.Random(4))
+    canon = {" ".join(p.split()).lower() for p in a}
+    assert len(canon) <= 20
+    assert len(set(a)) > len(canon)  # variants an exact cache cannot match
+    assert repeat_ceiling(a) == pytest.approx(1 - len(canon) / 300)
+    assert repeat_ceiling(["x", "X ", " x"]) == pytest.approx(2 / 3)
+    assert repeat_ceiling([]) == 0.0
+
+
+def test_expected_ttft_is_the_median_pop() -> None:
+    from bench.scenarios.global_users import expected_ttft_ms
+
+    assert expected_ttft_ms(lambda _: "us-east", 60.0) == 160.0  # eu-west: 100 ms + 60
+    assert expected_ttft_ms(lambda pop: pop, 60.0) == 75.0  # 12/15/18 ms -> 15 + 60
+
+
+def test_nginx_config_streams_through_a_keepalive_pool(tmp_path: Path) -> None:
+    from bench.procs import nginx_config
+
+    conf = nginx_config(tmp_path, 8081, 9091)
+    assert "daemon off;" in conf
+    assert "listen 127.0.0.1:8081;" in conf
+    assert "server 127.0.0.1:9091;" in conf
+    assert "proxy_buffering off;" in conf
+    assert 'proxy_set_header Connection "";' in conf
+    assert f"pid {tmp_path}/nginx.pid;" in conf
+
+
+def test_overhead_notes_subtract_direct() -> None:
+    from bench.scenarios.overhead_nginx import overhead_notes
+
+    def run(name: str, ttft: float, total: float, n: int) -> Summary:
+        return summarize(name, [_ok(0.0, ttft=ttft, total=total)] * n, 1.0)
+
+    rows = [run("direct", 0.001, 0.002, 10), run("nginx", 0.0015, 0.003, 8)]
+    (note,) = overhead_notes(rows)
+    assert note.startswith("- nginx over direct: TTFT +0.50 ms p50")
+    assert "total +1.00 ms p50" in note
+    assert "throughput 80% of direct" in note
+    assert overhead_notes(rows[1:]) == []
+
+
+def test_agent_task_rows_count_only_complete_tasks() -> None:
+    from bench.scenarios.agent_loop import Task, task_row, task_table
+
+    full = Task(pop="a", index=0, total_s=1.5, calls=[_ok(0.0)] * 3)
+    short = Task(pop="a", index=1, total_s=0.2, calls=[_ok(0.0)] * 2)
+    failed = Task(
+        pop="a",
+        index=2,
+        total_s=0.3,
+        calls=[_ok(0.0), Sample(start_s=0.1, total_s=0.1, error="timeout")],
+    )
+    row = task_row("x", [full, short, failed], calls=3)
+    assert (row.tasks, row.ok) == (3, 1)
+    assert row.task_ms is not None
+    assert row.task_ms.p50 == pytest.approx(1500.0)
+    assert "| x | 3 | 1 | 3 | 1500 | 1500 | 1500 |" in task_table([row])
