@@ -60,6 +60,8 @@ def rate_headers(
 
 def retry_headers(retry_after_s: float) -> dict[str, str]:
     """Retry-After (whole seconds, at least 1) and the SDKs' more precise retry-after-ms."""
+    # A bucket that can never fit the request says inf; an hour is as good an answer.
+    retry_after_s = min(max(retry_after_s, 0.0), 3600.0) if math.isfinite(retry_after_s) else 3600.0
     return {
         "Retry-After": str(max(1, math.ceil(retry_after_s))),
         "retry-after-ms": str(max(1, math.ceil(retry_after_s * 1000))),

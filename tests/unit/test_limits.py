@@ -65,6 +65,8 @@ def test_rate_headers_only_for_limited_dimensions() -> None:
 def test_retry_headers_round_up_and_never_say_zero() -> None:
     assert retry_headers(0.0) == {"Retry-After": "1", "retry-after-ms": "1"}
     assert retry_headers(2.0001) == {"Retry-After": "3", "retry-after-ms": "2001"}
+    assert retry_headers(float("inf"))["Retry-After"] == "3600"
+    assert retry_headers(float("nan"))["Retry-After"] == "3600"
 
 
 @pytest.mark.parametrize(
