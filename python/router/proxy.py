@@ -94,6 +94,25 @@ RetryGate = Callable[[RequestContext], bool]
 RETRY_GATE: web.AppKey[RetryGate] = web.AppKey("router.retry_gate")
 
 
+class StreamGuard(Protocol):
+    """Holds back partial SSE events so a broken stream can be resumed cleanly."""
+
+    def feed(self, chunk: bytes) -> bytes: ...
+    def flush(self) -> bytes: ...
+
+
+class Midstream(Protocol):
+    """The routing feature's answer to a stream that broke after bytes reached the client."""
+
+    def track(self, ctx: RequestContext) -> StreamGuard | None: ...
+    async def resume(
+        self, request: web.Request, ctx: RequestContext, out: web.StreamResponse, reason: str
+    ) -> bool: ...
+
+
+MIDSTREAM: web.AppKey[Midstream] = web.AppKey("router.midstream")
+
+
 async def open_attempt(
     upstream: Upstream, ctx: RequestContext, headers: CIMultiDict[str], timeouts: TimeoutsConfig
 ) -> Opened:
@@ -224,10 +243,12 @@ async def relay_stream(
     resp = web.StreamResponse(status=opened.status, headers=opened.headers)
     # The usage an OpenAI stream reports last settles the request's token reservation.
     meter = request.get(METER)
+    midstream = request.app.get(MIDSTREAM)
+    guard = midstream.track(ctx) if midstream is not None else None
     complete = False
     try:
         await resp.prepare(request)
-        await resp.write(opened.first)
+        await resp.write(opened.first if guard is None else guard.feed(opened.first))
         if tap is not None:
             tap.chunk(opened.first)
         if meter is not None:
@@ -246,8 +267,10 @@ async def relay_stream(
                     if more:
                         chunk += more
                     if not chunk:
+                        if guard is not None:
+                            await resp.write(guard.flush())
                         break
-                    await resp.write(chunk)
+                    await resp.write(chunk if guard is None else guard.feed(chunk))
                     if tap is not None:
                         tap.chunk(chunk)
                     if meter is not None:
@@ -260,7 +283,8 @@ async def relay_stream(
                 return resp
             reason = "idle timeout" if isinstance(exc, TimeoutError) else str(exc) or "disconnect"
             log.warning("request %s: stream from %s broke: %s", ctx.request_id, ctx.region, reason)
-            await resp.write(_stream_error_event(f"The region stopped mid-stream ({reason})."))
+            if midstream is None or not await midstream.resume(request, ctx, resp, reason):
+                await resp.write(_stream_error_event(f"The region stopped mid-stream ({reason})."))
     finally:
         if tap is not None:
             tap.end(complete)

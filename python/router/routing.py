@@ -14,7 +14,8 @@ from router.budget import RetryBudget
 from router.config import Config, RoutingConfig
 from router.context import RequestContext
 from router.health import Health, lifetime, outcome_of
-from router.proxy import RETRY_GATE, AttemptError, AttemptHook
+from router.proxy import MIDSTREAM, RETRY_GATE, AttemptError, AttemptHook
+from router.resume import CANDIDATES, MidstreamPolicy
 from router.upstream import Upstream, Upstreams
 
 log = logging.getLogger("router")
@@ -57,7 +58,10 @@ def selector(health: Health, routing: RoutingConfig) -> Selector:
         if chosen.panic and chosen.order:
             log.warning("request %s: no region available, trying all (panic)", ctx.request_id)
         by_name = {u.name: u for u in serving}
-        return [by_name[name] for name in chosen.names]
+        ordered = [by_name[name] for name in chosen.names]
+        # Mid-stream resume continues on the next of these.
+        ctx.extra[CANDIDATES] = ordered
+        return ordered
 
     return select
 
@@ -149,6 +153,13 @@ def install(
     )
     app[BUDGET] = budget
     app[RETRY_GATE] = retry_gate(budget, routing)
+    app[MIDSTREAM] = MidstreamPolicy(
+        routing.midstream,
+        first_byte_s=routing.ttft_timeout_s or config.timeouts.first_byte,
+        idle_s=config.timeouts.idle,
+        max_resumes=routing.max_resumes,
+        report=lambda region, outcome: health.report(region, outcome),
+    )
     hooks.append(passive_hook(health))
     stages.append(_deadline_stage())
     ready_checks.append(health.any_available)

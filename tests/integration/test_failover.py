@@ -298,3 +298,66 @@ async def test_failover_headers_and_admin_drain(three: Three) -> None:
     back = Outcomes()
     await load(three.router.url, 0.5, 2, back, start=80_000)
     assert back.regions["a"] > 0
+
+
+def read_stream(raw: bytes) -> tuple[str, int, int, set[str]]:
+    """(text, [DONE] count, error events, chunk ids) of an SSE body."""
+    pieces: list[str] = []
+    done = errors = 0
+    ids: set[str] = set()
+    for line in raw.decode().splitlines():
+        if not line.startswith("data: "):
+            continue
+        if line == "data: [DONE]":
+            done += 1
+            continue
+        event = json.loads(line[6:])
+        if "error" in event:
+            errors += 1
+            continue
+        ids.add(event["id"])
+        for choice in event["choices"]:
+            pieces.append(choice["delta"].get("content") or "")
+    return "".join(pieces), done, errors, ids
+
+
+async def broken_stream(url: str, i: int, after: int) -> tuple[int, bytes]:
+    body = {"model": MODEL, "messages": messages(i), "stream": True}
+    headers = {"x-sim-fail": "die-mid-stream", "x-sim-only": "a", "x-sim-after-tokens": str(after)}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(url + "/v1/chat/completions", json=body, headers=headers) as resp,
+    ):
+        return resp.status, await resp.read()
+
+
+async def test_midstream_break_ends_with_an_error_event_by_default(three: Three) -> None:
+    status, raw = await broken_stream(three.router.url, 7, after=4)
+    assert status == 200
+    streamed, done, errors, _ = read_stream(raw)
+    assert (done, errors) == (0, 1)
+    assert text.full_chat_text(MODEL, messages(7)).startswith(streamed)
+    assert streamed
+    last = json.loads(raw.decode().strip().splitlines()[-1][6:])
+    assert last["error"]["code"] == "upstream_stream_error"
+
+
+def test_resume_mode_continues_on_the_next_region_exactly(tmp_path: Path) -> None:
+    header = HEADER.replace("max_attempts = 3", 'max_attempts = 3\nmidstream = "resume"')
+    env = start_three(tmp_path, header, tokens_per_s=200)
+    try:
+        for i, after in enumerate((1, 5, 12)):
+            status, raw = asyncio.run(broken_stream(env.router.url, 100 + i, after))
+            assert status == 200
+            streamed, done, errors, ids = read_stream(raw)
+            assert (done, errors) == (1, 0)
+            assert streamed == text.full_chat_text(MODEL, messages(100 + i))
+            # One stream to the client: the continuation carries the first stream's id.
+            assert len(ids) == 1
+        b = sim_stats(env.b)
+        assert b["requests"] == 3
+        assert '"role":"assistant"' in b["last_body"]
+        assert env.region("a")["passive_failures"] >= 1
+    finally:
+        for proc in (env.router, env.a, env.b, env.c):
+            proc.kill()

@@ -1,0 +1,71 @@
+"""Mid-stream resume pieces: whole-event relay, prefill body, restamped continuation events."""
+
+from __future__ import annotations
+
+import json
+
+from router.resume import StreamTracker, continuation_body, restamp
+
+
+def ev(obj: object) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+def delta(content: str, ident: str = "chatcmpl-1") -> bytes:
+    choice = {"index": 0, "delta": {"content": content}, "finish_reason": None}
+    return ev({"id": ident, "created": 5, "model": "m", "choices": [choice]})
+
+
+def test_tracker_passes_whole_events_only_and_collects_text() -> None:
+    t = StreamTracker()
+    stream = delta("Hel") + delta("lo") + b"data: [DONE]\n\n"
+    cut = len(delta("Hel")) + 7  # inside the second event
+    assert t.feed(stream[:cut]) == delta("Hel")
+    assert t.text == "Hel"
+    assert t.tail == stream[len(delta("Hel")) : cut]
+    assert t.feed(stream[cut:]) == stream[len(delta("Hel")) :]
+    assert (t.text, t.events, t.done) == ("Hello", 2, True)
+    assert t.ident == {"id": "chatcmpl-1", "created": 5, "model": "m"}
+    assert t.flush() == b""
+
+
+def test_tracker_ignores_role_usage_and_garbage_events() -> None:
+    t = StreamTracker()
+    role = ev({"id": "x", "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+    usage = ev({"id": "x", "choices": [], "usage": {"total_tokens": 3}})
+    out = t.feed(role + b": keep-alive comment\n\n" + b"data: {not json\n\n" + usage)
+    assert out.endswith(usage)
+    assert (t.text, t.events, t.done) == ("", 0, False)
+    t.feed(b"data: [DO")
+    assert t.flush() == b"data: [DO"
+
+
+def test_continuation_body_appends_prefill_and_shrinks_limits() -> None:
+    body = json.dumps(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10}
+    ).encode()
+    out = json.loads(continuation_body(body, "Hello wor", 3))
+    assert out["messages"][-1] == {"role": "assistant", "content": "Hello wor"}
+    assert out["messages"][0] == {"role": "user", "content": "hi"}
+    assert out["max_tokens"] == 7
+    assert out["continue_final_message"] is True
+    assert out["add_generation_prompt"] is False
+    capped = json.loads(continuation_body(body.replace(b"10", b"2"), "x", 9))
+    assert capped["max_tokens"] == 1
+
+
+def test_restamp_drops_the_role_preamble_and_keeps_the_first_identity() -> None:
+    ident = {"id": "chatcmpl-first", "created": 1, "model": "m"}
+    role = {
+        "id": "other",
+        "choices": [
+            {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+        ],
+    }
+    assert restamp(ev(role).rstrip(b"\n"), ident) is None
+    stamped = restamp(delta("lo", ident="other").rstrip(b"\n"), ident)
+    assert stamped is not None
+    obj = json.loads(stamped[6:])
+    assert obj["id"] == "chatcmpl-first"
+    assert obj["choices"][0]["delta"]["content"] == "lo"
+    assert restamp(b"data: [DONE]", ident) == b"data: [DONE]"
