@@ -171,6 +171,8 @@ def test_cli_writes_results_and_plots(sim: Proc, tmp_path: Path) -> None:
         "--plot",
         "--progress-interval",
         "0",
+        "--origin-stats",
+        f"ok={sim.url}",
     ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=50, cwd=REPO, check=False)
     assert done.returncode == 0, done.stderr
@@ -179,6 +181,7 @@ def test_cli_writes_results_and_plots(sim: Proc, tmp_path: Path) -> None:
     runs = json.loads((out / "results.json").read_bytes())["runs"]
     assert runs[0]["sent"] == 6
     assert runs[0]["ttft_ms"]["n"] == 6
+    assert runs[0]["origin"] == {"ok": 6}  # the region's own counter, before -> after
     assert (out / "results.md").read_text().count("| cli |") == 1
     for png in ("ttft-cdf.png", "total-cdf.png", "traffic-cli.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
@@ -213,6 +216,7 @@ def test_router_bench_reports_failures_in_its_exit_code(tmp_path: Path) -> None:
         ["--duration", "inf"],
         ["--timeline-bin", "0"],
         ["--prompts-file", str(tmp_path / "missing.txt")],
+        ["--origin-stats", "no-equals-sign"],
     ):
         done = subprocess.run(
             router_cmd("bench", "--url", "http://127.0.0.1:1", *flags),

@@ -327,6 +327,19 @@ def test_router_cli_does_not_import_matplotlib() -> None:
     assert out.stdout.split() == ["router.loadgen.cli", "False"]
 
 
+def test_origin_options_and_deltas() -> None:
+    from router.loadgen.origin import origin_delta, parse_origins
+
+    assert parse_origins(["eu=http://127.0.0.1:1/", "us=https://h:2"]) == {
+        "eu": "http://127.0.0.1:1",
+        "us": "https://h:2",
+    }
+    for bad in ("eu", "=http://x", "eu=ftp://x"):
+        with pytest.raises(ValueError, match="NAME=http"):
+            parse_origins([bad])
+    assert origin_delta({"eu": 10, "us": 3}, {"eu": 4}) == {"eu": 6, "us": 3}
+
+
 # ---- the scenarios' pure parts (bench/scenarios, bench/procs) ----
 
 

@@ -10,8 +10,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import cast
 
+import aiohttp
+import msgspec
 import uvloop
 
+from router.loadgen.origin import origin_delta, origin_requests, parse_origins
 from router.loadgen.progress import Progress
 from router.loadgen.requests import endpoint_url, round_robin
 from router.loadgen.runner import LoadSpec, RunResult, run_load
@@ -73,6 +76,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeline-bin", type=float, default=1.0, help="seconds per bar of the region plot"
     )
+    parser.add_argument(
+        "--origin-stats",
+        action="append",
+        default=[],
+        metavar="NAME=URL",
+        help="a sim region whose own request counter (GET URL/sim/stats) is read before and "
+        "after the run: origin load as the region counts it (repeatable)",
+    )
     parser.add_argument("--progress-interval", type=float, default=1.0)
     parser.add_argument("--quiet", action="store_true", help="no progress line")
 
@@ -106,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
         if not args.timeline_bin > 0:
             raise ValueError("--timeline-bin must be positive")
         prompts = _prompts(args)
+        origins = parse_origins(args.origin_stats)
     except (ValueError, OSError) as exc:
         print(f"router bench: {exc}", file=sys.stderr)
         return 2
@@ -116,10 +128,19 @@ def run(args: argparse.Namespace) -> int:
     )
     progress = None if args.quiet else Progress(args.name, args.progress_interval)
     # asyncio.run has no loop_factory before 3.12; a Runner does.
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        result: RunResult = runner.run(
-            run_load(args.name, spec, factory, headers=headers, progress=progress)
-        )
+    try:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            before = runner.run(origin_requests(origins)) if origins else {}
+            result: RunResult = runner.run(
+                run_load(args.name, spec, factory, headers=headers, progress=progress)
+            )
+            after = runner.run(origin_requests(origins)) if origins else {}
+    except KeyboardInterrupt:
+        print("router bench: interrupted", file=sys.stderr)
+        return 130
+    except (aiohttp.ClientError, msgspec.DecodeError, TimeoutError) as exc:
+        print(f"router bench: --origin-stats: {exc!r}", file=sys.stderr)
+        return 2
     config = {
         "url": url,
         "model": args.model,
@@ -127,6 +148,8 @@ def run(args: argparse.Namespace) -> int:
         **{f: getattr(spec, f) for f in spec.__struct_fields__},
     }
     summary = summarize(args.name, result.samples, result.wall_s, config=config)
+    if origins:
+        summary.origin = origin_delta(after, before)
     from router.loadgen.report import markdown_table, write_results
 
     print(markdown_table([summary]), end="")
