@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TypeVar
 
 import msgspec
@@ -13,6 +14,8 @@ from router.errors import InvalidRequest
 from router.reload import RELOADER
 from router.rollout import describe
 from router.rollout_web import ROLLOUT
+
+log = logging.getLogger("router")
 
 
 class WeightsRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -69,15 +72,28 @@ async def table(request: web.Request) -> web.Response:
 async def weights(request: web.Request) -> web.Response:
     """POST {"model", "weights": {version: weight}}: takes effect on the next request."""
     body = _decode(await request.read(), WeightsRequest)
-    return json_response(
-        describe(request.app[ROLLOUT].rollout.set_weights(body.model, body.weights))
+    new = request.app[ROLLOUT].rollout.set_weights(body.model, body.weights)
+    log.warning(
+        "admin: model %s weights now %s (table generation %d)",
+        body.model,
+        new.alias(body.model).weights(),
+        new.generation,
     )
+    return json_response(describe(new))
 
 
 async def rollback(request: web.Request) -> web.Response:
     """POST {"model", "to"?}: all traffic to the stable version now; the others stay deployed."""
     body = _decode(await request.read(), RollbackRequest)
-    return json_response(describe(request.app[ROLLOUT].rollout.rollback(body.model, body.to)))
+    new = request.app[ROLLOUT].rollout.rollback(body.model, body.to)
+    alias = new.alias(body.model)
+    log.warning(
+        "admin rollback: model %s -> version %s (table generation %d)",
+        body.model,
+        body.to if body.to is not None else alias.stable,
+        new.generation,
+    )
+    return json_response(describe(new))
 
 
 async def reload(request: web.Request) -> web.Response:

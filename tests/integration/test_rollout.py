@@ -212,6 +212,7 @@ async def test_rollback_under_load_has_zero_failed_requests(stack: Stack) -> Non
     assert before["v2"] > 0
     assert sum(after.values()) > 0
     assert set(after) == {"v1"}
+    wait_for_log(stack.router, "admin rollback: model chat-default -> version v1")
 
 
 def test_sighup_invalid_config_rejected_then_valid_applied(stack: Stack) -> None:
@@ -287,6 +288,7 @@ async def test_admin_table_weights_and_errors(stack: Stack) -> None:
             )
         )
         assert moved["generation"] == table["generation"] + 1
+        wait_for_log(stack.router, "admin: model chat-default weights now {'v1': 0.0, 'v2': 50.0}")
         url = stack.router.url + "/v1/chat/completions"
         got = {(await post(s, url, chat(f"w{i}")))[1] for i in range(10)}
         assert got == {"v2"}
