@@ -39,8 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--concurrency",
         type=int,
-        default=8,
-        help="closed loop: workers; open loop: cap on requests in flight",
+        default=None,
+        help="closed loop: workers (default 8); open loop: cap on requests in flight "
+        "(default 1024; arrivals over the cap count as client_saturated)",
     )
     parser.add_argument(
         "--rate",
@@ -96,6 +97,14 @@ def _prompts(args: argparse.Namespace) -> list[str]:
     return prompts or [DEFAULT_PROMPT]
 
 
+def _concurrency(args: argparse.Namespace) -> int:
+    if args.concurrency is not None:
+        value: int = args.concurrency
+        return value
+    # Open loop must not be capped by the client at a rate the server could take.
+    return 8 if args.rate is None else 1024
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the load the options describe; print the table; 0 when every request succeeded."""
     endpoint = cast(Endpoint, args.endpoint)
@@ -103,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         url = endpoint_url(args.url, endpoint)
         spec = LoadSpec(
-            concurrency=args.concurrency,
+            concurrency=_concurrency(args),
             rate=args.rate,
             duration_s=args.duration,
             max_requests=args.count,
