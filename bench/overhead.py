@@ -1,11 +1,15 @@
 """Proxy overhead: direct-to-upstream vs a minimal aiohttp pass-through vs the router.
 
+`router-core` is the router's own request path (validation, context, model lookup, attempt
+loop, relay) without the features build_app plugs in (auth, limits, admission, rollout, cache,
+routing/health, metrics and access log), to show which part of the cost is whose.
+
 One zero-delay simulated region, three ways to reach it, non-stream and stream, at two
 concurrencies, each for a fixed bounded duration on loopback. Every response is checked
 against the bytes the region itself returns. Prints a table of RPS, p50/p99 latency (TTFT for
 streams) and the latency the router and the pass-through add over direct.
 
-    python -m bench.overhead                 # default: 2.5 s per cell, about 50 s in all
+    python -m bench.overhead                 # default: 2 s per cell, about 55 s in all
     python -m bench.overhead --duration 5 --concurrency 32 128 --json out.json
 """
 
@@ -14,10 +18,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -25,6 +30,13 @@ import aiohttp
 import uvloop
 from aiohttp import web
 from tests.support import Proc, free_port, router_cmd, spawn
+
+from router.config import Config, load
+from router.context import RequestContext, request_id
+from router.proxy import forward
+from router.request import CHAT, check_content_type, parse_body, read_body, resolve_model
+from router.server import make_runner, run_until_signal
+from router.upstream import Upstreams, open_upstreams
 
 MODEL = "sim-1"
 BODY = {"model": MODEL, "messages": [{"role": "user", "content": "Measure the proxy."}]}
@@ -96,6 +108,44 @@ def serve_passthrough(port: int, upstream: str) -> None:
     )
 
 
+# ---- the router's core request path alone, without the features plugged into build_app ----
+
+
+def core_app(config: Config) -> web.Application:
+    """Validation, context, model lookup, region order and forward(); no auth/limits/metrics."""
+    app = web.Application()
+    upstreams: list[Upstreams] = []
+    aliases = dict(config.models.aliases)
+    served = frozenset(config.served_models())
+
+    async def pools(app: web.Application) -> AsyncIterator[None]:
+        upstreams.append(open_upstreams(config))
+        yield
+        await upstreams[0].close()
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        ctx = RequestContext(request_id(request.headers.get("X-Request-Id")), CHAT)
+        check_content_type(request.headers.get("Content-Type"))
+        body = await read_body(request, config.server.max_body_bytes, config.server.body_timeout_s)
+        ctx.parsed = resolve_model(parse_body(CHAT, body), aliases, served)
+        candidates = upstreams[0].serving(ctx.request.upstream_model)
+        return await forward(request, ctx, candidates, config.timeouts)
+
+    app.cleanup_ctx.append(pools)
+    app.router.add_post(CHAT, handle)
+    return app
+
+
+def serve_core(config_path: str) -> None:
+    """Run the core-only router (a subprocess of the bench)."""
+    config = load(config_path)
+
+    async def run() -> None:
+        await run_until_signal(make_runner(core_app(config), config), config.server.listen)
+
+    uvloop.run(run())
+
+
 # ---- the load generator ----
 
 
@@ -111,6 +161,15 @@ class Cell:
     rps: float
     p50_ms: float
     p99_ms: float
+    # CPU time the serving process (the region for direct, else the proxy) spent per request:
+    # unlike wall-clock latency it barely moves when other jobs compete for the cores.
+    cpu_us: float
+
+
+def _cpu_s(pid: int) -> float:
+    """utime + stime of a process, in seconds (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _quantile(values: Sequence[float], q: float) -> float:
@@ -172,7 +231,11 @@ async def _expected(url: str, stream: bool) -> bytes:
 
 
 async def measure(
-    targets: dict[str, str], concurrencies: Sequence[int], duration: float, warmup: float
+    targets: dict[str, str],
+    pids: dict[str, int],
+    concurrencies: Sequence[int],
+    duration: float,
+    warmup: float,
 ) -> list[Cell]:
     cells: list[Cell] = []
     for mode in ("non-stream", "stream"):
@@ -181,9 +244,11 @@ async def measure(
         for concurrency in concurrencies:
             for target, url in targets.items():
                 await _load(url, stream, concurrency, warmup, expected)
+                cpu_before = _cpu_s(pids[target])
                 latencies, errors, elapsed = await _load(
                     url, stream, concurrency, duration, expected
                 )
+                cpu = _cpu_s(pids[target]) - cpu_before
                 cells.append(
                     Cell(
                         target=target,
@@ -194,6 +259,7 @@ async def measure(
                         rps=len(latencies) / elapsed,
                         p50_ms=1000 * _quantile(latencies, 0.5),
                         p99_ms=1000 * _quantile(latencies, 0.99),
+                        cpu_us=1e6 * cpu / max(1, len(latencies)),
                     )
                 )
                 print(
@@ -210,26 +276,27 @@ def table(cells: Sequence[Cell]) -> str:
     passthrough = {(c.mode, c.concurrency): c for c in cells if c.target == "passthrough"}
     lines = [
         "| mode | c | target | RPS | p50 ms | p99 ms | added p50 ms | added p99 ms "
-        "| RPS vs pass-through | errors |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| RPS vs pass-through | CPU us/req | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in cells:
         base = direct[(c.mode, c.concurrency)]
         added = "" if c.target == "direct" else f"{c.p50_ms - base.p50_ms:+.2f}"
         added99 = "" if c.target == "direct" else f"{c.p99_ms - base.p99_ms:+.2f}"
         ratio = ""
-        if c.target == "router":
+        if c.target.startswith("router"):
             ratio = f"{100 * c.rps / passthrough[(c.mode, c.concurrency)].rps:.0f}%"
         metric = " (TTFT)" if c.mode == "stream" else ""
         lines.append(
             f"| {c.mode}{metric} | {c.concurrency} | {c.target} | {c.rps:.0f} | {c.p50_ms:.2f} "
-            f"| {c.p99_ms:.2f} | {added} | {added99} | {ratio} | {c.errors} |"
+            f"| {c.p99_ms:.2f} | {added} | {added99} | {ratio} | {c.cpu_us:.0f} | {c.errors} |"
         )
     return "\n".join(lines)
 
 
 def _start(tmp: Path) -> list[Proc]:
     upstream_port, pass_port, router_port = free_port(), free_port(), free_port()
+    core_port = free_port()
     sim = spawn(
         router_cmd("sim-region", "--port", str(upstream_port), "--name", "sim"),
         upstream_port,
@@ -244,19 +311,32 @@ def _start(tmp: Path) -> list[Proc]:
     config = tmp / "router.toml"
     config.write_text(ROUTER_CONFIG.format(port=router_port, upstream=upstream_port, model=MODEL))
     router = spawn(router_cmd("serve", "--config", str(config)), router_port, tmp / "router.log")
-    return [sim, passthrough, router]
+    core_config = tmp / "core.toml"
+    core_config.write_text(
+        ROUTER_CONFIG.format(port=core_port, upstream=upstream_port, model=MODEL)
+    )
+    core = spawn(
+        [sys.executable, "-m", "bench.overhead", "--serve-core", str(core_config)],
+        core_port,
+        tmp / "core.log",
+    )
+    return [sim, passthrough, router, core]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--duration", type=float, default=2.5, help="seconds per cell")
+    parser.add_argument("--duration", type=float, default=2.0, help="seconds per cell")
     parser.add_argument("--warmup", type=float, default=0.5, help="seconds before each cell")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[32, 128])
     parser.add_argument("--json", type=Path, help="also write the cells as JSON here")
     parser.add_argument(
         "--serve-passthrough", nargs=2, metavar=("PORT", "UPSTREAM"), help=argparse.SUPPRESS
     )
+    parser.add_argument("--serve-core", metavar="CONFIG", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.serve_core:
+        serve_core(args.serve_core)
+        return 0
     if args.serve_passthrough:
         serve_passthrough(int(args.serve_passthrough[0]), args.serve_passthrough[1])
         return 0
@@ -265,14 +345,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="router-overhead-") as tmp:
         procs = _start(Path(tmp))
         try:
-            sim, passthrough, router = procs
+            sim, passthrough, router, core = procs
             path = "/v1/chat/completions"
             targets = {
                 "direct": sim.url + path,
                 "passthrough": passthrough.url + path,
                 "router": router.url + path,
+                "router-core": core.url + path,
             }
-            cells = uvloop.run(measure(targets, args.concurrency, args.duration, args.warmup))
+            pids = {
+                "direct": sim.popen.pid,
+                "passthrough": passthrough.popen.pid,
+                "router": router.popen.pid,
+                "router-core": core.popen.pid,
+            }
+            cells = uvloop.run(measure(targets, pids, args.concurrency, args.duration, args.warmup))
         finally:
             for proc in procs:
                 proc.kill()
