@@ -139,6 +139,10 @@ class Authenticator:
             admin_token_sha256=config.admin_token_sha256,
         )
 
+    def adopt(self, other: Authenticator) -> None:
+        """Take another authenticator's keys in one step (a config reload's commit)."""
+        self._by_prefix, self._tenants = other._by_prefix, other._tenants
+
     @property
     def tenants(self) -> list[Tenant]:
         """Every configured tenant key (the anonymous one too when auth is off)."""

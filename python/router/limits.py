@@ -14,9 +14,10 @@ from router import auth as auth_mod
 from router import sse
 from router.admission import ADMISSION, Admission
 from router.auth import AUTH_NS, TENANT, Authenticator, Tenant
-from router.errors import RateLimited, Unavailable
+from router.errors import ConfigError, RateLimited, Unavailable
 from router.global_limits import Rates, RedisBuckets
 from router.native import BucketTable, NativeError, count_request_tokens, encoding_for_model
+from router.reload import RELOADER, Commit, Preparer
 from router.timing import AUTH, RATE_LIMIT
 
 if TYPE_CHECKING:
@@ -203,6 +204,7 @@ class Limiter:
         """Install a tenant's limits in the local table."""
         rates = rates_of(tenant)
         if rates is None:
+            self._rates.pop(tenant.key_id, None)
             return
         self._rates[tenant.key_id] = rates
         self.table.set_limits(
@@ -387,6 +389,28 @@ def admission_stage(auth: Authenticator, limiter: Limiter) -> Stage:
     return admit
 
 
+def auth_preparer(auth: Authenticator, limiter: Limiter) -> Preparer:
+    """[auth] on reload: keys added, revoked or re-limited at once; bucket levels kept."""
+
+    def prepare(old: Config, new: Config) -> Commit:
+        if new.auth == old.auth:
+            return lambda: None
+        # Other features built their admin guards and cache namespaces from these at startup.
+        for field in ("enabled", "admin_token_sha256"):
+            if getattr(new.auth, field) != getattr(old.auth, field):
+                raise ConfigError(f"field `auth.{field}`: changed; restart the router to apply it")
+        fresh = Authenticator.from_config(new.auth)
+
+        def commit() -> None:
+            for tenant in fresh.tenants:
+                limiter.configure(tenant)
+            auth.adopt(fresh)
+
+        return commit
+
+    return prepare
+
+
 def install(app: web.Application, config: Config, stages: list[Stage]) -> None:
     """Wire auth, rate limits and admission into the app (before it starts)."""
     auth = Authenticator.from_config(config.auth)
@@ -397,6 +421,9 @@ def install(app: web.Application, config: Config, stages: list[Stage]) -> None:
     app.middlewares.append(settle)
     stages.insert(0, admission_stage(auth, limiter))
     app.on_response_prepare.append(add_headers)
+    reloader = app.get(RELOADER)
+    if reloader is not None:
+        reloader.register("auth", auth_preparer(auth, limiter), ("auth",))
 
     async def lifetime(app: web.Application) -> AsyncIterator[None]:
         yield

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -217,3 +218,37 @@ async def test_undecodable_key_bytes_get_401_not_500(router: Proc) -> None:
         writer.close()
         await writer.wait_closed()
     assert status_line.split()[1] == b"401"
+
+
+async def test_reload_adds_revokes_and_relimits_keys(tmp_path: Path, sim: Proc) -> None:
+    router = start_router(tmp_path, _config(sim))
+    path = tmp_path / f"router-{router.port}.toml"
+    fresh = "sk-fresh-0123456789abcdef"
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    try:
+        text = path.read_text()
+        beta = f'[[auth.keys]]\nsha256 = "{hash_key(KEYS["beta"])}"\ntenant = "beta"\n'
+        assert beta in text
+        # beta revoked, alpha limited to 1 request (burst 1), a new key added.
+        text = text.replace(
+            beta, f'[[auth.keys]]\nsha256 = "{hash_key(fresh)}"\ntenant = "fresh"\n'
+        )
+        alpha = 'tenant = "alpha"\nmodels = ["sim-1"]\n'
+        text = text.replace(alpha, alpha + "requests_per_minute = 1\nrequest_burst = 1\n")
+        path.write_text(text)
+        async with aiohttp.ClientSession() as session:
+            async with session.post(router.url + "/admin/reload", headers=admin) as resp:
+                assert resp.status == 200, await resp.text()
+            path_ = "/v1/chat/completions"
+            assert (await _post(router, path_, {"x-api-key": fresh}))[0] == 200
+            assert (await _post(router, path_, {"x-api-key": KEYS["beta"]}))[0] == 401
+            assert (await _post(router, path_, {"x-api-key": KEYS["alpha"]}))[0] == 200
+            assert (await _post(router, path_, {"x-api-key": KEYS["alpha"]}))[0] == 429
+            # The admin token is fixed at startup: changing it is refused, naming the field.
+            path.write_text(text.replace(hash_key(ADMIN), hash_key("another-admin-token")))
+            async with session.post(router.url + "/admin/reload", headers=admin) as resp:
+                assert resp.status == 400
+                assert "auth.admin_token_sha256" in (await resp.json())["error"]["message"]
+            assert (await _post(router, path_, {"x-api-key": fresh}))[0] == 200
+    finally:
+        router.kill()
