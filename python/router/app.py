@@ -12,6 +12,7 @@ from aiohttp import web
 from router import cache_http, limits, observability, rollout_admin, routing
 from router.admin import HEALTH, AdminRoutes
 from router.auth import Authenticator
+from router.clientlimit import InFlightPerIp
 from router.config import Config
 from router.context import RequestContext, request_id
 from router.errors import ApiError, InvalidRequest, NotFound, Unavailable
@@ -120,7 +121,7 @@ def _proxy_handler(
         timer.begin("parse")
         check_content_type(request.headers.get("Content-Type"))
         body = await read_body(request, config.server.max_body_bytes, config.server.body_timeout_s)
-        ctx.parsed = parse_body(endpoint, body)
+        ctx.parsed = parse_body(endpoint, body, max_items=config.server.max_messages)
         # Alias -> version (sticky per user/key) -> its upstream model; 404 for unknown models.
         app[ROLLOUT].assign(ctx, request.headers)
         timer.end("parse")
@@ -199,7 +200,11 @@ def _install_rollout(app: web.Application, config: Config, config_path: Path | N
 def build_app(config: Config, config_path: Path | None = None) -> web.Application:
     """The router application for `config`; pools open on startup and close on cleanup."""
     # client_max_size is a backstop; read_body enforces max_body_bytes with a proper 413.
-    app = web.Application(middlewares=[_errors], client_max_size=config.server.max_body_bytes + 1)
+    per_ip = InFlightPerIp(config.server.max_in_flight_per_ip)
+    app = web.Application(
+        middlewares=[_errors, per_ip.middleware()],
+        client_max_size=config.server.max_body_bytes + 1,
+    )
     app[CONFIG] = config
     app[SELECTOR] = config_order
     app[STAGES] = []

@@ -31,6 +31,14 @@ class ServerConfig(_Section, frozen=True):
     body_timeout_s: float = 30.0
     # On SIGTERM: stop accepting, then give in-flight requests this long to finish.
     drain_timeout_s: float = 10.0
+    # Protects the router itself: request-line and per-header size (aiohttp answers 400 above
+    # them), header count, messages (or prompt/input items) per request, requests in flight
+    # from one client IP (0 = no cap; 429 above it), and a region's response body.
+    max_header_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 16384
+    max_headers: Annotated[int, msgspec.Meta(ge=8)] = 128
+    max_messages: Annotated[int, msgspec.Meta(ge=1)] = 2048
+    max_in_flight_per_ip: Annotated[int, msgspec.Meta(ge=0)] = 256
+    max_response_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 64 << 20
 
 
 class TimeoutsConfig(_Section, frozen=True):
@@ -206,6 +214,8 @@ class RoutingConfig(_Section, frozen=True):
 class ObservabilityConfig(_Section, frozen=True):
     """[observability]: metrics, access log, SLO targets, status page."""
 
+    # Off: no timing middleware, Server-Timing, /metrics, /status or access log (benchmarks).
+    enabled: bool = True
     # The `router.access` logger: one line per request, JSON or plain, to stdout.
     access_log: bool = True
     log_level: Literal["debug", "info", "warning", "error"] = "info"

@@ -152,6 +152,15 @@ def _invalid(exc: msgspec.MsgspecError) -> InvalidRequest:
     return InvalidRequest(message, param=param)
 
 
+def _check_count(count: int, limit: int, param: str) -> None:
+    if count > limit:
+        raise InvalidRequest(
+            f"`{param}` has {count} items; this router accepts at most {limit}.",
+            param=param,
+            code="too_many_items",
+        )
+
+
 def _check_token_list(value: list[Any], param: str) -> None:
     """Prompt/input lists: all strings, all ints, or all lists of ints."""
     if not value:
@@ -178,8 +187,11 @@ def _check_token_list(value: list[Any], param: str) -> None:
         )
 
 
-def parse_body(endpoint: str, body: bytes) -> ParsedRequest:
-    """Decode and validate `body` for `endpoint`; 400 with the parameter named on any problem."""
+def parse_body(endpoint: str, body: bytes, *, max_items: int = 2048) -> ParsedRequest:
+    """Decode and validate `body` for `endpoint`; 400 with the parameter named on any problem.
+
+    `max_items` caps messages (chat) and prompt/input list items.
+    """
     if not body:
         raise InvalidRequest("Request body is empty; expected a JSON object.")
     try:
@@ -191,10 +203,13 @@ def parse_body(endpoint: str, body: bytes) -> ParsedRequest:
     if isinstance(decoded, _Chat):
         if not decoded.messages:
             raise InvalidRequest("`messages` must not be empty.", param="messages")
+        _check_count(len(decoded.messages), max_items, "messages")
     elif isinstance(decoded, _Completion):
         if isinstance(decoded.prompt, list):
+            _check_count(len(decoded.prompt), max_items, "prompt")
             _check_token_list(decoded.prompt, "prompt")
     elif isinstance(decoded.input, list):
+        _check_count(len(decoded.input), max_items, "input")
         _check_token_list(decoded.input, "input")
     if isinstance(decoded, _Chat | _Completion):
         stream = bool(decoded.stream)

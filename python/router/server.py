@@ -28,6 +28,10 @@ def make_runner(app: web.Application, config: Config) -> web.AppRunner:
         keepalive_timeout=config.server.header_timeout_s,
         shutdown_timeout=config.server.drain_timeout_s,
         access_log=None,
+        # Oversized request lines and headers get aiohttp's own 400 before any handler runs.
+        max_line_size=config.server.max_header_bytes,
+        max_field_size=config.server.max_header_bytes,
+        max_headers=config.server.max_headers,
     )
 
 
