@@ -45,6 +45,9 @@ class TimeoutsConfig(_Section, frozen=True):
     """[timeouts]: upstream deadlines, in seconds."""
 
     connect: float = 2.0
+    # Until response headers, and for streams the first body chunk. Regions usually send a
+    # non-stream answer's headers only once it is complete, so this also bounds non-stream
+    # generation time: keep it above the longest non-stream answer you expect.
     first_byte: float = 30.0
     idle: float = 30.0
     total: float = 600.0
