@@ -16,7 +16,13 @@ from router.admission import ADMISSION, Admission
 from router.auth import AUTH_NS, TENANT, Authenticator, Tenant
 from router.errors import ConfigError, RateLimited, Unavailable
 from router.global_limits import Rates, RedisBuckets
-from router.native import BucketTable, NativeError, count_request_tokens, encoding_for_model
+from router.native import (
+    BucketTable,
+    NativeError,
+    count_request_tokens,
+    count_tokens,
+    encoding_for_model,
+)
 from router.reload import RELOADER, Commit, Preparer
 from router.timing import AUTH, RATE_LIMIT
 
@@ -133,14 +139,36 @@ def usage_tokens(payload: bytes) -> int | None:
     return (usage.prompt_tokens or 0) + (usage.completion_tokens or 0)
 
 
+class _Delta(msgspec.Struct):
+    content: str | None = None
+
+
+class _Choice(msgspec.Struct):
+    delta: _Delta | None = None
+    text: str | None = None  # completions
+
+
+class _Chunk(msgspec.Struct):
+    choices: list[_Choice] = []
+
+
+_CHUNK = msgspec.json.Decoder(_Chunk)
+# Generated text kept for counting a stream that reports no usage; beyond this it is estimated.
+_MAX_TEXT = 1 << 22
+
+
 class StreamUsage:
-    """Finds the `usage` an OpenAI stream reports in its last chunk, across any chunking."""
+    """A stream's usage: the `usage` chunk it reports last, else a count of the text it sent."""
 
-    __slots__ = ("_decoder", "total_tokens")
+    __slots__ = ("_decoder", "_size", "_text", "encoding", "prompt_tokens", "total_tokens")
 
-    def __init__(self) -> None:
+    def __init__(self, prompt_tokens: int = 0, encoding: str | None = None) -> None:
         self._decoder = sse.Decoder()
         self.total_tokens: int | None = None
+        self.prompt_tokens = prompt_tokens
+        self.encoding = encoding
+        self._text: list[str] = []
+        self._size = 0
 
     def feed(self, chunk: bytes) -> None:
         """Consume a piece of the stream as relayed to the client."""
@@ -148,6 +176,30 @@ class StreamUsage:
             found = usage_tokens(payload)
             if found is not None:
                 self.total_tokens = found
+            elif self.encoding is not None and self.total_tokens is None and payload != sse.DONE:
+                self._collect(payload)
+
+    def _collect(self, payload: bytes) -> None:
+        try:
+            choices = _CHUNK.decode(payload).choices
+        except msgspec.MsgspecError:
+            return
+        for choice in choices:
+            text = choice.delta.content if choice.delta is not None else choice.text
+            if text:
+                self._size += len(text)
+                if self._size <= _MAX_TEXT:
+                    self._text.append(text)
+
+    def used(self) -> int | None:
+        """Total tokens: as reported, else prompt + the counted completion, else None."""
+        if self.total_tokens is not None or self.encoding is None:
+            return self.total_tokens
+        text = "".join(self._text)
+        counted = count_tokens(text, self.encoding)
+        if self._size > len(text):
+            counted = counted * self._size // max(1, len(text))  # past the cap: scale up
+        return self.prompt_tokens + counted
 
 
 @dataclass(slots=True)
@@ -217,6 +269,11 @@ class Limiter:
 
     def estimate(self, parsed: ParsedRequest) -> int:
         """Tokens to reserve at admission: the prompt (Rust counter) plus the completion budget."""
+        _, prompt, budget = self.estimate_parts(parsed)
+        return prompt + budget
+
+    def estimate_parts(self, parsed: ParsedRequest) -> tuple[str, int, int]:
+        """(encoding, prompt tokens, completion budget) of a request."""
         model = parsed.upstream_model or parsed.model
         encoding = self._encodings.get(model)
         if encoding is None:
@@ -227,8 +284,8 @@ class Limiter:
             # A body the request stage accepted but the counter cannot read: estimate, never 500.
             prompt = len(parsed.body) // 4 + 1
         if parsed.endpoint.endswith("/embeddings"):
-            return prompt
-        return prompt + completion_budget(parsed.body, self.default_max_tokens)
+            return encoding, prompt, 0
+        return encoding, prompt, completion_budget(parsed.body, self.default_max_tokens)
 
     async def admit(self, tenant: Tenant, tokens: int) -> Grant:
         """Reserve one request and `tokens` for the tenant, or raise 429 (503 if fail-closed)."""
@@ -340,7 +397,7 @@ def used_tokens(request: web.Request, response: web.StreamResponse) -> int | Non
         body = response.body
         return usage_tokens(body) if isinstance(body, bytes) else None
     meter = request.get(METER)
-    return meter.total_tokens if meter is not None else None
+    return meter.used() if meter is not None else None
 
 
 @web.middleware
@@ -378,12 +435,14 @@ def admission_stage(auth: Authenticator, limiter: Limiter) -> Stage:
         auth.authorize_model(tenant, ctx.request.model)
         ctx.timer.begin(RATE_LIMIT)
         try:
-            tokens = limiter.estimate(ctx.request) if tenant.tokens_per_minute else 0
-            request[GRANT] = await limiter.admit(tenant, tokens)
+            encoding, prompt, budget = None, 0, 0
+            if tenant.tokens_per_minute:
+                encoding, prompt, budget = limiter.estimate_parts(ctx.request)
+            request[GRANT] = await limiter.admit(tenant, prompt + budget)
         finally:
             ctx.timer.end(RATE_LIMIT)
         if ctx.request.stream:
-            request[METER] = StreamUsage()
+            request[METER] = StreamUsage(prompt, encoding)
         return None
 
     return admit

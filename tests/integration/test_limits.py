@@ -251,24 +251,27 @@ async def test_rate_headers_on_every_answer(sim: Proc, routers: list[Proc], tmp_
         assert "x-ratelimit-limit-requests" not in headers
 
 
-@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("mode", ["body", "stream", "stream-without-usage"])
 @pytest.mark.parametrize("backend", ["local", "redis"])
 async def test_tokens_reserved_at_admission_are_reconciled_with_usage(
     sim: Proc,
     routers: list[Proc],
     tmp_path: Path,
-    stream: bool,
+    mode: str,
     backend: str,
     request: pytest.FixtureRequest,
 ) -> None:
     # Each request reserves its prompt + 800 (default_max_tokens) of a 1000-token bucket that
     # refills 10/s; the sim answers with a few tokens. Only giving back the unused reservation
-    # (locally, and in Redis) lets the next request in.
+    # (locally, and in Redis) lets the next request in. A stream without a usage chunk is
+    # settled with a count of the text it carried.
     limits = _redis_limits(request.getfixturevalue("redis_proc")) if backend == "redis" else ""
     router = _start(routers, tmp_path, _config(sim, limits))
     body: dict[str, Any] = {"model": "sim-1", "messages": [{"role": "user", "content": "hi"}]}
-    if stream:
+    if mode == "stream":
         body |= {"stream": True, "stream_options": {"include_usage": True}}
+    elif mode == "stream-without-usage":
+        body |= {"stream": True}
     async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
         status, headers, _ = await _post(session, router, "tokens", body)
         assert status == 200

@@ -18,6 +18,7 @@ from router.limits import (
     retry_headers,
     usage_tokens,
 )
+from router.native import count_tokens
 from router.request import parse_body
 
 TENANT = Tenant(
@@ -117,10 +118,33 @@ def test_stream_usage_found_across_any_chunking(size: int) -> None:
     assert meter.total_tokens == 7
 
 
-def test_stream_without_usage_reports_none() -> None:
+def test_stream_without_usage_reports_none_unless_it_can_count() -> None:
+    events = STREAM.split(b"\n\n")[0] + b"\n\ndata: [DONE]\n\n"
     meter = StreamUsage()
-    meter.feed(STREAM.split(b"\n\n")[0] + b"\n\ndata: [DONE]\n\n")
+    meter.feed(events)
     assert meter.total_tokens is None
+    assert meter.used() is None
+    counting = StreamUsage(prompt_tokens=5, encoding="cl100k_base")
+    counting.feed(events)
+    assert counting.used() == 5 + count_tokens("hi", "cl100k_base")
+
+
+def test_stream_text_of_chat_and_completions_is_counted() -> None:
+    chat = b"".join(
+        b'data: {"choices":[{"index":0,"delta":{"content":"' + w + b' "}}]}\n\n'
+        for w in (b"one", b"two", b"three")
+    )
+    completion = b'data: {"choices":[{"index":0,"text":"one two three "}]}\n\ndata: [DONE]\n\n'
+    for stream in (chat, completion):
+        meter = StreamUsage(prompt_tokens=2, encoding="cl100k_base")
+        meter.feed(stream)
+        assert meter.used() == 2 + count_tokens("one two three ", "cl100k_base")
+
+
+def test_reported_usage_wins_over_counting() -> None:
+    meter = StreamUsage(prompt_tokens=100, encoding="cl100k_base")
+    meter.feed(STREAM)
+    assert meter.used() == 7
 
 
 def test_estimate_is_prompt_plus_completion_budget() -> None:
