@@ -17,6 +17,7 @@ from router.config import Config
 from router.context import RequestContext, request_id
 from router.errors import ApiError, InvalidRequest, NotFound, Unavailable
 from router.proxy import AttemptHook, Tap, error_response, forward
+from router.region_pools import POOLS, RegionPools, regions_preparer
 from router.reload import RELOADER, LiveConfig, Reloader, health_preparer, sighup_ctx
 from router.request import (
     CHAT,
@@ -131,7 +132,7 @@ def _proxy_handler(
                 return answer
 
         async def origin(tap: Tap | None) -> web.StreamResponse:
-            candidates = app[ROLLOUT].regions(ctx, app[SELECTOR](ctx, app[UPSTREAMS]))
+            candidates = app[ROLLOUT].regions(ctx, app[SELECTOR](ctx, app[POOLS].current))
             if not candidates:
                 raise Unavailable(f"No region can serve model `{ctx.request.model}` now.")
             hooks: list[AttemptHook] = app[ATTEMPT_HOOKS]
@@ -169,10 +170,13 @@ _MODELS_BODY: web.AppKey[bytes] = web.AppKey("models_body")
 
 
 async def _upstreams_ctx(app: web.Application) -> AsyncIterator[None]:
-    """Region connection pools live exactly as long as the app."""
-    app[UPSTREAMS] = open_upstreams(app[CONFIG])
+    """Region connection pools live exactly as long as the app; a reload swaps app[POOLS]."""
+    pools = RegionPools(open_upstreams(app[CONFIG]))
+    app[POOLS] = pools
+    # The pools at startup; requests use app[POOLS].current, which a reload may replace.
+    app[UPSTREAMS] = pools.current
     yield
-    await app[UPSTREAMS].close()
+    await pools.close()
 
 
 def _install_rollout(app: web.Application, config: Config, config_path: Path | None) -> None:
@@ -191,6 +195,7 @@ def _install_rollout(app: web.Application, config: Config, config_path: Path | N
         health = app.get(HEALTH)
         if health is not None:
             reloader.register("health", health_preparer(health), ("health",))
+        reloader.register("regions", regions_preparer(app[POOLS], health), ("regions",))
 
     app.on_startup.append(adopt)
     guard = Authenticator.from_config(config.auth).check_admin

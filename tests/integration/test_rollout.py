@@ -24,6 +24,22 @@ VERSION = "x-router-model-version"
 
 
 def config_text(port: int, a: int, b: int, w1: float, w2: float, extra: str = "") -> str:
+    """Region a serves v1 (llama-v1), region b serves v2 (llama-v2)."""
+    return general_config(port, {"a": a, "b": b}, {"v1": w1, "v2": w2}, extra)
+
+
+def general_config(
+    port: int, regions: dict[str, int], weights: dict[str, float], extra: str = ""
+) -> str:
+    """Region a, b, c serves llama-v1, v2, v3; version vN is model llama-vN."""
+    region_tables = "".join(
+        f'[[regions]]\nname = "{name}"\nbase_url = "http://127.0.0.1:{rport}"\n'
+        f'models = ["llama-v{"abc".index(name) + 1}"]\n\n'
+        for name, rport in regions.items()
+    )
+    deployments = "".join(
+        f'  {{ version = "{v}", model = "llama-{v}", weight = {w} }},\n' for v, w in weights.items()
+    )
     return f"""
 [server]
 listen = "127.0.0.1:{port}"
@@ -32,16 +48,7 @@ listen = "127.0.0.1:{port}"
 enabled = false
 admin_token_sha256 = "{ADMIN_SHA256}"
 
-[[regions]]
-name = "a"
-base_url = "http://127.0.0.1:{a}"
-models = ["llama-v1"]
-
-[[regions]]
-name = "b"
-base_url = "http://127.0.0.1:{b}"
-models = ["llama-v2"]
-
+{region_tables}
 [rollout.canary]
 auto_rollback = true
 min_samples = 20
@@ -51,9 +58,7 @@ max_error_rate_delta = 0.2
 [rollout.models.chat-default]
 stable = "v1"
 deployments = [
-  {{ version = "v1", model = "llama-v1", weight = {w1} }},
-  {{ version = "v2", model = "llama-v2", weight = {w2} }},
-]
+{deployments}]
 {extra}
 """
 
@@ -371,3 +376,50 @@ async def test_admin_table_weights_and_errors(stack: Stack) -> None:
             assert resp.status == 200
         got = {(await post(s, url, chat(f"w{i}")))[1] for i in range(10)}
         assert got == {"v1"}
+
+
+async def test_reload_adds_and_drops_regions_without_failing_in_flight(
+    stack: Stack, tmp_path: Path
+) -> None:
+    url = stack.router.url + "/v1/chat/completions"
+    token = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    c = start_sim(tmp_path, "c", models="llama-v3", ttft_ms=5, tokens_per_s=2000)
+    try:
+        regions = {"a": stack.a.port, "b": stack.b.port, "c": c.port}
+        weights = {"v1": 50.0, "v2": 50.0, "v3": 0.0}
+        stack.config.write_text(general_config(stack.router.port, regions, weights))
+        async with aiohttp.ClientSession() as s:
+            async with s.post(stack.router.url + "/admin/reload", headers=token) as resp:
+                assert resp.status == 200, await resp.read()
+            wait_for_log(stack.router, "regions now a, b, c (kept 2 pools, opened 1)")
+            only = {"v1": 0, "v2": 0, "v3": 1}
+            await admin(
+                s,
+                stack.router.url + "/admin/rollout/weights",
+                {"model": "chat-default", "weights": only},
+            )
+            got = [await post(s, url, chat(f"c{i}")) for i in range(5)]
+            assert {(status, v) for status, v, _ in got} == {(200, "v3")}
+            # a v2 stream in flight while region b is dropped finishes whole
+            only = {"v2": 1, "v3": 0}
+            await admin(
+                s,
+                stack.router.url + "/admin/rollout/weights",
+                {"model": "chat-default", "weights": only},
+            )
+            headers = {"x-sim-tokens-per-s": "10"}
+            async with s.post(url, json=chat("slow", stream=True), headers=headers) as resp:
+                assert (resp.status, resp.headers.get(VERSION)) == (200, "v2")
+                first = await resp.content.readany()
+                stack.config.write_text(
+                    general_config(stack.router.port, {"a": stack.a.port}, {"v1": 100.0})
+                )
+                async with s.post(stack.router.url + "/admin/reload", headers=token) as r2:
+                    assert r2.status == 200, await r2.read()
+                rest = await resp.read()
+            assert (first + rest).rstrip().endswith(b"data: [DONE]")
+            wait_for_log(stack.router, "regions now a (kept 1 pools, opened 0)")
+            got = [await post(s, url, chat(f"d{i}")) for i in range(5)]
+            assert {(status, v) for status, v, _ in got} == {(200, "v1")}
+    finally:
+        c.kill()
