@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 import aiohttp
+import msgspec
 from aiohttp import web
 from multidict import CIMultiDict
 
@@ -111,6 +112,15 @@ class Midstream(Protocol):
 
 
 MIDSTREAM: web.AppKey[Midstream] = web.AppKey("router.midstream")
+# The first-byte timeout of one attempt, given the configured one ([routing] ttft_timeout_s,
+# capped by the client's deadline).
+FirstByte = Callable[[RequestContext, float], float]
+FIRST_BYTE: web.AppKey[FirstByte] = web.AppKey("router.first_byte")
+# Wraps the opener of a request so a slow attempt can be hedged on the next region.
+Hedger = Callable[
+    [RequestContext, Sequence[Upstream], Opener, Sequence[AttemptHook], RetryGate | None], Opener
+]
+HEDGER: web.AppKey[Hedger] = web.AppKey("router.hedger")
 
 
 async def open_attempt(
@@ -196,7 +206,8 @@ async def attempt_loop(
             log.warning("request %s: attempt %d failed: %s", ctx.request_id, ctx.attempts, exc)
             continue
         for hook in hooks:
-            hook(ctx, upstream, None, time.perf_counter() - began)
+            # opened.upstream: a hedged attempt may have been won by another region.
+            hook(ctx, opened.upstream, None, time.perf_counter() - began)
         return opened
     if last is None:
         raise AttemptError("-", "connect", "no candidate regions", retryable=False)
@@ -313,7 +324,10 @@ async def forward(
     priority = tenant.priority if tenant is not None else 0
     held: list[Slot] = []
 
+    first_byte_of = request.app.get(FIRST_BYTE)
+
     async def open_one(upstream: Upstream) -> Opened:
+        slot: Slot | None = None
         if admission is not None:
             try:
                 slot = await admission.acquire(
@@ -340,18 +354,26 @@ async def forward(
             # The cache records, stores and replays identity bytes: a compressed answer could
             # be neither parsed nor served to a later client that asked for another encoding.
             headers["Accept-Encoding"] = "identity"
+        attempt_timeouts = timeouts
+        if first_byte_of is not None:
+            first_byte = first_byte_of(ctx, timeouts.first_byte)
+            attempt_timeouts = msgspec.structs.replace(timeouts, first_byte=first_byte)
         try:
-            return await open_attempt(upstream, ctx, headers, timeouts)
+            return await open_attempt(upstream, ctx, headers, attempt_timeouts)
         except BaseException:
-            if held:
-                held.pop().release()
+            # This attempt's own slot: with hedging two attempts hold slots at once.
+            if slot is not None:
+                held.remove(slot)
+                slot.release()
             raise
 
     try:
         ctx.timer.begin("upstream")
         try:
             gate = request.app.get(RETRY_GATE)
-            opened = await attempt_loop(ctx, candidates, open_one, hooks, gate)
+            hedger = request.app.get(HEDGER)
+            opener = open_one if hedger is None else hedger(ctx, candidates, open_one, hooks, gate)
+            opened = await attempt_loop(ctx, candidates, opener, hooks, gate)
         except AttemptError as exc:
             ctx.timer.end("upstream")
             return failure_response(exc, ctx.request_id)

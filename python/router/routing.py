@@ -14,7 +14,16 @@ from router.budget import RetryBudget
 from router.config import Config, RoutingConfig
 from router.context import RequestContext
 from router.health import Health, lifetime, outcome_of
-from router.proxy import MIDSTREAM, RETRY_GATE, AttemptError, AttemptHook
+from router.hedge import hedger
+from router.proxy import (
+    FIRST_BYTE,
+    HEDGER,
+    MIDSTREAM,
+    RETRY_GATE,
+    AttemptError,
+    AttemptHook,
+    FirstByte,
+)
 from router.resume import CANDIDATES, MidstreamPolicy
 from router.upstream import Upstream, Upstreams
 
@@ -87,6 +96,32 @@ def retry_gate(budget: RetryBudget, routing: RoutingConfig) -> Callable[[Request
     return gate
 
 
+def first_byte(routing: RoutingConfig) -> FirstByte:
+    """An attempt's first-byte timeout: [routing] ttft_timeout_s, cut to the client's deadline."""
+
+    def of(ctx: RequestContext, configured: float) -> float:
+        timeout = routing.ttft_timeout_s or configured
+        deadline = ctx.extra.get(DEADLINE)
+        if isinstance(deadline, float):
+            timeout = min(timeout, max(0.001, deadline - time.monotonic()))
+        return timeout
+
+    return of
+
+
+def hedge_delay(health: Health, routing: RoutingConfig) -> Callable[[str], float | None]:
+    """[routing] hedge_delay_ms, or else the region's measured p95 TTFT (None: no data yet)."""
+    fixed = routing.hedge_delay_ms
+
+    def delay_of(region: str) -> float | None:
+        if fixed is not None:
+            return fixed / 1000
+        h = health.snapshot().get(region)
+        return None if h is None else h.ttft_p95_s
+
+    return delay_of
+
+
 def passive_hook(health: Health) -> AttemptHook:
     """Every attempt's outcome and latency into the health table."""
 
@@ -153,6 +188,9 @@ def install(
     )
     app[BUDGET] = budget
     app[RETRY_GATE] = retry_gate(budget, routing)
+    app[FIRST_BYTE] = first_byte(routing)
+    if routing.hedge_endpoints:
+        app[HEDGER] = hedger(routing.hedge_endpoints, hedge_delay(health, routing))
     app[MIDSTREAM] = MidstreamPolicy(
         routing.midstream,
         first_byte_s=routing.ttft_timeout_s or config.timeouts.first_byte,

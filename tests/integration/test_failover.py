@@ -361,3 +361,37 @@ def test_resume_mode_continues_on_the_next_region_exactly(tmp_path: Path) -> Non
     finally:
         for proc in (env.router, env.a, env.b, env.c):
             proc.kill()
+
+
+def test_hedging_sends_a_slow_first_byte_to_the_next_region(tmp_path: Path) -> None:
+    header = HEADER.replace(
+        "max_attempts = 3",
+        'max_attempts = 3\nhedge_endpoints = ["/v1/chat/completions"]\nhedge_delay_ms = 100.0',
+    )
+    env = start_three(tmp_path, header)
+    try:
+        sim_config(env.a, ttft_ms=3000.0)
+        body = {"model": MODEL, "messages": messages(5), "stream": True}
+
+        async def call() -> tuple[float, int, dict[str, str], bytes]:
+            began = time.monotonic()
+            async with (
+                aiohttp.ClientSession() as session,
+                session.post(env.router.url + "/v1/chat/completions", json=body) as resp,
+            ):
+                raw = await resp.read()
+                return time.monotonic() - began, resp.status, dict(resp.headers), raw
+
+        took, status, headers, raw = asyncio.run(call())
+        assert status == 200
+        assert headers["x-router-region"] == "b"
+        assert headers["x-router-attempts"] == "2"
+        streamed, done, errors, _ = read_stream(raw)
+        assert (streamed, done, errors) == (text.full_chat_text(MODEL, messages(5)), 1, 0)
+        assert took < 2.5  # a alone would take over 3 s
+        # The loser was cancelled: the slow region saw its client go away.
+        wait_until(lambda: sim_stats(env.a)["cancelled"] == 1, 5.0)
+        assert sim_stats(env.b)["completed"] == 1
+    finally:
+        for proc in (env.router, env.a, env.b, env.c):
+            proc.kill()
