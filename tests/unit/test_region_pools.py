@@ -1,0 +1,62 @@
+"""Region pools on reload: kept, opened, retired after the grace, all closed at cleanup."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+
+from router.config import Config, loads
+from router.region_pools import RegionPools, regions_preparer
+from router.upstream import open_upstreams
+
+
+def config(*regions: tuple[str, int]) -> Config:
+    tables = "".join(
+        f'[[regions]]\nname = "{name}"\nbase_url = "http://127.0.0.1:{port}"\nmodels = ["m"]\n'
+        for name, port in regions
+    )
+    return loads(tables + "\n[timeouts]\ntotal = 0.05\n")
+
+
+async def test_kept_opened_and_retired_pools() -> None:
+    old = config(("a", 1), ("b", 2), ("c", 3))
+    pools = RegionPools(open_upstreams(old))
+    before = {u.name: u for u in pools.current}
+    new = config(("c", 3), ("a", 1), ("b", 9), ("d", 4))  # b re-pointed, d added, order changed
+    regions_preparer(pools, None)(old, new)()
+    now = {u.name: u for u in pools.current}
+    assert [u.name for u in pools.current] == ["c", "a", "b", "d"]
+    assert now["a"] is before["a"]
+    assert now["c"] is before["c"]
+    assert now["b"] is not before["b"]
+    assert now["b"].base == "http://127.0.0.1:9"
+    assert not before["b"].session.closed  # in-flight requests may still use it
+    await asyncio.sleep(0.2)  # past timeouts.total
+    assert before["b"].session.closed
+    assert not now["b"].session.closed
+    await pools.close()
+    assert all(u.session.closed for u in now.values())
+
+
+async def test_unchanged_regions_are_a_no_op() -> None:
+    old = config(("a", 1))
+    pools = RegionPools(open_upstreams(old))
+    current = pools.current
+    regions_preparer(pools, None)(old, config(("a", 1)))()
+    assert pools.current is current
+    await pools.close()
+
+
+async def test_close_at_cleanup_also_closes_pools_still_retiring() -> None:
+    old = config(("a", 1), ("b", 2))
+    pools = RegionPools(open_upstreams(old))
+    b = next(u for u in pools.current if u.name == "b")
+    short = config(("a", 1))
+    new = msgspec.structs.replace(
+        short, timeouts=msgspec.structs.replace(short.timeouts, total=600.0)
+    )
+    regions_preparer(pools, None)(old, new)()
+    assert not b.session.closed
+    await pools.close()
+    assert b.session.closed
