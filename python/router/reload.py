@@ -99,9 +99,18 @@ class Reloader:
                 commits.append(prepare(old, new))
             except (ConfigError, ValueError) as exc:
                 return self._reject(f"{source}: {name}: {exc}")
+            except Exception as exc:
+                # A bug in one component must not take the process down or half-apply anything.
+                log.exception("config reload: %s failed to prepare", name)
+                return self._reject(f"{source}: {name}: internal error: {exc!r}")
         # No await between the first and last swap: a request sees all of the old or all of the new.
-        for commit in commits:
-            commit()
+        for (name, _), commit in zip(self._preparers, commits, strict=True):
+            try:
+                commit()
+            except Exception:
+                log.exception(
+                    "config reload: %s failed to apply; that component is inconsistent", name
+                )
         self.live.config = new
         self.live.generation += 1
         for section in unapplied:

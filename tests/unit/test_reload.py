@@ -195,3 +195,22 @@ def test_health_values_the_prober_refuses_reject_the_reload(tmp_path: Path) -> N
     assert "health: invalid prober config: probe paths must start with '/'" in result.message
     assert health.config.path == "/health"
     assert rollout.table is before
+
+
+def test_a_crashing_preparer_rejects_instead_of_raising(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path, reloader, rollout = setup(tmp_path)
+
+    def crashes(old: Config, new: Config) -> Commit:
+        raise RuntimeError("bug")
+
+    reloader.register("buggy", crashes, ("cache",))
+    before = rollout.table
+    path.write_text(GOOD.replace("weight = 95", "weight = 10"))
+    with caplog.at_level(logging.ERROR, logger="router"):
+        result = reloader.reload()
+    assert not result.applied
+    assert "buggy: internal error: RuntimeError('bug')" in result.message
+    assert rollout.table is before
+    assert "buggy failed to prepare" in caplog.text
