@@ -605,3 +605,31 @@ def test_admin_listen_serves_a_second_address(tmp_path: Path) -> None:
     finally:
         router.kill()
         a.kill()
+
+
+def test_stream_backpressure_reaches_the_region(env: Env) -> None:
+    """A client that stops reading stalls the region instead of filling router memory."""
+    pad = 1 << 20  # about 36 MB in all: more than every socket buffer on the path
+    total = len(text.chat_tokens(MODEL, MESSAGES)[0])
+    body = json.dumps({"model": MODEL, "messages": MESSAGES, "stream": True})
+    headers = {"Content-Type": "application/json", "x-sim-pad-bytes": str(pad)}
+    with (
+        httpx.Client(timeout=20) as client,
+        client.stream(
+            "POST", env.router.url + "/v1/chat/completions", content=body, headers=headers
+        ) as resp,
+    ):
+        raw = resp.iter_raw()
+        received = len(next(raw))
+
+        def stalled() -> bool:
+            before = sim_stats(env.a)["tokens_sent"]
+            time.sleep(0.3)
+            return sim_stats(env.a)["tokens_sent"] == before
+
+        assert wait_until(stalled, timeout=10.0)
+        held_at = sim_stats(env.a)["tokens_sent"]
+        assert held_at < total, "the region was never held back"
+        received += sum(len(piece) for piece in raw)
+    assert received > total * pad
+    assert sim_stats(env.a)["tokens_sent"] == total

@@ -4,8 +4,9 @@
 POST /v1/chat/completions, /v1/completions, /v1/embeddings; GET /v1/models, /health; and, for
 tests, GET /sim/stats, POST /sim/reset, GET|POST /sim/config (change options live).
 
-Per-request headers override the flags: x-sim-fail (none|refuse|500|503|429|hang|die-mid-stream|
-drip), x-sim-after-tokens, x-sim-drip-ms, x-sim-ttft-ms, x-sim-tokens-per-s, x-sim-rtt-ms, and
+Per-request headers override the flags: x-sim-fail (none|refuse|500|503|429|hang|
+die-mid-stream|drip), x-sim-after-tokens, x-sim-drip-ms, x-sim-ttft-ms, x-sim-tokens-per-s,
+x-sim-rtt-ms, x-sim-pad-bytes (spaces after each streamed token, for backpressure tests), and
 x-sim-only: NAME[,NAME] (faults apply only in the named regions).
 
 Text is a pure function of model + messages (role and content only); a trailing assistant

@@ -64,6 +64,8 @@ class _Plan(msgspec.Struct, kw_only=True):
     token_s: float
     after_tokens: int
     drip_s: float
+    # Test aid for backpressure: spaces appended to every streamed token.
+    pad: int = 0
 
 
 def _plan(options: SimOptions, headers: Mapping[str, str]) -> _Plan:
@@ -81,6 +83,7 @@ def _plan(options: SimOptions, headers: Mapping[str, str]) -> _Plan:
         token_s=1 / tps if tps > 0 else 0.0,
         after_tokens=int(headers.get("x-sim-after-tokens", options.after_tokens)),
         drip_s=float(headers.get("x-sim-drip-ms", options.drip_ms)) / 1000,
+        pad=int(headers.get("x-sim-pad-bytes", 0)),
     )
 
 
@@ -309,7 +312,7 @@ class SimRegion:
                 assert request.transport is not None
                 request.transport.abort()
                 return resp
-            await resp.write(event(token_choice(tok)))
+            await resp.write(event(token_choice(tok + " " * plan.pad if plan.pad else tok)))
             self.stats.tokens_sent += 1
         await resp.write(event(token_choice("", finish)))
         if usage is not None:
