@@ -78,18 +78,33 @@ class Stack:
         )
 
 
+def start_stack(tmp_path: Path, procs: list[Proc], extra: str = "") -> Stack:
+    """Sims a (v1) and b (v2) and the router at 50/50; every process is appended to `procs`."""
+    for name, model in (("a", "llama-v1"), ("b", "llama-v2")):
+        procs.append(start_sim(tmp_path, name, models=model, ttft_ms=5, tokens_per_s=2000))
+    port = free_port()
+    config = tmp_path / "router.toml"
+    config.write_text(config_text(port, procs[0].port, procs[1].port, 50, 50, extra))
+    router = spawn(router_cmd("serve", "--config", str(config)), port, tmp_path / "router.log")
+    procs.append(router)
+    return Stack(router=router, a=procs[0], b=procs[1], config=config)
+
+
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[Stack]:
     procs: list[Proc] = []
     try:
-        for name, model in (("a", "llama-v1"), ("b", "llama-v2")):
-            procs.append(start_sim(tmp_path, name, models=model, ttft_ms=5, tokens_per_s=2000))
-        port = free_port()
-        config = tmp_path / "router.toml"
-        config.write_text(config_text(port, procs[0].port, procs[1].port, 50, 50))
-        router = spawn(router_cmd("serve", "--config", str(config)), port, tmp_path / "router.log")
-        procs.append(router)
-        yield Stack(router=router, a=procs[0], b=procs[1], config=config)
+        yield start_stack(tmp_path, procs)
+    finally:
+        for p in reversed(procs):
+            p.kill(signal.SIGTERM)
+
+
+@pytest.fixture
+def cached_stack(tmp_path: Path) -> Iterator[Stack]:
+    procs: list[Proc] = []
+    try:
+        yield start_stack(tmp_path, procs, "[cache]\nenabled = true\n")
     finally:
         for p in reversed(procs):
             p.kill(signal.SIGTERM)
@@ -423,3 +438,34 @@ async def test_reload_adds_and_drops_regions_without_failing_in_flight(
             assert {(status, v) for status, v, _ in got} == {(200, "v1")}
     finally:
         c.kill()
+
+
+async def test_cache_hits_carry_the_version_and_versions_never_share_entries(
+    cached_stack: Stack,
+) -> None:
+    url = cached_stack.router.url + "/v1/chat/completions"
+    # no `user`: stickiness falls back to the API key; the two keys land on different versions
+    body = {
+        "model": "chat-default",
+        "messages": [{"role": "user", "content": "same"}],
+        "temperature": 0,
+    }
+    keys: dict[str, str] = {}
+    first_seen: dict[str, str] = {}
+    async with aiohttp.ClientSession() as s:
+        for i in range(64):
+            key = f"sk-key-{i}"
+            async with s.post(url, json=body, headers={"Authorization": f"Bearer {key}"}) as resp:
+                assert resp.status == 200
+                keys.setdefault(resp.headers[VERSION], key)
+                first_seen.setdefault(resp.headers[VERSION], resp.headers["x-cache"])
+            if len(keys) == 2:
+                break
+        assert set(keys) == {"v1", "v2"}
+        # the second version's first answer was not the first version's cached one
+        assert first_seen == {"v1": "MISS", "v2": "MISS"}
+        for version, key in keys.items():
+            async with s.post(url, json=body, headers={"Authorization": f"Bearer {key}"}) as resp:
+                assert resp.headers["x-cache"] == "HIT"
+                assert resp.headers[VERSION] == version
+                assert msgspec.json.decode(await resp.read())["model"] == f"llama-{version}"
