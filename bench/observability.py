@@ -3,17 +3,25 @@
 Drives the instrumentation in-process over N synthetic requests (no sockets), checks the
 metrics and the log saw exactly N requests, and prints microseconds per request.
 
-    python bench/observability.py [--requests 20000] [--rounds 5]
+    python -m bench.observability [--requests 20000] [--rounds 5] [--e2e 3000]
+
+With --e2e N it also starts a zero-delay sim region and two routers (observability on and off)
+and sends each N sequential requests per round, measuring the router process's CPU time per
+request from /proc/<pid>/task/*/schedstat (ns, all threads), which shared cores do not inflate.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import statistics
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+import aiohttp
 
 from router.accesslog import AccessLog, AccessRecord
 from router.context import StageTimer
@@ -76,6 +84,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--e2e", type=int, default=0, help="requests per round end to end")
+    parser.add_argument("--e2e-rounds", type=int, default=11)
     args = parser.parse_args()
     n: int = args.requests
     inputs = [synthetic(i) for i in range(n)]
@@ -128,7 +138,74 @@ def main() -> int:
             f" | + access log {f_us - b_us:6.2f} overhead (target < 30)"
         )
     print(f"/metrics scrape: {scrape_ms:.2f} ms for {len(body)} bytes")
+    if args.e2e:
+        end_to_end(args.e2e, args.e2e_rounds)
     return 0
+
+
+def router_cpu_ns(pid: int) -> int:
+    """CPU time of every thread of `pid` so far, in ns."""
+    total = 0
+    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        with contextlib.suppress(OSError):  # a thread that just ended
+            total += int(stat.read_text().split()[0])
+    return total
+
+
+async def drive(url: str, n: int, limit_s: float) -> list[float]:
+    """n sequential chat requests (stopping early after limit_s); latencies in ms."""
+    body = {"model": "sim-1", "messages": [{"role": "user", "content": "hello"}]}
+    out: list[float] = []
+    deadline = time.monotonic() + limit_s
+    async with aiohttp.ClientSession() as http:
+        for _ in range(n):
+            if time.monotonic() > deadline:
+                break
+            began = time.perf_counter()
+            async with http.post(url + "/v1/chat/completions", json=body) as resp:
+                await resp.read()
+                assert resp.status == 200, resp.status
+            out.append((time.perf_counter() - began) * 1e3)
+    assert out, "no request finished in time"
+    return out
+
+
+def end_to_end(n: int, rounds: int) -> None:
+    """Router CPU per request with observability on vs off, same sim region."""
+    from tests.integration.conftest import region_toml, start_router, start_sim
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        sim = start_sim(folder, "a")
+        base = "[auth]\nenabled = false\n" + region_toml(sim)
+        on = start_router(folder, base)
+        off = start_router(folder, "[observability]\nenabled = false\n" + base)
+        try:
+            cpu: dict[str, list[float]] = {"on": [], "off": []}
+            p50: dict[str, list[float]] = {"on": [], "off": []}
+            for proc in (on, off):
+                asyncio.run(drive(proc.url, 200, 30.0))  # warm pools and caches
+            for _ in range(rounds):
+                for name, proc in (("on", on), ("off", off)):
+                    before = router_cpu_ns(proc.popen.pid)
+                    lat = asyncio.run(drive(proc.url, n, 120.0))
+                    cpu[name].append((router_cpu_ns(proc.popen.pid) - before) / len(lat) / 1e3)
+                    p50[name].append(statistics.median(lat))
+            lines = sum(1 for line in on.output().splitlines() if line.startswith("{"))
+            assert lines == 200 + n * rounds, lines  # one access line per request, none lost
+            assert not any(line.startswith("{") for line in off.output().splitlines())
+        finally:
+            for proc in (on, off, sim):
+                proc.kill()
+    print(f"end to end, {n} sequential requests x {rounds} rounds, router CPU us/request:")
+    for name in ("off", "on"):
+        q1, med, q3 = statistics.quantiles(cpu[name], n=4)
+        print(
+            f"  observability {name:>3}: median {med:7.1f}  quartiles {q1:7.1f} .. {q3:7.1f}"
+            f"  client p50 {statistics.median(p50[name]):.2f} ms"
+        )
+    diff = statistics.median(cpu["on"]) - statistics.median(cpu["off"])
+    print(f"  difference of medians: {diff:.1f} us (noisy on shared cores; see README)")
 
 
 if __name__ == "__main__":

@@ -381,13 +381,15 @@ def install(
     models: Iterable[str] | None = None,
     cache_of: CacheOf = cache_result,
     regions: RegionSource | None = None,
-) -> Telemetry:
+) -> Telemetry | None:
     """Add the timing middleware (outermost), Server-Timing, /metrics, /status, /status.json.
 
     Region gauges come from `regions` if given, else from the health feature's snapshot (found
     at startup), else from what the request path last saw (PassiveHealth). `models` (the served
-    names) bounds the model label.
+    names) bounds the model label. Nothing at all when [observability] enabled = false.
     """
+    if not config.enabled:
+        return None
     passive = PassiveHealth(region_names)
     telemetry = telemetry_from_config(config, regions or passive.states, models)
     app[TELEMETRY] = telemetry
