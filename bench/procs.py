@@ -27,10 +27,16 @@ class Procs:
         self.folder = folder.resolve()
         self.folder.mkdir(parents=True, exist_ok=True)
         self._procs: list[Proc] = []
+        # How each one is stopped: sims and routers hold nothing worth a graceful drain (which
+        # takes seconds each on a loaded machine); nginx needs SIGTERM so its master reaps the
+        # worker instead of orphaning it.
+        self._stop: dict[int, int] = {}
 
-    def _spawn(self, args: Sequence[str], name: str, port: int) -> Proc:
-        proc = spawn(args, port, self.folder / f"{name}.log")
+    def _spawn(self, args: Sequence[str], name: str, port: int, stop: int = signal.SIGKILL) -> Proc:
+        # Generous: nine interpreters starting at once on two busy cores can take a while.
+        proc = spawn(args, port, self.folder / f"{name}.log", ready_timeout=60.0)
         self._procs.append(proc)
+        self._stop[proc.popen.pid] = stop
         return proc
 
     def sim_region(
@@ -102,14 +108,14 @@ class Procs:
         conf = prefix / "nginx.conf"
         conf.write_text(nginx_config(prefix, port, upstream_port))
         args = [NGINX, "-p", str(prefix), "-c", str(conf), "-e", str(prefix / "error.log")]
-        return self._spawn(args, f"nginx-{port}", port)
+        return self._spawn(args, f"nginx-{port}", port, stop=signal.SIGTERM)
 
     def close(self) -> None:
-        """SIGTERM every process started here at once, then reap them; SIGKILL stragglers."""
+        """Signal every process started here at once, then reap them; SIGKILL stragglers."""
         for proc in self._procs:
             if proc.popen.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
-                    proc.popen.send_signal(signal.SIGTERM)
+                    proc.popen.send_signal(self._stop.get(proc.popen.pid, signal.SIGTERM))
         deadline = time.monotonic() + 5.0
         for proc in self._procs:
             try:
@@ -117,6 +123,7 @@ class Procs:
             except subprocess.TimeoutExpired:
                 proc.kill()
         self._procs.clear()
+        self._stop.clear()
 
 
 @contextlib.contextmanager

@@ -14,6 +14,7 @@ import asyncio
 import math
 import random
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
@@ -118,7 +119,7 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--results", type=Path, default=Path("results/global-users"))
-    p.add_argument("--requests-per-pop", type=int, default=150, help="per phase and PoP")
+    p.add_argument("--requests-per-pop", type=int, default=120, help="per phase and PoP")
     p.add_argument("--users-per-pop", type=int, default=4, help="concurrent users at each PoP")
     p.add_argument("--duration", type=float, default=15.0, help="cap per phase, seconds")
     p.add_argument("--central", choices=POPS, default="us-east", help="the region of (a)")
@@ -162,13 +163,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     samples: dict[str, list[Sample]] = {}
     # Process logs stay next to the results: a failed phase is explained by its router's log.
     with procs(args.results / "logs") as pr:
+        t0 = time.monotonic()
         mesh = Mesh(pr, ttft_ms=args.ttft_ms, tokens_per_s=args.tokens_per_s, model=MODEL)
+        print(f"9 sim regions up in {time.monotonic() - t0:.1f} s", file=sys.stderr)
         direct = {pop: mesh.url(pop, args.central) for pop in POPS}
         # Both router sets start together, before any load, so startup never overlaps a phase.
         with ThreadPoolExecutor(max_workers=2) as pool:
             plain = pool.submit(mesh.routers, pr, None)
             cached = pool.submit(mesh.routers, pr, "normalized")
             wait([plain, cached])
+        print(f"6 routers up, {time.monotonic() - t0:.1f} s since start", file=sys.stderr)
         plan: list[tuple[str, Callable[[], dict[str, str]], list[str]]] = [
             (
                 "a-centralized",
@@ -213,6 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         name, urls, prompts, spec, max_tokens=args.max_tokens, quiet=args.quiet
                     )
                 )
+            print(f"{name}: {len(run_samples)} requests in {wall:.1f} s", file=sys.stderr)
             summary = summarize(name, run_samples, wall, config={"delay": method})
             summary.origin = delta(mesh.origin_requests(), before)
             summary.notes.extend(notes)

@@ -118,6 +118,7 @@ async def test_error_kinds(tmp_path: Path) -> None:
     busy = _sim(tmp_path, "busy", "--fail-mode", "503")
     cut = _sim(tmp_path, "cut", "--fail-mode", "die-mid-stream", "--after-tokens", "2")
     hang = _sim(tmp_path, "hang", "--fail-mode", "hang")
+    refuse = _sim(tmp_path, "refuse", "--fail-mode", "refuse")
     closed = free_port()
     try:
         spec = LoadSpec(concurrency=2, duration_s=10.0, max_requests=4, grace_s=1.0)
@@ -125,6 +126,8 @@ async def test_error_kinds(tmp_path: Path) -> None:
         assert summarize("b", r.samples, r.wall_s).errors == {"http_503": 4}
         r = await run_load("cut", spec, _factory(cut))
         assert summarize("c", r.samples, r.wall_s).errors == {"stream_cut": 4}
+        r = await run_load("refuse", spec, _factory(refuse))
+        assert summarize("r", r.samples, r.wall_s).errors == {"disconnected": 4}
         dead = round_robin(
             f"http://127.0.0.1:{closed}/v1/chat/completions",
             ["x"],
@@ -144,7 +147,7 @@ async def test_error_kinds(tmp_path: Path) -> None:
         r = await run_load("hang", tight, _factory(hang))
         assert summarize("t", r.samples, r.wall_s).errors == {"timeout": 1}
     finally:
-        for proc in (busy, cut, hang):
+        for proc in (busy, cut, hang, refuse):
             proc.kill()
 
 

@@ -71,14 +71,21 @@ async def send(
         sample.error = "timeout"
     except aiohttp.ClientConnectorError:
         sample.error = "connect"
-    except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError):
-        sample.error = "stream_cut"
     except aiohttp.ClientError as exc:
-        sample.error = f"client:{type(exc).__name__}"
+        sample.error = _broken_kind(exc, got_head=sample.status != 0)
     except StreamError:
         sample.error = "stream_error"
     sample.total_s = time.perf_counter() - begin
     return sample
+
+
+def _broken_kind(exc: aiohttp.ClientError, *, got_head: bool) -> str:
+    """A connection that failed after the response head is a cut stream; before it, a drop."""
+    if got_head:
+        return "stream_cut"
+    if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError):
+        return "disconnected"
+    return f"client:{type(exc).__name__}"
 
 
 async def _read_stream(
