@@ -249,7 +249,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from router.loadgen.plot import latency_cdf
 
         latency_cdf(
-            args.results / "task-cdf.png", "agent loop: task time", task_ms, "task time (ms)"
+            args.results / "task-cdf.png",
+            "agent loop: task time",
+            task_ms,
+            "task time (ms)",
+            "fraction of tasks",
         )
     print(f"results in {args.results}", file=sys.stderr)
     ran = [r for r in rows if "@" not in r.name]

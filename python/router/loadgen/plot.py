@@ -15,7 +15,13 @@ from router.loadgen.sample import Sample
 from router.loadgen.summary import region_timeline
 
 
-def latency_cdf(path: Path, title: str, series: Mapping[str, Sequence[float]], xlabel: str) -> Path:
+def latency_cdf(
+    path: Path,
+    title: str,
+    series: Mapping[str, Sequence[float]],
+    xlabel: str,
+    ylabel: str = "fraction of requests",
+) -> Path:
     """One empirical CDF line per named series of milliseconds."""
     fig, ax = plt.subplots(figsize=(8, 5))
     for name, values in series.items():
@@ -25,7 +31,7 @@ def latency_cdf(path: Path, title: str, series: Mapping[str, Sequence[float]], x
         ys = [(i + 1) / len(xs) for i in range(len(xs))]
         ax.step(xs, ys, where="post", label=f"{name} (n={len(xs)})")
     ax.set_xlabel(xlabel)
-    ax.set_ylabel("fraction of requests")
+    ax.set_ylabel(ylabel)
     ax.set_ylim(0, 1.0)
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
