@@ -1,6 +1,7 @@
 """Failover under load: three sim regions, fixed open-loop stream load, SIGKILL the nearest.
 
     python -m bench.failover [--rate 30] [--seconds 15] [--kill-at 5] [--interval 0.5]
+                             [--midstream error|resume]
 
 Prints requests lost before the first byte (target 0), streams broken mid-way, time until the
 killed region is out of rotation and until traffic is rerouted (target < 2 probe intervals),
@@ -59,7 +60,7 @@ def sim(folder: Path, name: str, rtt_ms: float) -> Proc:
     return spawn(args, port, folder / f"sim-{name}.log")
 
 
-def router(folder: Path, regions: list[tuple[str, Proc]], interval: float) -> Proc:
+def router(folder: Path, regions: list[tuple[str, Proc]], interval: float, midstream: str) -> Proc:
     port = free_port()
     lines = [
         "[server]",
@@ -71,6 +72,8 @@ def router(folder: Path, regions: list[tuple[str, Proc]], interval: float) -> Pr
         "[health]",
         f"interval_s = {interval}",
         f"timeout_s = {min(interval, 0.5)}",
+        "[routing]",
+        f'midstream = "{midstream}"',
         "[cache]",
         "enabled = false",
         "[auth]",
@@ -218,11 +221,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--kill-at", type=float, default=5.0)
     parser.add_argument("--interval", type=float, default=0.5, help="[health] interval_s")
+    parser.add_argument("--midstream", choices=("error", "resume"), default="error")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-failover-") as tmp:
         folder = Path(tmp)
         procs = [sim(folder, "a", 5), sim(folder, "b", 25), sim(folder, "c", 50)]
-        r = router(folder, list(zip("abc", procs, strict=True)), args.interval)
+        r = router(folder, list(zip("abc", procs, strict=True)), args.interval, args.midstream)
         try:
             time.sleep(3 * args.interval)  # a few probe rounds so RTTs are measured
             with urllib.request.urlopen(r.url + "/readyz", timeout=5) as resp:

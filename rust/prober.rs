@@ -284,6 +284,7 @@ pub struct RegionState {
     probe_failures: u64,
     passive_reports: u64,
     last_probe: Option<Instant>,
+    last_ttft: Option<Instant>,
     use_fallback_path: bool,
 }
 
@@ -309,6 +310,7 @@ impl RegionState {
             probe_failures: 0,
             passive_reports: 0,
             last_probe: None,
+            last_ttft: None,
             use_fallback_path: false,
         }
     }
@@ -343,6 +345,8 @@ pub struct RegionSnapshot {
     pub probe_failures: u64,
     pub passive_reports: u64,
     pub last_probe_age_s: Option<f64>,
+    /// Seconds since the last TTFT sample: a region without traffic keeps an old estimate.
+    pub ttft_age_s: Option<f64>,
 }
 
 impl RegionSnapshot {
@@ -564,6 +568,7 @@ impl Table {
         if outcome == Outcome::Ok {
             if let Some(t) = sane(ttft_s) {
                 r.ttft.record(t, cfg.ewma_alpha, cfg.window);
+                r.last_ttft = Some(now);
             }
             if let Some(t) = sane(total_s) {
                 r.total.record(t, cfg.ewma_alpha, cfg.window);
@@ -624,6 +629,7 @@ impl Table {
                     probe_failures: r.probe_failures,
                     passive_reports: r.passive_reports,
                     last_probe_age_s: r.last_probe.map(|t| now.duration_since(t).as_secs_f64()),
+                    ttft_age_s: r.last_ttft.map(|t| now.duration_since(t).as_secs_f64()),
                 }
             })
             .collect()

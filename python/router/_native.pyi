@@ -131,6 +131,8 @@ class RegionHealth:
     @property
     def last_probe_age_s(self) -> float | None: ...
     @property
+    def ttft_age_s(self) -> float | None: ...
+    @property
     def available(self) -> bool:
         """Healthy by active probes and not ejected by passive outcomes."""
 

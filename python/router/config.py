@@ -188,6 +188,9 @@ class HealthConfig(_Section, frozen=True):
     eject_after: _POSITIVE = 5
     base_ejection_s: _SECONDS = 5.0
     max_ejection_s: _SECONDS = 60.0
+    # A TTFT estimate older than this (no traffic since) stops counting in the score, so a
+    # region that was slow once gets traffic, and a fresh measurement, again.
+    ttft_stale_s: _SECONDS = 30.0
 
 
 class RoutingConfig(_Section, frozen=True):

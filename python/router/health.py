@@ -138,7 +138,7 @@ class Health:
                     available=h.available if h is not None else True,
                     healthy=h.healthy if h is not None else True,
                     ewma_rtt_s=h.ewma_rtt_s if h is not None else None,
-                    ewma_ttft_s=h.ewma_ttft_s if h is not None else None,
+                    ewma_ttft_s=_fresh_ttft(h, self.config.ttft_stale_s),
                     bias_s=self._bias_s.get(name, 0.0),
                     in_flight=self.in_flight_of(name),
                     admin=self._admin.get(name, AdminState.ACTIVE),
@@ -221,6 +221,12 @@ class Health:
         """Feed one attempt's outcome to the health table (passive health, ejection)."""
         if self.prober.report(region, outcome, connect_s, ttft_s, total_s):
             log.warning("region %s: ejected after consecutive %s", region, outcome)
+
+
+def _fresh_ttft(h: RegionHealth | None, stale_s: float) -> float | None:
+    if h is None or h.ttft_age_s is None or h.ttft_age_s > stale_s:
+        return None
+    return h.ewma_ttft_s
 
 
 def _ms(seconds: float | None) -> float | None:

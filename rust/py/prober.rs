@@ -82,6 +82,7 @@ pub struct RegionHealth {
     probe_failures: u64,
     passive_reports: u64,
     last_probe_age_s: Option<f64>,
+    ttft_age_s: Option<f64>,
 }
 
 impl From<RegionSnapshot> for RegionHealth {
@@ -110,6 +111,7 @@ impl From<RegionSnapshot> for RegionHealth {
             probe_failures: s.probe_failures,
             passive_reports: s.passive_reports,
             last_probe_age_s: s.last_probe_age_s,
+            ttft_age_s: s.ttft_age_s,
         }
     }
 }
