@@ -78,36 +78,42 @@ class Stack:
         )
 
 
-def start_stack(tmp_path: Path, procs: list[Proc], extra: str = "") -> Stack:
-    """Sims a (v1) and b (v2) and the router at 50/50; every process is appended to `procs`."""
-    for name, model in (("a", "llama-v1"), ("b", "llama-v2")):
-        procs.append(start_sim(tmp_path, name, models=model, ttft_ms=5, tokens_per_s=2000))
+@pytest.fixture(scope="module")
+def sims(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Proc, Proc]]:
+    """Sim a serves v1 (llama-v1), sim b serves v2 (llama-v2); stateless, so shared by the file."""
+    directory = tmp_path_factory.mktemp("sims")
+    procs: list[Proc] = []
+    try:
+        for name, model in (("a", "llama-v1"), ("b", "llama-v2")):
+            procs.append(start_sim(directory, name, models=model, ttft_ms=5, tokens_per_s=2000))
+        yield procs[0], procs[1]
+    finally:
+        for p in procs:
+            p.kill()
+
+
+def start_stack(tmp_path: Path, sims: tuple[Proc, Proc], extra: str = "") -> Stack:
+    """A router at 50/50 in front of the two sims."""
+    a, b = sims
     port = free_port()
     config = tmp_path / "router.toml"
-    config.write_text(config_text(port, procs[0].port, procs[1].port, 50, 50, extra))
+    config.write_text(config_text(port, a.port, b.port, 50, 50, extra))
     router = spawn(router_cmd("serve", "--config", str(config)), port, tmp_path / "router.log")
-    procs.append(router)
-    return Stack(router=router, a=procs[0], b=procs[1], config=config)
+    return Stack(router=router, a=a, b=b, config=config)
 
 
 @pytest.fixture
-def stack(tmp_path: Path) -> Iterator[Stack]:
-    procs: list[Proc] = []
-    try:
-        yield start_stack(tmp_path, procs)
-    finally:
-        for p in reversed(procs):
-            p.kill(signal.SIGTERM)
+def stack(tmp_path: Path, sims: tuple[Proc, Proc]) -> Iterator[Stack]:
+    s = start_stack(tmp_path, sims)
+    yield s
+    s.router.kill()
 
 
 @pytest.fixture
-def cached_stack(tmp_path: Path) -> Iterator[Stack]:
-    procs: list[Proc] = []
-    try:
-        yield start_stack(tmp_path, procs, "[cache]\nenabled = true\n")
-    finally:
-        for p in reversed(procs):
-            p.kill(signal.SIGTERM)
+def cached_stack(tmp_path: Path, sims: tuple[Proc, Proc]) -> Iterator[Stack]:
+    s = start_stack(tmp_path, sims, "[cache]\nenabled = true\n")
+    yield s
+    s.router.kill()
 
 
 def chat(user: str, stream: bool = False) -> dict[str, object]:
