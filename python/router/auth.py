@@ -123,12 +123,6 @@ class Authenticator:
         self._admin = bytes.fromhex(admin_token_sha256) if admin_token_sha256 else None
         if self._admin is not None and self._lookup(self._admin) is not None:
             raise ConfigError("auth.admin_token_sha256: the admin token must not be a tenant key")
-        if not enabled:
-            log.warning(
-                "AUTH IS DISABLED ([auth] enabled = false): every request is served as tenant "
-                "%r without any key check; use this only for local development",
-                ANONYMOUS,
-            )
 
     @classmethod
     def from_config(cls, config: AuthConfig) -> Authenticator:
@@ -138,6 +132,15 @@ class Authenticator:
             enabled=config.enabled,
             admin_token_sha256=config.admin_token_sha256,
         )
+
+    def warn_if_disabled(self) -> None:
+        """The loud startup WARNING of a router serving without key checks."""
+        if not self.enabled:
+            log.warning(
+                "AUTH IS DISABLED ([auth] enabled = false): every request is served as tenant "
+                "%r without any key check; use this only for local development",
+                ANONYMOUS,
+            )
 
     def adopt(self, other: Authenticator) -> None:
         """Take another authenticator's keys in one step (a config reload's commit)."""

@@ -473,6 +473,7 @@ def auth_preparer(auth: Authenticator, limiter: Limiter) -> Preparer:
 def install(app: web.Application, config: Config, stages: list[Stage]) -> None:
     """Wire auth, rate limits and admission into the app (before it starts)."""
     auth = Authenticator.from_config(config.auth)
+    auth.warn_if_disabled()  # once per app: other features build their own for admin checks
     limiter = Limiter.from_config(config.limits, auth.tenants)
     app[LIMITER] = limiter
     app[ADMISSION] = Admission.from_config(config.admission)

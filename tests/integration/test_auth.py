@@ -252,3 +252,13 @@ async def test_reload_adds_revokes_and_relimits_keys(tmp_path: Path, sim: Proc) 
             assert (await _post(router, path_, {"x-api-key": fresh}))[0] == 200
     finally:
         router.kill()
+
+
+async def test_disabled_auth_serves_anyone_and_says_so_once(tmp_path: Path, sim: Proc) -> None:
+    router = start_router(tmp_path, "[auth]\nenabled = false\n" + region_toml(sim))
+    try:
+        status, _, _ = await _post(router, "/v1/chat/completions", {})
+        assert status == 200
+        assert router.output().count("AUTH IS DISABLED") == 1
+    finally:
+        router.kill()

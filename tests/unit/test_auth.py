@@ -137,8 +137,9 @@ def test_key_without_model_list_may_use_any_model(auth: Authenticator) -> None:
 
 
 def test_disabled_auth_serves_anonymous_and_warns(caplog: pytest.LogCaptureFixture) -> None:
+    auth = Authenticator.from_config(AuthConfig(enabled=False))
     with caplog.at_level(logging.WARNING, logger="router"):
-        auth = Authenticator.from_config(AuthConfig(enabled=False))
+        auth.warn_if_disabled()
     assert any("AUTH IS DISABLED" in r.message for r in caplog.records)
     assert auth.authenticate(headers()) is ANONYMOUS_TENANT
     assert auth.authenticate(headers(x_api_key="whatever")) is ANONYMOUS_TENANT
@@ -147,7 +148,7 @@ def test_disabled_auth_serves_anonymous_and_warns(caplog: pytest.LogCaptureFixtu
 
 def test_enabled_auth_does_not_warn(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="router"):
-        Authenticator.from_config(_auth())
+        Authenticator.from_config(_auth()).warn_if_disabled()
     assert not caplog.records
 
 
