@@ -3,7 +3,7 @@ PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps build lint test test-rust test-python bench demo clean
+.PHONY: setup system-deps build lint test test-rust test-python bench bench-scenarios demo clean
 
 system-deps:
 	@if ! command -v redis-server >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1; then \
@@ -33,6 +33,12 @@ test: setup lint test-rust test-python
 
 bench: build
 	$(PYTHON) -m pytest bench/micro --benchmark-only --benchmark-columns=min,median,mean,ops
+
+# The load-generator scenarios (bench/README.md); each under a minute, results in results/.
+bench-scenarios:
+	$(PYTHON) -m bench.scenarios.global_users --results results/global_users
+	$(PYTHON) -m bench.scenarios.agent_loop --results results/agent_loop
+	$(PYTHON) -m bench.scenarios.overhead_nginx --results results/overhead_nginx
 
 demo: setup
 	router demo
