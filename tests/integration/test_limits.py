@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -353,3 +354,29 @@ async def test_queued_request_waits_for_the_slot_and_reports_its_wait(
         assert queue_ms > 100  # it waited for the first answer's slot instead of being refused
     finally:
         a.kill()
+
+
+@pytest.mark.redis
+async def test_frozen_redis_costs_one_short_timeout_then_nothing(
+    sim: Proc, routers: list[Proc], tmp_path: Path, redis_proc: Proc
+) -> None:
+    # SIGSTOP: connections stay open but nothing answers, the case only a timeout catches.
+    router = _start(routers, tmp_path, _config(sim, _redis_limits(redis_proc)))
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+        assert (await _post(session, router, "steady"))[0] == 200
+        redis_proc.popen.send_signal(signal.SIGSTOP)
+        try:
+            took = []
+            for _ in range(10):
+                began = time.monotonic()
+                status, _, _ = await _post(session, router, "steady")
+                took.append(time.monotonic() - began)
+                assert status == 200
+            # The first waits out redis_timeout_ms (250 ms); the rest skip Redis entirely.
+            assert took[0] < 2
+            assert sum(took[1:]) < 2
+            assert router.output().count("unreachable") == 1
+        finally:
+            redis_proc.popen.send_signal(signal.SIGCONT)
+        await _until_logged([router], "global limits resumed")
+        assert (await _post(session, router, "steady"))[0] == 200
