@@ -183,7 +183,40 @@ impl Pair {
     }
 }
 
-type Shard = Mutex<HashTable<(Box<str>, Pair)>>;
+/// Longest key stored inline in its slot (no separate allocation, no pointer to chase).
+pub const INLINE_KEY: usize = 22;
+
+/// A key, inline when short (the common tenant/API-key case), else on the heap.
+#[derive(Clone, Debug)]
+enum Key {
+    Inline { len: u8, bytes: [u8; INLINE_KEY] },
+    Heap(Box<[u8]>),
+}
+
+impl Key {
+    fn new(key: &str) -> Self {
+        let raw = key.as_bytes();
+        if raw.len() <= INLINE_KEY {
+            let mut bytes = [0; INLINE_KEY];
+            bytes[..raw.len()].copy_from_slice(raw);
+            Self::Inline {
+                len: raw.len() as u8,
+                bytes,
+            }
+        } else {
+            Self::Heap(raw.into())
+        }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        match self {
+            Self::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            Self::Heap(bytes) => bytes,
+        }
+    }
+}
+
+type Shard = Mutex<HashTable<(Key, Pair)>>;
 
 /// Many keys' bucket pairs behind sharded locks, chosen by a seeded fast hash.
 pub struct Table {
@@ -205,7 +238,7 @@ impl Table {
     }
 
     fn locate(&self, key: &str) -> (u64, &Shard) {
-        let hash = self.hasher.hash_one(key);
+        let hash = self.hasher.hash_one(key.as_bytes());
         let index = if self.shift == 64 {
             0
         } else {
@@ -219,7 +252,7 @@ impl Table {
         let (hash, shard) = self.locate(key);
         let mut table = shard.lock();
         table
-            .find_mut(hash, |(k, _)| &**k == key)
+            .find_mut(hash, |(k, _)| k.as_bytes() == key.as_bytes())
             .map(|(_, pair)| f(pair))
     }
 
@@ -227,12 +260,12 @@ impl Table {
     pub fn set_limits(&self, key: &str, limits: &Limits, now: f64) {
         let (hash, shard) = self.locate(key);
         let mut table = shard.lock();
-        if let Some((_, pair)) = table.find_mut(hash, |(k, _)| &**k == key) {
+        if let Some((_, pair)) = table.find_mut(hash, |(k, _)| k.as_bytes() == key.as_bytes()) {
             pair.update(limits, now);
         } else {
             let hasher = &self.hasher;
-            table.insert_unique(hash, (key.into(), Pair::new(limits, now)), |(k, _)| {
-                hasher.hash_one(&**k)
+            table.insert_unique(hash, (Key::new(key), Pair::new(limits, now)), |(k, _)| {
+                hasher.hash_one(k.as_bytes())
             });
         }
     }
@@ -360,6 +393,16 @@ mod tests {
         assert_eq!(table.expire_idle(30.0, 49.0), 0);
         assert_eq!(table.expire_idle(30.0, 51.0), 1);
         assert!(table.is_empty());
+        let long = "k".repeat(INLINE_KEY + 1);
+        let short = "k".repeat(INLINE_KEY);
+        table.set_limits(&long, &limits(60.0, 100.0), 0.0);
+        table.set_limits(&short, &limits(60.0, 100.0), 0.0);
+        assert!(table.with(&long, |_| ()).is_some());
+        assert!(table.with(&short, |_| ()).is_some());
+        assert!(table.with(&"k".repeat(INLINE_KEY - 1), |_| ()).is_none());
+        assert_eq!(table.expire_idle(0.0, 100.0), 2);
+        // A slot is the key (24 bytes, inline up to 22) plus 56 bytes of buckets.
+        assert_eq!(std::mem::size_of::<(Key, Pair)>(), 80);
         let single = Table::new(1);
         single.set_limits("a", &limits(1.0, 1.0), 0.0);
         assert_eq!(single.len(), 1);

@@ -4,9 +4,9 @@
 //! Every top-level field is output-affecting (unknown ones too, the safe side for a cache) except
 //! the transport-only ones in [`TRANSPORT_FIELDS`]. Absent and default-valued fields differ.
 
-use crate::json::{self, parse_object, sorted, type_name, write_string, RequestError};
+use crate::json::{self, parse_object, write_string, Node, RequestError};
 use crate::normalize::{normalize, Options};
-use serde_json::{Map, Value};
+use std::borrow::Cow;
 use std::fmt::Write as _;
 
 /// Top-level fields that change how a response is delivered or billed, never its content.
@@ -20,6 +20,21 @@ pub const TRANSPORT_FIELDS: &[&str] = &[
     "stream_options",
     "user",
 ];
+
+/// True for the fields in [`TRANSPORT_FIELDS`] (a `match`, cheaper than scanning the list).
+fn is_transport(key: &str) -> bool {
+    matches!(
+        key,
+        "metadata"
+            | "prompt_cache_key"
+            | "safety_identifier"
+            | "service_tier"
+            | "store"
+            | "stream"
+            | "stream_options"
+            | "user"
+    )
+}
 
 /// How much of the request text is normalized before hashing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,15 +89,18 @@ pub fn fingerprint(body: &[u8], namespace: &str, level: Level) -> Result<[u8; 16
     Ok(xxhash_rust::xxh3::xxh3_128(out.as_bytes()).to_be_bytes())
 }
 
+/// Object entries, sorted by key.
+type Entries<'a> = [(Cow<'a, str>, Node<'a>)];
+
 /// Check the types of the fields the canonical form and token counting look inside.
-pub fn validate(request: &Map<String, Value>) -> Result<(), RequestError> {
+pub fn validate(request: &Node<'_>) -> Result<(), RequestError> {
     if let Some(model) = request.get("model") {
-        if !model.is_string() {
+        if model.as_str().is_none() {
             return Err(shape("model", "a string", model));
         }
     }
     if let Some(messages) = request.get("messages") {
-        let Value::Array(items) = messages else {
+        let Node::Arr(items) = messages else {
             return Err(shape("messages", "an array", messages));
         };
         for (i, message) in items.iter().enumerate() {
@@ -91,7 +109,7 @@ pub fn validate(request: &Map<String, Value>) -> Result<(), RequestError> {
     }
     for field in ["prompt", "input"] {
         if let Some(value) = request.get(field) {
-            if !(value.is_string() || value.is_array()) {
+            if !matches!(value, Node::Str(_) | Node::Arr(_)) {
                 return Err(shape(field, "a string or an array", value));
             }
         }
@@ -99,27 +117,27 @@ pub fn validate(request: &Map<String, Value>) -> Result<(), RequestError> {
     Ok(())
 }
 
-fn validate_message(i: usize, message: &Value) -> Result<(), RequestError> {
-    let Value::Object(fields) = message else {
+fn validate_message(i: usize, message: &Node<'_>) -> Result<(), RequestError> {
+    if !matches!(message, Node::Obj(_)) {
         return Err(shape(&format!("messages[{i}]"), "an object", message));
-    };
-    match fields.get("role") {
-        Some(Value::String(_)) => {}
+    }
+    match message.get("role") {
+        Some(Node::Str(_)) => {}
         Some(role) => return Err(shape(&format!("messages[{i}].role"), "a string", role)),
         None => return Err(RequestError::Shape(format!("messages[{i}] has no `role`"))),
     }
     for field in ["name", "tool_call_id"] {
-        if let Some(value) = fields.get(field) {
-            if !value.is_string() {
+        if let Some(value) = message.get(field) {
+            if value.as_str().is_none() {
                 return Err(shape(&format!("messages[{i}].{field}"), "a string", value));
             }
         }
     }
-    match fields.get("content") {
-        None | Some(Value::Null | Value::String(_)) => {}
-        Some(Value::Array(parts)) => {
+    match message.get("content") {
+        None | Some(Node::Null | Node::Str(_)) => {}
+        Some(Node::Arr(parts)) => {
             for (j, part) in parts.iter().enumerate() {
-                if !part.is_object() {
+                if !matches!(part, Node::Obj(_)) {
                     return Err(shape(
                         &format!("messages[{i}].content[{j}]"),
                         "an object",
@@ -136,8 +154,8 @@ fn validate_message(i: usize, message: &Value) -> Result<(), RequestError> {
             ))
         }
     }
-    if let Some(calls) = fields.get("tool_calls") {
-        if !calls.is_array() {
+    if let Some(calls) = message.get("tool_calls") {
+        if !matches!(calls, Node::Arr(_)) {
             return Err(shape(
                 &format!("messages[{i}].tool_calls"),
                 "an array",
@@ -148,18 +166,21 @@ fn validate_message(i: usize, message: &Value) -> Result<(), RequestError> {
     Ok(())
 }
 
-fn shape(path: &str, expected: &str, got: &Value) -> RequestError {
+fn shape(path: &str, expected: &str, got: &Node<'_>) -> RequestError {
     RequestError::Shape(format!(
         "`{path}` must be {expected}, got {}",
-        type_name(got)
+        got.type_name()
     ))
 }
 
-fn write_request(request: &Map<String, Value>, level: Level, out: &mut String) {
+fn write_request(request: &Node<'_>, level: Level, out: &mut String) {
+    let Node::Obj(entries) = request else {
+        return json::write_value(request, out);
+    };
     out.push('{');
     let mut first = true;
-    for (key, value) in sorted(request) {
-        if TRANSPORT_FIELDS.contains(&key.as_str()) {
+    for (key, value) in entries {
+        if is_transport(key) {
             continue;
         }
         if !first {
@@ -168,8 +189,8 @@ fn write_request(request: &Map<String, Value>, level: Level, out: &mut String) {
         first = false;
         write_string(key, out);
         out.push(':');
-        match (level, key.as_str(), value) {
-            (Level::Normalized, "messages", Value::Array(items)) => write_messages(items, out),
+        match (level, key.as_ref(), value) {
+            (Level::Normalized, "messages", Node::Arr(items)) => write_messages(items, out),
             (Level::Normalized, "prompt" | "input", _) => write_texts(value, out),
             _ => json::write_value(value, out),
         }
@@ -177,14 +198,14 @@ fn write_request(request: &Map<String, Value>, level: Level, out: &mut String) {
     out.push('}');
 }
 
-fn write_messages(items: &[Value], out: &mut String) {
+fn write_messages(items: &[Node<'_>], out: &mut String) {
     out.push('[');
     for (i, message) in items.iter().enumerate() {
         if i > 0 {
             out.push(',');
         }
         match message {
-            Value::Object(fields) => write_object_with(fields, "content", write_texts, out),
+            Node::Obj(fields) => write_object_with(fields, "content", out),
             other => json::write_value(other, out),
         }
     }
@@ -192,17 +213,17 @@ fn write_messages(items: &[Value], out: &mut String) {
 }
 
 /// A string normalized; an array with its strings and its text parts' `text` normalized.
-fn write_texts(value: &Value, out: &mut String) {
+fn write_texts(value: &Node<'_>, out: &mut String) {
     match value {
-        Value::String(s) => write_string(&normalize(s, Options::default()), out),
-        Value::Array(items) => {
+        Node::Str(s) => write_string(&normalize(s, Options::default()), out),
+        Node::Arr(items) => {
             out.push('[');
             for (i, item) in items.iter().enumerate() {
                 if i > 0 {
                     out.push(',');
                 }
                 match item {
-                    Value::Object(part) => write_object_with(part, "text", write_texts, out),
+                    Node::Obj(part) => write_object_with(part, "text", out),
                     other => write_texts(other, out),
                 }
             }
@@ -212,22 +233,17 @@ fn write_texts(value: &Value, out: &mut String) {
     }
 }
 
-/// Write an object canonically, passing the value of `special` to `write_special`.
-fn write_object_with(
-    fields: &Map<String, Value>,
-    special: &str,
-    write_special: fn(&Value, &mut String),
-    out: &mut String,
-) {
+/// Write an object canonically, passing the value of `special` through [`write_texts`].
+fn write_object_with(fields: &Entries<'_>, special: &str, out: &mut String) {
     out.push('{');
-    for (i, (key, value)) in sorted(fields).into_iter().enumerate() {
+    for (i, (key, value)) in fields.iter().enumerate() {
         if i > 0 {
             out.push(',');
         }
         write_string(key, out);
         out.push(':');
         if key == special {
-            write_special(value, out);
+            write_texts(value, out);
         } else {
             json::write_value(value, out);
         }
@@ -257,6 +273,14 @@ mod tests {
         let a = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":1}"#;
         let b = "{ \"temperature\" : 1.0,\n \"messages\": [ {\"content\":\"hi\", \"role\":\"user\"} ], \"model\":\"m\" }";
         assert_eq!(fp(a), fp(b));
+    }
+
+    #[test]
+    fn transport_list_and_match_agree() {
+        for field in TRANSPORT_FIELDS {
+            assert!(is_transport(field));
+        }
+        assert!(!is_transport("streams"));
     }
 
     #[test]

@@ -1,9 +1,13 @@
-//! Decoding request bodies and writing canonical JSON. Pure; no pyo3.
+//! Decoding request bodies into a borrowed JSON tree and writing canonical JSON. Pure; no pyo3.
+//!
+//! A small strict RFC 8259 parser instead of `serde_json::Value`: strings without escapes are
+//! borrowed from the body, numbers are canonicalized while parsing, and object entries are
+//! sorted once, which makes the fingerprint of a 2 KB request a few microseconds.
 
-use serde_json::{Map, Value};
+use std::borrow::Cow;
 use std::fmt::{self, Write as _};
 
-/// Deepest JSON nesting accepted (`serde_json`'s own recursion limit).
+/// Deepest JSON nesting accepted (arrays and objects).
 pub const MAX_DEPTH: usize = 128;
 
 /// Why a request body was rejected.
@@ -25,57 +29,415 @@ impl fmt::Display for RequestError {
 
 impl std::error::Error for RequestError {}
 
-/// Parse raw request bytes into a JSON object.
-pub fn parse_object(body: &[u8]) -> Result<Map<String, Value>, RequestError> {
+/// A JSON number, already in canonical form: integral values within i64/u64 are integers.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Num {
+    Int(i64),
+    UInt(u64),
+    Float(f64),
+}
+
+/// A parsed JSON value borrowing from the request body.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Node<'a> {
+    Null,
+    Bool(bool),
+    Num(Num),
+    Str(Cow<'a, str>),
+    Arr(Vec<Node<'a>>),
+    /// Entries sorted by key, duplicates resolved to the last one (as JSON parsers do).
+    Obj(Vec<(Cow<'a, str>, Node<'a>)>),
+}
+
+impl<'a> Node<'a> {
+    /// The value under `key` if this is an object that has it.
+    pub fn get(&self, key: &str) -> Option<&Node<'a>> {
+        match self {
+            Self::Obj(entries) => entries
+                .binary_search_by(|(k, _)| k.as_ref().cmp(key))
+                .ok()
+                .map(|i| &entries[i].1),
+            _ => None,
+        }
+    }
+
+    /// The string, if this is one.
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Self::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The JSON type name, for error messages.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Self::Null => "null",
+            Self::Bool(_) => "boolean",
+            Self::Num(_) => "number",
+            Self::Str(_) => "string",
+            Self::Arr(_) => "array",
+            Self::Obj(_) => "object",
+        }
+    }
+}
+
+/// Parse raw request bytes into a JSON object (returned as `Node::Obj`).
+pub fn parse_object(body: &[u8]) -> Result<Node<'_>, RequestError> {
     let text = std::str::from_utf8(body).map_err(|e| {
         RequestError::Decode(format!(
             "request body is not valid UTF-8 (byte {})",
             e.valid_up_to()
         ))
     })?;
-    let value: Value = serde_json::from_str(text).map_err(|e| {
-        let msg = e.to_string();
-        if msg.starts_with("recursion limit exceeded") {
-            RequestError::Decode(format!(
-                "request body is nested deeper than {MAX_DEPTH} levels (line {}, column {})",
-                e.line(),
-                e.column()
-            ))
-        } else {
-            RequestError::Decode(format!("request body is not valid JSON: {msg}"))
-        }
-    })?;
+    let mut parser = Parser {
+        text,
+        bytes: body,
+        pos: 0,
+        depth: 0,
+    };
+    let value = parser.value()?;
+    parser.skip_ws();
+    if parser.pos != body.len() {
+        return Err(parser.error("trailing characters"));
+    }
     match value {
-        Value::Object(map) => Ok(map),
+        Node::Obj(_) => Ok(value),
         other => Err(RequestError::Shape(format!(
             "request body must be a JSON object, got {}",
-            type_name(&other)
+            other.type_name()
         ))),
     }
 }
 
-/// The JSON type name of a value, for error messages.
-pub fn type_name(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "boolean",
-        Value::Number(_) => "number",
-        Value::String(_) => "string",
-        Value::Array(_) => "array",
-        Value::Object(_) => "object",
+/// Index of the first byte at or after `from` that is `"`, `\\` or a control character (the
+/// bytes that end a plain run inside a JSON string), or `bytes.len()`. Eight bytes at a time.
+pub fn find_special(bytes: &[u8], from: usize) -> usize {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    let mut i = from;
+    while let Some(chunk) = bytes.get(i..i + 8) {
+        let w = u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8]));
+        let quote = w ^ (ONES * u64::from(b'"'));
+        let slash = w ^ (ONES * u64::from(b'\\'));
+        // Lowest flagged byte is exact; borrows can only flag bytes above it.
+        let mask = (quote.wrapping_sub(ONES) & !quote)
+            | (slash.wrapping_sub(ONES) & !slash)
+            | (w.wrapping_sub(ONES * 0x20) & !w);
+        let mask = mask & HIGHS;
+        if mask != 0 {
+            return i + (mask.trailing_zeros() / 8) as usize;
+        }
+        i += 8;
+    }
+    while i < bytes.len() && !matches!(bytes[i], b'"' | b'\\' | 0x00..=0x1f) {
+        i += 1;
+    }
+    i
+}
+
+struct Parser<'a> {
+    text: &'a str,
+    bytes: &'a [u8],
+    pos: usize,
+    depth: usize,
+}
+
+impl<'a> Parser<'a> {
+    fn at(&self) -> String {
+        let before = &self.bytes[..self.pos.min(self.bytes.len())];
+        // Only on the error path, so a plain count is fine.
+        let line = before.split(|&b| b == b'\n').count();
+        let line_start = before
+            .iter()
+            .rposition(|&b| b == b'\n')
+            .map_or(0, |i| i + 1);
+        format!("line {line} column {}", before.len() - line_start + 1)
+    }
+
+    fn error(&self, what: &str) -> RequestError {
+        RequestError::Decode(format!(
+            "request body is not valid JSON: {what} at {}",
+            self.at()
+        ))
+    }
+
+    fn peek(&self) -> Option<u8> {
+        self.bytes.get(self.pos).copied()
+    }
+
+    fn skip_ws(&mut self) {
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
+            self.pos += 1;
+        }
+    }
+
+    fn literal(&mut self, word: &str, node: Node<'a>) -> Result<Node<'a>, RequestError> {
+        if self.bytes[self.pos..].starts_with(word.as_bytes()) {
+            self.pos += word.len();
+            Ok(node)
+        } else {
+            Err(self.error("expected a value"))
+        }
+    }
+
+    fn value(&mut self) -> Result<Node<'a>, RequestError> {
+        self.skip_ws();
+        match self.peek() {
+            Some(b'{') => self.object(),
+            Some(b'[') => self.array(),
+            Some(b'"') => Ok(Node::Str(self.string()?)),
+            Some(b't') => self.literal("true", Node::Bool(true)),
+            Some(b'f') => self.literal("false", Node::Bool(false)),
+            Some(b'n') => self.literal("null", Node::Null),
+            Some(b'-' | b'0'..=b'9') => self.number(),
+            Some(_) => Err(self.error("expected a value")),
+            None => Err(self.error("unexpected end of input")),
+        }
+    }
+
+    fn enter(&mut self) -> Result<(), RequestError> {
+        self.depth += 1;
+        if self.depth > MAX_DEPTH {
+            return Err(RequestError::Decode(format!(
+                "request body is nested deeper than {MAX_DEPTH} levels ({})",
+                self.at()
+            )));
+        }
+        self.pos += 1;
+        Ok(())
+    }
+
+    fn array(&mut self) -> Result<Node<'a>, RequestError> {
+        self.enter()?;
+        let mut items = Vec::new();
+        self.skip_ws();
+        if self.peek() == Some(b']') {
+            self.pos += 1;
+        } else {
+            loop {
+                items.push(self.value()?);
+                self.skip_ws();
+                match self.peek() {
+                    Some(b',') => self.pos += 1,
+                    Some(b']') => {
+                        self.pos += 1;
+                        break;
+                    }
+                    _ => return Err(self.error("expected `,` or `]`")),
+                }
+            }
+        }
+        self.depth -= 1;
+        Ok(Node::Arr(items))
+    }
+
+    fn object(&mut self) -> Result<Node<'a>, RequestError> {
+        self.enter()?;
+        let mut entries = Vec::new();
+        self.skip_ws();
+        if self.peek() == Some(b'}') {
+            self.pos += 1;
+        } else {
+            loop {
+                self.skip_ws();
+                if self.peek() != Some(b'"') {
+                    return Err(self.error("expected a string key"));
+                }
+                let key = self.string()?;
+                self.skip_ws();
+                if self.peek() != Some(b':') {
+                    return Err(self.error("expected `:`"));
+                }
+                self.pos += 1;
+                let value = self.value()?;
+                entries.push((key, value));
+                self.skip_ws();
+                match self.peek() {
+                    Some(b',') => self.pos += 1,
+                    Some(b'}') => {
+                        self.pos += 1;
+                        break;
+                    }
+                    _ => return Err(self.error("expected `,` or `}`")),
+                }
+            }
+        }
+        self.depth -= 1;
+        if !entries.windows(2).all(|w| w[0].0 < w[1].0) {
+            // Stable sort, then keep the last of equal keys (moved into the surviving slot).
+            entries.sort_by(|a, b| a.0.cmp(&b.0));
+            entries.dedup_by(|later, kept| {
+                let same = later.0 == kept.0;
+                if same {
+                    std::mem::swap(later, kept);
+                }
+                same
+            });
+        }
+        Ok(Node::Obj(entries))
+    }
+
+    fn string(&mut self) -> Result<Cow<'a, str>, RequestError> {
+        self.pos += 1;
+        let start = self.pos;
+        self.pos = find_special(self.bytes, self.pos);
+        match self.peek() {
+            Some(b'"') => {
+                self.pos += 1;
+                return Ok(Cow::Borrowed(&self.text[start..self.pos - 1]));
+            }
+            Some(b'\\') => {}
+            Some(_) => return Err(self.error("control character in string")),
+            None => return Err(self.error("unterminated string")),
+        }
+        let mut out = String::with_capacity(self.pos - start + 16);
+        out.push_str(&self.text[start..self.pos]);
+        loop {
+            let run = self.pos;
+            self.pos = find_special(self.bytes, self.pos);
+            out.push_str(&self.text[run..self.pos]);
+            match self.peek() {
+                Some(b'"') => {
+                    self.pos += 1;
+                    return Ok(Cow::Owned(out));
+                }
+                Some(b'\\') => {
+                    self.pos += 1;
+                    self.escape(&mut out)?;
+                }
+                Some(_) => return Err(self.error("control character in string")),
+                None => return Err(self.error("unterminated string")),
+            }
+        }
+    }
+
+    fn escape(&mut self, out: &mut String) -> Result<(), RequestError> {
+        let c = match self.peek() {
+            Some(b'"') => '"',
+            Some(b'\\') => '\\',
+            Some(b'/') => '/',
+            Some(b'b') => '\u{8}',
+            Some(b'f') => '\u{c}',
+            Some(b'n') => '\n',
+            Some(b'r') => '\r',
+            Some(b't') => '\t',
+            Some(b'u') => {
+                self.pos += 1;
+                let high = self.hex4()?;
+                let code = if (0xD800..0xDC00).contains(&high) {
+                    if !self.bytes[self.pos..].starts_with(b"\\u") {
+                        return Err(self.error("lone surrogate in \\u escape"));
+                    }
+                    self.pos += 2;
+                    let low = self.hex4()?;
+                    if !(0xDC00..0xE000).contains(&low) {
+                        return Err(self.error("lone surrogate in \\u escape"));
+                    }
+                    0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00)
+                } else {
+                    high
+                };
+                let c = char::from_u32(code)
+                    .ok_or_else(|| self.error("lone surrogate in \\u escape"))?;
+                out.push(c);
+                return Ok(());
+            }
+            _ => return Err(self.error("invalid escape")),
+        };
+        self.pos += 1;
+        out.push(c);
+        Ok(())
+    }
+
+    fn hex4(&mut self) -> Result<u32, RequestError> {
+        let digits = self
+            .bytes
+            .get(self.pos..self.pos + 4)
+            .and_then(|d| std::str::from_utf8(d).ok())
+            .filter(|d| d.bytes().all(|b| b.is_ascii_hexdigit()))
+            .ok_or_else(|| self.error("invalid \\u escape"))?;
+        self.pos += 4;
+        u32::from_str_radix(digits, 16).map_err(|_| self.error("invalid \\u escape"))
+    }
+
+    fn digits(&mut self) -> usize {
+        let start = self.pos;
+        while let Some(b'0'..=b'9') = self.peek() {
+            self.pos += 1;
+        }
+        self.pos - start
+    }
+
+    fn number(&mut self) -> Result<Node<'a>, RequestError> {
+        let start = self.pos;
+        if self.peek() == Some(b'-') {
+            self.pos += 1;
+        }
+        let int_start = self.pos;
+        match self.digits() {
+            0 => return Err(self.error("invalid number")),
+            n if n > 1 && self.bytes[int_start] == b'0' => {
+                return Err(self.error("invalid number (leading zero)"))
+            }
+            _ => {}
+        }
+        let mut integral = true;
+        if self.peek() == Some(b'.') {
+            self.pos += 1;
+            integral = false;
+            if self.digits() == 0 {
+                return Err(self.error("invalid number"));
+            }
+        }
+        if let Some(b'e' | b'E') = self.peek() {
+            self.pos += 1;
+            integral = false;
+            if let Some(b'+' | b'-') = self.peek() {
+                self.pos += 1;
+            }
+            if self.digits() == 0 {
+                return Err(self.error("invalid number"));
+            }
+        }
+        let literal = &self.text[start..self.pos];
+        if integral {
+            if let Ok(i) = literal.parse::<i64>() {
+                return Ok(Node::Num(Num::Int(i)));
+            }
+            if let Ok(u) = literal.parse::<u64>() {
+                return Ok(Node::Num(Num::UInt(u)));
+            }
+        }
+        let f: f64 = literal.parse().map_err(|_| self.error("invalid number"))?;
+        if !f.is_finite() {
+            return Err(self.error("number out of range"));
+        }
+        Ok(Node::Num(float_num(f)))
     }
 }
 
-/// Append `value` as canonical JSON: sorted keys, no spaces,
-/// numbers as in [`write_number`], strings as in [`write_string`].
-pub fn write_value(value: &Value, out: &mut String) {
+/// 2^63: the integral floats below this are integers in canonical form.
+const TWO_POW_63: f64 = 9_223_372_036_854_775_808.0;
+
+fn float_num(f: f64) -> Num {
+    if f.fract() == 0.0 && f.abs() < TWO_POW_63 {
+        Num::Int(f as i64)
+    } else {
+        Num::Float(f)
+    }
+}
+
+/// Append `value` as canonical JSON: sorted keys, no spaces, numbers as in [`write_num`],
+/// strings as in [`write_string`].
+pub fn write_value(value: &Node<'_>, out: &mut String) {
     match value {
-        Value::Null => out.push_str("null"),
-        Value::Bool(true) => out.push_str("true"),
-        Value::Bool(false) => out.push_str("false"),
-        Value::Number(n) => write_number(n, out),
-        Value::String(s) => write_string(s, out),
-        Value::Array(items) => {
+        Node::Null => out.push_str("null"),
+        Node::Bool(true) => out.push_str("true"),
+        Node::Bool(false) => out.push_str("false"),
+        Node::Num(n) => write_num(*n, out),
+        Node::Str(s) => write_string(s, out),
+        Node::Arr(items) => {
             out.push('[');
             for (i, item) in items.iter().enumerate() {
                 if i > 0 {
@@ -85,9 +447,9 @@ pub fn write_value(value: &Value, out: &mut String) {
             }
             out.push(']');
         }
-        Value::Object(map) => {
+        Node::Obj(entries) => {
             out.push('{');
-            for (i, (k, v)) in sorted(map).into_iter().enumerate() {
+            for (i, (k, v)) in entries.iter().enumerate() {
                 if i > 0 {
                     out.push(',');
                 }
@@ -100,20 +462,17 @@ pub fn write_value(value: &Value, out: &mut String) {
     }
 }
 
-/// The entries of `map` in key order; explicit so that a crate enabling `serde_json`'s
-/// `preserve_order` feature elsewhere in the build cannot make keys order-sensitive.
-pub fn sorted(map: &Map<String, Value>) -> Vec<(&String, &Value)> {
-    let mut entries: Vec<_> = map.iter().collect();
-    entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
-    entries
-}
-
 /// Append a JSON string escaped exactly like Python's `json.dumps(ensure_ascii=False)`.
 pub fn write_string(s: &str, out: &mut String) {
     out.push('"');
+    let bytes = s.as_bytes();
     let mut start = 0;
-    for (i, b) in s.bytes().enumerate() {
-        let escape = match b {
+    loop {
+        let i = find_special(bytes, start);
+        if i == bytes.len() {
+            break;
+        }
+        let escape = match bytes[i] {
             b'"' => "\\\"",
             b'\\' => "\\\\",
             b'\n' => "\\n",
@@ -121,12 +480,11 @@ pub fn write_string(s: &str, out: &mut String) {
             b'\t' => "\\t",
             0x08 => "\\b",
             0x0c => "\\f",
-            0x00..=0x1f => "",
-            _ => continue,
+            _ => "",
         };
         out.push_str(&s[start..i]);
         if escape.is_empty() {
-            let _ = write!(out, "\\u{b:04x}");
+            let _ = write!(out, "\\u{:04x}", bytes[i]);
         } else {
             out.push_str(escape);
         }
@@ -136,25 +494,23 @@ pub fn write_string(s: &str, out: &mut String) {
     out.push('"');
 }
 
-/// Append a number so that equal values print equally: integral values (1, 1.0, 1e0) as
-/// integers, other floats like Python's `repr(float)`.
-pub fn write_number(n: &serde_json::Number, out: &mut String) {
-    if let Some(i) = n.as_i64() {
-        let _ = write!(out, "{i}");
-    } else if let Some(u) = n.as_u64() {
-        let _ = write!(out, "{u}");
-    } else if let Some(f) = n.as_f64() {
-        write_float(f, out);
+/// Append a canonical number: integers as digits, other floats like Python's `repr(float)`.
+pub fn write_num(n: Num, out: &mut String) {
+    match n {
+        Num::Int(i) => {
+            let _ = write!(out, "{i}");
+        }
+        Num::UInt(u) => {
+            let _ = write!(out, "{u}");
+        }
+        Num::Float(f) => write_float(f, out),
     }
 }
 
-/// 2^63: the integral floats below this print as integers.
-const TWO_POW_63: f64 = 9_223_372_036_854_775_808.0;
-
 /// Append a finite float: integral and within i64 as an integer, else Python's `repr`.
 pub fn write_float(f: f64, out: &mut String) {
-    if f.fract() == 0.0 && f.abs() < TWO_POW_63 {
-        let _ = write!(out, "{}", f as i64);
+    if let Num::Int(i) = float_num(f) {
+        let _ = write!(out, "{i}");
         return;
     }
     // `{:e}` gives the shortest round-trip digits, e.g. "1.2345e-7"; re-lay them like Python.
@@ -183,7 +539,7 @@ pub fn write_float(f: f64, out: &mut String) {
             }
             out.push_str(".0");
         } else {
-            let (int, frac) = digits.split_at(decpt as usize);
+            let (int, frac) = digits.split_at(decpt.unsigned_abs() as usize);
             out.push_str(int);
             out.push('.');
             out.push_str(frac);
@@ -208,9 +564,10 @@ mod tests {
     use super::*;
 
     fn canon(text: &str) -> String {
-        let value: Value = serde_json::from_str(text).unwrap();
+        let body = format!("{{\"v\":{text}}}");
+        let value = parse_object(body.as_bytes()).unwrap();
         let mut out = String::new();
-        write_value(&value, &mut out);
+        write_value(value.get("v").unwrap(), &mut out);
         out
     }
 
@@ -234,31 +591,78 @@ mod tests {
     }
 
     #[test]
-    fn canonical_sorts_and_unifies_numbers() {
+    fn canonical_sorts_dedups_and_unifies_numbers() {
         assert_eq!(
-            canon(r#"{ "b": 1.0, "a": [1, 1e0, -0.0, 2.50] }"#),
-            r#"{"a":[1,1,0,2.5],"b":1}"#
+            canon(r#"{ "b": 1.0, "a": [1, 1e0, -0.0, -0, 2.50, 18446744073709551615, 3] }"#),
+            r#"{"a":[1,1,0,0,2.5,18446744073709551615,3],"b":1}"#
         );
-        assert_eq!(canon(r#""\u0001\"\\\n é""#), r#""\u0001\"\\\n é""#);
+        assert_eq!(canon(r#"{"k":1,"k":2}"#), r#"{"k":2}"#);
+        assert_eq!(
+            canon(r#""\u0001\"\\\n é \u00e9 \ud83c\udf89 \/""#),
+            "\"\\u0001\\\"\\\\\\n é é 🎉 /\""
+        );
+        assert_eq!(canon("100000000000000000000"), "1e+20");
     }
 
     #[test]
     fn rejects_bad_bodies() {
-        assert!(matches!(
-            parse_object(b"\xff"),
-            Err(RequestError::Decode(_))
-        ));
-        assert!(matches!(parse_object(b"{"), Err(RequestError::Decode(_))));
-        assert!(matches!(parse_object(b"NaN"), Err(RequestError::Decode(_))));
-        assert!(matches!(
-            parse_object(b"[1e400]"),
-            Err(RequestError::Decode(_))
-        ));
+        for bad in [
+            &b"\xff"[..],
+            b"{",
+            b"",
+            b"NaN",
+            b"{\"a\":NaN}",
+            b"{\"a\":Infinity}",
+            b"{\"a\":1e400}",
+            b"{\"a\":01}",
+            b"{\"a\":1.}",
+            b"{\"a\":-}",
+            b"{\"a\":\"\\ud800\"}",
+            b"{\"a\":\"\\udc00x\"}",
+            b"{\"a\":\"\\x\"}",
+            b"{\"a\":\"\x01\"}",
+            b"{\"a\":1,}",
+            b"{\"a\" 1}",
+            b"{a:1}",
+            b"{} {}",
+            b"{\"a\":tru}",
+        ] {
+            assert!(
+                matches!(parse_object(bad), Err(RequestError::Decode(_))),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
         assert!(matches!(parse_object(b"[1]"), Err(RequestError::Shape(_))));
-        let deep = "[".repeat(MAX_DEPTH + 1) + &"]".repeat(MAX_DEPTH + 1);
+        let deep = format!(
+            "{{\"a\":{}{}}}",
+            "[".repeat(MAX_DEPTH),
+            "]".repeat(MAX_DEPTH)
+        );
         let err = parse_object(deep.as_bytes()).unwrap_err();
         assert!(err.to_string().contains("nested deeper"), "{err}");
         let ok = format!("{{\"a\":{}{}}}", "[".repeat(100), "]".repeat(100));
         assert!(parse_object(ok.as_bytes()).is_ok());
+    }
+
+    #[test]
+    fn find_special_agrees_with_a_plain_scan() {
+        let sample: Vec<u8> = (0u8..=255).cycle().take(700).collect();
+        for from in 0..sample.len() {
+            let naive = (from..sample.len())
+                .find(|&i| matches!(sample[i], b'"' | b'\\' | 0x00..=0x1f))
+                .unwrap_or(sample.len());
+            assert_eq!(find_special(&sample, from), naive);
+        }
+        let plain = b"hello world, no specials here at all!!";
+        assert_eq!(find_special(plain, 0), plain.len());
+        assert_eq!(find_special(b"abcdefgh\\", 0), 8);
+        assert_eq!(find_special(b"abcdefghijk\x7f\"", 0), 12);
+    }
+
+    #[test]
+    fn error_positions() {
+        let err = parse_object(b"{\n  \"a\": ?\n}").unwrap_err();
+        assert!(err.to_string().contains("line 2 column 8"), "{err}");
     }
 }

@@ -99,21 +99,21 @@ fn fold_fixpoint(text: &str) -> String {
 
 /// Lowercase ASCII and collapse whitespace runs into one space, trimming both ends.
 fn collapse_ascii(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
+    let mut out = Vec::with_capacity(text.len());
     let mut pending_space = false;
     for &b in text.as_bytes() {
-        let c = char::from(b);
-        if is_space(c) {
+        if matches!(b, b'\t' | b'\n' | 0x0b | 0x0c | b'\r' | 0x1c..=0x1f | b' ') {
             pending_space = !out.is_empty();
         } else {
             if pending_space {
-                out.push(' ');
+                out.push(b' ');
                 pending_space = false;
             }
-            out.push(c.to_ascii_lowercase());
+            out.push(b.to_ascii_lowercase());
         }
     }
-    out
+    // Only ASCII bytes were pushed, so this cannot fail.
+    String::from_utf8(out).unwrap_or_default()
 }
 
 /// Collapse whitespace runs (Python's definition) into one space, trimming both ends.

@@ -2,8 +2,7 @@
 //! first use) and a cheap estimate for unknown models. Pure; no pyo3.
 
 use crate::fingerprint::validate;
-use crate::json::{parse_object, RequestError};
-use serde_json::Value;
+use crate::json::{parse_object, Node, RequestError};
 
 /// A tokenizer family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,7 +80,7 @@ pub fn encoding_for_model(model: &str) -> Encoding {
 pub fn count_request_tokens(body: &[u8], encoding: Encoding) -> Result<usize, RequestError> {
     let request = parse_object(body)?;
     validate(&request)?;
-    if let Some(Value::Array(messages)) = request.get("messages") {
+    if let Some(Node::Arr(messages)) = request.get("messages") {
         return Ok(count_messages(messages, encoding));
     }
     for field in ["prompt", "input"] {
@@ -96,28 +95,30 @@ pub fn count_request_tokens(body: &[u8], encoding: Encoding) -> Result<usize, Re
 
 /// Cookbook accounting: every string field of a message is encoded, plus fixed overheads. Content
 /// parts count their `text`; tool calls count function name and arguments; images are not counted.
-fn count_messages(messages: &[Value], encoding: Encoding) -> usize {
+fn count_messages(messages: &[Node<'_>], encoding: Encoding) -> usize {
     let mut total = REPLY_PRIMING;
     for message in messages {
         total += TOKENS_PER_MESSAGE;
-        let Value::Object(fields) = message else {
+        let Node::Obj(fields) = message else {
             continue;
         };
         for (key, value) in fields {
             match value {
-                Value::String(s) => total += encoding.count(s),
-                Value::Array(items) if key == "content" => {
+                Node::Str(s) => total += encoding.count(s),
+                Node::Arr(items) if key == "content" => {
                     for part in items {
-                        if let Some(Value::String(text)) = part.get("text") {
+                        if let Some(text) = part.get("text").and_then(Node::as_str) {
                             total += encoding.count(text);
                         }
                     }
                 }
-                Value::Array(calls) if key == "tool_calls" => {
+                Node::Arr(calls) if key == "tool_calls" => {
                     for call in calls {
                         let function = call.get("function");
                         for field in ["name", "arguments"] {
-                            if let Some(Value::String(s)) = function.and_then(|f| f.get(field)) {
+                            if let Some(s) =
+                                function.and_then(|f| f.get(field)).and_then(Node::as_str)
+                            {
                                 total += encoding.count(s);
                             }
                         }
@@ -133,12 +134,12 @@ fn count_messages(messages: &[Value], encoding: Encoding) -> usize {
     total
 }
 
-fn count_texts(value: &Value, encoding: Encoding) -> usize {
+fn count_texts(value: &Node<'_>, encoding: Encoding) -> usize {
     match value {
-        Value::String(s) => encoding.count(s),
+        Node::Str(s) => encoding.count(s),
         // A pre-tokenized prompt: each number is one token.
-        Value::Number(_) => 1,
-        Value::Array(items) => items.iter().map(|v| count_texts(v, encoding)).sum(),
+        Node::Num(_) => 1,
+        Node::Arr(items) => items.iter().map(|v| count_texts(v, encoding)).sum(),
         _ => 0,
     }
 }
