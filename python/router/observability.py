@@ -84,15 +84,14 @@ def _stamp_factory(context_of: ContextOf) -> Callable[..., Awaitable[None]]:
         start = request.get(_START)
         if start is None:
             return
+        ctx = context_of(request) if isinstance(request, web.Request) else None
         durations = request.get(_AT_HEADERS)
         if durations is None:
             # A stream: the body follows the headers, so TTFT is now and the total is not known.
-            ctx = context_of(request) if isinstance(request, web.Request) else None
             durations = totals(ctx.timer.stages) if ctx is not None else {}
             durations[TTFT] = time.perf_counter_ns() - start
             request[_AT_HEADERS] = durations
         response.headers["Server-Timing"] = server_timing(durations)
-        ctx = context_of(request) if isinstance(request, web.Request) else None
         if ctx is not None and "X-Request-Id" not in response.headers:
             response.headers["X-Request-Id"] = ctx.request_id
 
