@@ -125,6 +125,8 @@ def _proxy_handler(
         ctx.parsed = parse_body(endpoint, body, max_items=config.server.max_messages)
         # Alias -> version (sticky per user/key) -> its upstream model; 404 for unknown models.
         app[ROLLOUT].assign(ctx, request.headers)
+        # Read in the same step as the routing table: a reload cannot split the two for a request.
+        upstreams = app[POOLS].current
         timer.end("parse")
         for stage in app[STAGES]:
             answer = await stage(request, ctx)
@@ -132,7 +134,7 @@ def _proxy_handler(
                 return answer
 
         async def origin(tap: Tap | None) -> web.StreamResponse:
-            candidates = app[ROLLOUT].regions(ctx, app[SELECTOR](ctx, app[POOLS].current))
+            candidates = app[ROLLOUT].regions(ctx, app[SELECTOR](ctx, upstreams))
             if not candidates:
                 raise Unavailable(f"No region can serve model `{ctx.request.model}` now.")
             hooks: list[AttemptHook] = app[ATTEMPT_HOOKS]
