@@ -176,6 +176,8 @@ def test_cli_writes_results_and_plots(sim: Proc, tmp_path: Path) -> None:
         "0",
         "--origin-stats",
         f"ok={sim.url}",
+        "--header",
+        "X-Bench-Run: cli-1",
     ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=50, cwd=REPO, check=False)
     assert done.returncode == 0, done.stderr
@@ -185,6 +187,9 @@ def test_cli_writes_results_and_plots(sim: Proc, tmp_path: Path) -> None:
     assert runs[0]["sent"] == 6
     assert runs[0]["ttft_ms"]["n"] == 6
     assert runs[0]["origin"] == {"ok": 6}  # the region's own counter, before -> after
+    last_headers = _stats(sim)["last_headers"]
+    assert isinstance(last_headers, dict)
+    assert {k.lower(): v for k, v in last_headers.items()}["x-bench-run"] == "cli-1"
     assert (out / "results.md").read_text().count("| cli |") == 1
     for png in ("ttft-cdf.png", "total-cdf.png", "traffic-cli.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"

@@ -340,6 +340,18 @@ def test_origin_options_and_deltas() -> None:
     assert origin_delta({"eu": 10, "us": 3}, {"eu": 4}) == {"eu": 6, "us": 3}
 
 
+def test_header_options() -> None:
+    from router.loadgen.cli import parse_headers
+
+    assert parse_headers(["OpenAI-Organization: org-1", "x-a:b: c"]) == {
+        "openai-organization": "org-1",
+        "x-a": "b: c",
+    }
+    for bad in ("no-colon", ": v", "two words: v"):
+        with pytest.raises(ValueError, match="Name: value"):
+            parse_headers([bad])
+
+
 # ---- the scenarios' pure parts (bench/scenarios, bench/procs) ----
 
 

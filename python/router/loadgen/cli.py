@@ -34,6 +34,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="sent as a Bearer token (default: $ROUTER_BENCH_API_KEY, $OPENAI_API_KEY)",
     )
+    parser.add_argument(
+        "--header",
+        action="append",
+        default=[],
+        metavar="'NAME: VALUE'",
+        help="an extra request header (repeatable), e.g. 'OpenAI-Organization: org-1'",
+    )
     parser.add_argument("--model", default="default")
     parser.add_argument("--endpoint", choices=["chat", "completions"], default="chat")
     parser.add_argument(
@@ -97,6 +104,17 @@ def _prompts(args: argparse.Namespace) -> list[str]:
     return prompts or [DEFAULT_PROMPT]
 
 
+def parse_headers(specs: Sequence[str]) -> dict[str, str]:
+    """`Name: value` options -> headers; ValueError names the bad one."""
+    out: dict[str, str] = {}
+    for spec in specs:
+        name, sep, value = spec.partition(":")
+        if not sep or not name.strip() or any(c.isspace() for c in name.strip()):
+            raise ValueError(f"--header wants 'Name: value', got {spec!r}")
+        out[name.strip().lower()] = value.strip()
+    return out
+
+
 def _concurrency(args: argparse.Namespace) -> int:
     if args.concurrency is not None:
         value: int = args.concurrency
@@ -127,11 +145,13 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--timeline-bin must be positive")
         prompts = _prompts(args)
         origins = parse_origins(args.origin_stats)
+        extra_headers = parse_headers(args.header)
     except (ValueError, OSError) as exc:
         print(f"router bench: {exc}", file=sys.stderr)
         return 2
     key = args.api_key or os.environ.get("ROUTER_BENCH_API_KEY") or os.environ.get("OPENAI_API_KEY")
     headers = {"authorization": f"Bearer {key}"} if key else {}
+    headers.update(extra_headers)
     factory = round_robin(
         url, prompts, model=args.model, endpoint=endpoint, max_tokens=args.max_tokens, stream=stream
     )
