@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import sys
 import tempfile
@@ -28,6 +29,7 @@ from tests.support import Proc, free_port, router_cmd, spawn
 from router.sim import text
 
 MODEL = "sim-1"
+ADMIN = "bench-admin-token"
 
 
 @dataclass
@@ -78,6 +80,7 @@ def router(folder: Path, regions: list[tuple[str, Proc]], interval: float, midst
         "enabled = false",
         "[auth]",
         "enabled = false",
+        f'admin_token_sha256 = "{hashlib.sha256(ADMIN.encode()).hexdigest()}"',
         "[observability]",
         "access_log = false",
     ]
@@ -154,6 +157,7 @@ async def drive(url: str, rate: float, seconds: float, kill_at: float, victim: P
     tasks: list[asyncio.Task[None]] = []
     t0 = time.monotonic()
     killed_at: float | None = None
+    watch: asyncio.Task[tuple[float, float]] | None = None
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as session:
 
         async def run(i: int) -> None:
@@ -168,12 +172,46 @@ async def drive(url: str, rate: float, seconds: float, kill_at: float, victim: P
             if killed_at is None and time.monotonic() - t0 >= kill_at:
                 await asyncio.to_thread(victim.kill)
                 killed_at = time.monotonic() - t0
+                watch = asyncio.create_task(asyncio.to_thread(time_to_flag, url, "a"))
             tasks.append(asyncio.create_task(run(i)))
         await asyncio.gather(*tasks)
-    return [results, killed_at]
+    assert watch is not None, "--kill-at must fall inside --seconds"
+    return [results, killed_at, await watch]
 
 
-def report(results: list[Result], killed_at: float, interval: float, seconds: float) -> None:
+def time_to_flag(url: str, name: str, limit_s: float = 10.0) -> tuple[float, float]:
+    """Seconds until the router has region `name` out of rotation, and until probes call it down."""
+    began = time.monotonic()
+    out_at = down_at = None
+    while time.monotonic() - began < limit_s and (out_at is None or down_at is None):
+        for h in health(url):
+            if h["name"] == name:
+                now = time.monotonic() - began
+                if out_at is None and not h["available"]:
+                    out_at = now
+                if down_at is None and not h["healthy"]:
+                    down_at = now
+        time.sleep(0.02)
+    return (out_at or float("nan"), down_at or float("nan"))
+
+
+def health(url: str) -> list[dict[str, Any]]:
+    """GET /admin/health: the router's view of every region."""
+    req = urllib.request.Request(
+        url + "/admin/health", headers={"Authorization": f"Bearer {ADMIN}"}
+    )
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        regions: list[dict[str, Any]] = json.loads(resp.read())["regions"]
+    return regions
+
+
+def report(
+    results: list[Result],
+    killed_at: float,
+    flagged: tuple[float, float],
+    interval: float,
+    seconds: float,
+) -> None:
     results.sort(key=lambda r: r.sent)
     lost = [r for r in results if r.outcome == "lost"]
     broken = [r for r in results if r.outcome == "broken"]
@@ -196,6 +234,10 @@ def report(results: list[Result], killed_at: float, interval: float, seconds: fl
     )
     print(f"time to reroute: {reroute:.3f}s ({reroute / interval:.2f} probe intervals)")
     print(
+        f"out of rotation after {flagged[0]:.3f}s; probes marked it down after "
+        f"{flagged[1]:.3f}s ({flagged[1] / interval:.2f} probe intervals)"
+    )
+    print(
         f"p99 TTFT ms: before {p99(before) * 1000:.1f}   during (first {window:.1f}s) "
         f"{p99(during) * 1000:.1f}   after {p99(later) * 1000:.1f}"
     )
@@ -215,6 +257,18 @@ def report(results: list[Result], killed_at: float, interval: float, seconds: fl
         sys.exit(1)
 
 
+def print_health(url: str) -> None:
+    """The router's view of each region at the end (GET /admin/health)."""
+    regions = health(url)
+    print()
+    print("region | available | ejections | ewma rtt ms | ewma ttft ms | last error")
+    for h in regions:
+        print(
+            f"{h['name']:6} | {h['available']!s:9} | {h['ejections']:9d} | "
+            f"{h['ewma_rtt_ms'] or 0:11.1f} | {h['ewma_ttft_ms'] or 0:12.1f} | {h['last_error']}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=float, default=30.0, help="requests per second")
@@ -231,10 +285,11 @@ def main() -> None:
             time.sleep(3 * args.interval)  # a few probe rounds so RTTs are measured
             with urllib.request.urlopen(r.url + "/readyz", timeout=5) as resp:
                 assert resp.status == 200
-            results, killed_at = asyncio.run(
+            results, killed_at, flagged = asyncio.run(
                 drive(r.url, args.rate, args.seconds, args.kill_at, procs[0])
             )
-            report(results, killed_at, args.interval, args.seconds)
+            report(results, killed_at, flagged, args.interval, args.seconds)
+            print_health(r.url)
         finally:
             for p in (r, *procs):
                 p.kill()
