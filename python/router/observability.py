@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from contextvars import ContextVar
@@ -41,6 +42,8 @@ _ATTEMPTS = "obs.regions"  # ctx.extra: region names tried, in order
 _TENANT = "tenant"  # ctx.extra key the auth stage fills (an auth.Tenant)
 # ctx.extra key a hedging attempt loop sets to the number of hedged requests it sent.
 HEDGES = "hedges"
+
+log = logging.getLogger("router")
 
 # nginx's code for "the client closed the connection before the answer".
 CLIENT_CLOSED = 499
@@ -161,9 +164,25 @@ def usage(resp: web.StreamResponse) -> tuple[int | None, int | None]:
     return found.prompt_tokens, found.completion_tokens
 
 
+class _Failures:
+    """Logs the first failure to record a request with its traceback, then every 1000th."""
+
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def note(self) -> None:
+        self.count += 1
+        if self.count == 1 or self.count % 1000 == 0:
+            log.exception("observability: could not record a request (%d so far)", self.count)
+
+
 def _middleware_factory(
     telemetry: Telemetry, context_of: ContextOf, cache_of: CacheOf
 ) -> Middleware:
+    failures = _Failures()
+
     @web.middleware
     async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
         """Times the whole request; one access record per proxied request once it is done."""
@@ -209,8 +228,12 @@ def _middleware_factory(
                     if TTFT in at_headers:
                         durations[TTFT] = at_headers[TTFT]
                     durations[TOTAL] = time.perf_counter_ns() - start
-                record = _record(request, ctx, code, durations, cache_of(request), tokens)
-                telemetry.finish(record)
+                try:
+                    record = _record(request, ctx, code, durations, cache_of(request), tokens)
+                    telemetry.finish(record)
+                except Exception:
+                    # Observability must never cost a client its answer (e.g. stdout closed).
+                    failures.note()
 
     return observe
 
