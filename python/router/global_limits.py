@@ -259,6 +259,9 @@ class RedisBuckets:
     async def _recover(self) -> None:
         """Ping every retry_s until Redis answers, then resume global limits."""
         began = time.monotonic()
+        # Connections from before the outage may be dead (a restart): start afresh.
+        with contextlib.suppress(*_OUTAGE):
+            await self._client.connection_pool.disconnect()
         while True:
             await asyncio.sleep(self.retry_s)
             try:
