@@ -11,8 +11,10 @@ from typing import Any
 
 import aiohttp
 import pytest
+import redis.asyncio as aioredis
 
 from router.auth import hash_key
+from router.global_limits import Rates, RedisBuckets
 from router.timing import parse_server_timing
 from tests.integration.conftest import region_toml, sim_stats, start_router, start_sim
 from tests.support import Proc, redis_server_binary, start_redis
@@ -380,3 +382,25 @@ async def test_frozen_redis_costs_one_short_timeout_then_nothing(
             redis_proc.popen.send_signal(signal.SIGCONT)
         await _until_logged([router], "global limits resumed")
         assert (await _post(session, router, "steady"))[0] == 200
+
+
+@pytest.mark.redis
+async def test_shared_buckets_batch_exactly_and_survive_a_script_flush(redis_proc: Proc) -> None:
+    buckets = RedisBuckets(f"redis://127.0.0.1:{redis_proc.port}/0")
+    rates = Rates(request_capacity=50, requests_per_s=1e-6, token_capacity=1e9, tokens_per_s=1e-6)
+    try:
+        decisions = await asyncio.gather(*(buckets.acquire("k", rates, 10) for _ in range(80)))
+        assert sum(1 for d in decisions if d is not None and d.allowed) == 50
+        denied = next(d for d in decisions if d is not None and not d.allowed)
+        assert denied.retry_after_s > 0
+        assert denied.remaining_requests == 0
+        # Redis forgetting the scripts (a restart, SCRIPT FLUSH) is handled, not an outage.
+        flusher = aioredis.Redis(port=redis_proc.port)
+        await flusher.script_flush()
+        await flusher.aclose()
+        again = await buckets.acquire("other", rates, 0)
+        assert again is not None
+        assert again.allowed
+        assert buckets.outages == 0
+    finally:
+        await buckets.close()
