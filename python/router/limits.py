@@ -37,6 +37,7 @@ _UNLIMITED = 1 << 40
 
 def format_reset(seconds: float) -> str:
     """A duration the way OpenAI writes x-ratelimit-reset-*: 250ms, 1.5s, 6m0s."""
+    seconds = min(seconds, 86400.0) if math.isfinite(seconds) else 86400.0
     if seconds < 1:
         return f"{max(0, math.ceil(seconds * 1000))}ms"
     if seconds < 60:
@@ -306,9 +307,9 @@ class Limiter:
             tokens = 0
         elif tokens > rates.token_capacity:
             raise RateLimited(
-                f"Request too large for tenant {tenant.name!r}: it may use {tokens} tokens, the "
-                f"limit is {tenant.tokens_per_minute} tokens per minute. Lower max_tokens or "
-                "shorten the prompt.",
+                f"Request too large for tenant {tenant.name!r}: it may use {tokens} tokens, "
+                f"more than the {int(rates.token_capacity)} one request can ever get. Lower "
+                "max_tokens or shorten the prompt.",
                 code="request_too_large",
                 headers={"x-should-retry": "false"},
             )
