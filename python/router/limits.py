@@ -14,7 +14,7 @@ from router import auth as auth_mod
 from router import sse
 from router.admission import ADMISSION, Admission
 from router.auth import AUTH_NS, TENANT, Authenticator, Tenant
-from router.errors import ConfigError, RateLimited, Unavailable
+from router.errors import ApiError, ConfigError, RateLimited, Unavailable
 from router.global_limits import Rates, RedisBuckets
 from router.native import (
     BucketTable,
@@ -408,10 +408,18 @@ async def settle(
     """Reconcile the request's reservation when its answer has ended, however it ended."""
     try:
         response = await handler(request)
-    except BaseException:
+    except ApiError:
+        # Answered with an error after admission (no region could take it): nothing generated.
         grant = request.get(GRANT)
         if grant is not None:
-            grant.finish(None)
+            grant.finish(0)
+        raise
+    except BaseException:
+        # The client left (or a bug): whatever a stream had carried so far, else the estimate.
+        grant = request.get(GRANT)
+        if grant is not None:
+            meter = request.get(METER)
+            grant.finish(meter.used() if meter is not None else None)
         raise
     grant = request.get(GRANT)
     if grant is not None:
