@@ -41,7 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="'NAME: VALUE'",
         help="an extra request header (repeatable), e.g. 'OpenAI-Organization: org-1'",
     )
-    parser.add_argument("--model", default="default")
+    parser.add_argument(
+        "--model", default="sim-1", help="the model to ask for (default: the sim regions' sim-1)"
+    )
     parser.add_argument("--endpoint", choices=["chat", "completions"], default="chat")
     parser.add_argument(
         "--concurrency",
