@@ -215,7 +215,7 @@ fn write_messages(items: &[Node<'_>], out: &mut String) {
 /// A string normalized; an array with its strings and its text parts' `text` normalized.
 fn write_texts(value: &Node<'_>, out: &mut String) {
     match value {
-        Node::Str(s) => write_string(&normalize(s, Options::default()), out),
+        Node::Str(s) => write_normalized(s, out),
         Node::Arr(items) => {
             out.push('[');
             for (i, item) in items.iter().enumerate() {
@@ -231,6 +231,41 @@ fn write_texts(value: &Node<'_>, out: &mut String) {
         }
         other => json::write_value(other, out),
     }
+}
+
+/// Append `normalize(s)` (default options) as a JSON string. ASCII text, the common case, is
+/// folded, collapsed and escaped in one pass straight into `out`.
+fn write_normalized(s: &str, out: &mut String) {
+    if !s.is_ascii() {
+        return write_string(&normalize(s, Options::default()), out);
+    }
+    out.push('"');
+    let start = out.len();
+    let mut pending_space = false;
+    for &b in s.as_bytes() {
+        if matches!(b, b'\t' | b'\n' | 0x0b | 0x0c | b'\r' | 0x1c..=0x1f | b' ') {
+            pending_space = out.len() > start;
+            continue;
+        }
+        if pending_space {
+            out.push(' ');
+            pending_space = false;
+        }
+        match b {
+            b'"' => out.push_str("\\\""),
+            b'\\' => out.push_str("\\\\"),
+            0x08 => out.push_str("\\b"),
+            0x00..=0x1f => {
+                let _ = write!(out, "\\u{b:04x}");
+            }
+            _ => out.push(char::from(b.to_ascii_lowercase())),
+        }
+    }
+    // No escape sequence ends in punctuation or a space, so trimming the tail is safe.
+    while out.len() > start && out.ends_with(['.', '!', '?', ',', ';', ':', ' ']) {
+        out.pop();
+    }
+    out.push('"');
 }
 
 /// Write an object canonically, passing the value of `special` through [`write_texts`].
@@ -273,6 +308,26 @@ mod tests {
         let a = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":1}"#;
         let b = "{ \"temperature\" : 1.0,\n \"messages\": [ {\"content\":\"hi\", \"role\":\"user\"} ], \"model\":\"m\" }";
         assert_eq!(fp(a), fp(b));
+    }
+
+    #[test]
+    fn ascii_fast_path_equals_normalize_then_escape() {
+        for text in [
+            "",
+            "  Hello  World!!  ",
+            "A \"quoted\" \\ path\\ ",
+            "ctl \u{1}\u{8}\u{7f} x\t\n\r\u{b}\u{c}\u{1c}y",
+            "...",
+            " ,. ",
+            "ends with escape\\",
+            "ends with quote\"!",
+        ] {
+            let mut fast = String::new();
+            write_normalized(text, &mut fast);
+            let mut slow = String::new();
+            write_string(&normalize(text, Options::default()), &mut slow);
+            assert_eq!(fast, slow, "{text:?}");
+        }
     }
 
     #[test]
