@@ -10,8 +10,8 @@ from tests.support import Proc
 
 POPS: tuple[str, ...] = ("us-east", "eu-west", "ap-south")
 
-# One-way-independent RTTs in ms: 10-20 to the co-located region, 100-180 to the far ones
-# (public figures: Virginia-Ireland ~70-100, Ireland-Mumbai ~120-130, Virginia-Mumbai ~180-190).
+# Round-trip times in ms: 10-20 to the co-located region (users are a metro away), 100-180 to
+# the far ones (roughly what public clouds show between Virginia, Ireland and Mumbai).
 _RTT: dict[frozenset[str], float] = {
     frozenset({"us-east"}): 12.0,
     frozenset({"eu-west"}): 15.0,
