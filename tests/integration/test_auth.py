@@ -42,9 +42,9 @@ def _config(sim: Proc) -> str:
         f'[[auth.keys]]\nsha256 = "{hash_key(KEYS[name])}"\ntenant = "{name}"\n{extra}\n'
         for name, extra in keys
     )
-    return f'[auth]\nadmin_token_sha256 = "{hash_key(ADMIN)}"\n{entries}\n' + region_toml(
-        sim, models=("sim-1", "sim-2")
-    )
+    head = f'[auth]\nadmin_token_sha256 = "{hash_key(ADMIN)}"\n{entries}\n'
+    # The cache is on so its admin endpoints exist (and must refuse tenant keys too).
+    return head + "[cache]\nenabled = true\n" + region_toml(sim, models=("sim-1", "sim-2"))
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +127,18 @@ async def test_model_list_needs_a_key(router: Proc) -> None:
 
 @pytest.mark.parametrize(
     ("method", "path"),
-    [("GET", "/admin/rollout"), ("POST", "/admin/reload"), ("POST", "/admin/rollout/rollback")],
+    [
+        ("GET", "/admin/rollout"),
+        ("POST", "/admin/rollout/weights"),
+        ("POST", "/admin/rollout/rollback"),
+        ("POST", "/admin/reload"),
+        ("GET", "/admin/health"),
+        ("POST", "/admin/regions/a/drain"),
+        ("POST", "/admin/regions/a/disable"),
+        ("POST", "/admin/regions/a/enable"),
+        ("GET", "/admin/cache/stats"),
+        ("POST", "/admin/cache/purge"),
+    ],
 )
 async def test_admin_endpoints_refuse_tenant_keys(router: Proc, method: str, path: str) -> None:
     async with aiohttp.ClientSession() as session:
