@@ -103,8 +103,18 @@ def start_three(tmp: Path, header: str = HEADER, **sim_flags: Any) -> Three:
 
 
 @pytest.fixture
-def three(tmp_path: Path) -> Any:
+def fresh_three(tmp_path: Path) -> Any:
+    """Three regions for one test (it may kill some)."""
     env = start_three(tmp_path, tokens_per_s=100)
+    yield env
+    for proc in (env.router, env.a, env.b, env.c):
+        proc.kill()
+
+
+@pytest.fixture(scope="module")
+def three(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Three regions shared by the tests that leave them as they found them."""
+    env = start_three(tmp_path_factory.mktemp("failover"), tokens_per_s=100)
     yield env
     for proc in (env.router, env.a, env.b, env.c):
         proc.kill()
@@ -190,7 +200,8 @@ async def load(url: str, seconds: float, workers: int, out: Outcomes, start: int
         await asyncio.gather(*(worker(w) for w in range(workers)))
 
 
-async def test_sigkill_nearest_under_load_then_restart(three: Three) -> None:
+async def test_sigkill_nearest_under_load_then_restart(fresh_three: Three) -> None:
+    three = fresh_three
     out = Outcomes()
     task = asyncio.create_task(load(three.router.url, 3.0, 6, out))
     await asyncio.sleep(1.0)
@@ -232,10 +243,14 @@ async def test_slow_region_loses_traffic_to_the_next(three: Three) -> None:
         asyncio.run(load(three.router.url, 0.3, 2, window, start=50_000))
         return window.regions["b"] > 2 * window.regions["a"]
 
-    took = await asyncio.to_thread(wait_until, mostly_b, 8.0)
-    assert took < 5.0
-    assert time.monotonic() - changed < 8.0
-    assert three.region("a")["ewma_rtt_ms"] > 100
+    try:
+        took = await asyncio.to_thread(wait_until, mostly_b, 8.0)
+        assert took < 5.0
+        assert time.monotonic() - changed < 8.0
+        assert three.region("a")["ewma_rtt_ms"] > 100
+    finally:
+        sim_config(three.a, rtt_ms=0.0)
+        await asyncio.to_thread(wait_until, lambda: three.region("a")["ewma_rtt_ms"] < 20)
 
 
 def test_retry_budget_bounds_attempts_when_every_region_fails(tmp_path: Path) -> None:
