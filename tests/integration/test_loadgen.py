@@ -108,6 +108,12 @@ async def test_open_loop_follows_the_poisson_schedule(sim: Proc) -> None:
     assert all(0 < t < 1.0 for t in starts)
 
 
+async def test_a_whole_body_where_a_stream_was_expected_is_not_sse(sim: Proc) -> None:
+    spec = LoadSpec(concurrency=1, duration_s=20.0, max_requests=2, stream=True)
+    result = await run_load("json", spec, _factory(sim, stream=False))
+    assert summarize("json", result.samples, result.wall_s).errors == {"not_sse": 2}
+
+
 async def test_duration_bounds_a_run_with_a_huge_count(sim: Proc) -> None:
     spec = LoadSpec(concurrency=2, duration_s=0.5, max_requests=1_000_000, grace_s=5.0)
     result = await run_load("short", spec, _factory(sim))

@@ -63,6 +63,10 @@ async def send(
                 sample.cache = _cache_outcome(resp.headers)
                 if resp.status >= 400:
                     sample.error = http_error_kind(resp.status, await resp.read())
+                elif stream and resp.content_type != "text/event-stream":
+                    # Asked for a stream, got something else: say so rather than "cut".
+                    await resp.read()
+                    sample.error = "not_sse"
                 elif stream:
                     await _read_stream(resp, sample, endpoint, begin)
                 else:
