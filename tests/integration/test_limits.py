@@ -157,7 +157,8 @@ async def test_one_instance_admits_burst_and_sustained_rate(
 async def test_two_instances_share_one_redis(
     sim: Proc, routers: list[Proc], tmp_path: Path, redis_proc: Proc
 ) -> None:
-    text = _config(sim, _redis_limits(redis_proc))
+    # A generous timeout: on a starved machine a slow answer must not pass for an outage here.
+    text = _config(sim, _redis_limits(redis_proc, "redis_timeout_ms = 2000"))
     pair = [_start(routers, tmp_path, text), _start(routers, tmp_path, text)]
     await _check_rates(pair)
     assert not any("unreachable" in p.output() for p in pair)
@@ -268,7 +269,8 @@ async def test_tokens_reserved_at_admission_are_reconciled_with_usage(
     # refills 10/s; the sim answers with a few tokens. Only giving back the unused reservation
     # (locally, and in Redis) lets the next request in. A stream without a usage chunk is
     # settled with a count of the text it carried.
-    limits = _redis_limits(request.getfixturevalue("redis_proc")) if backend == "redis" else ""
+    redis = request.getfixturevalue("redis_proc") if backend == "redis" else None
+    limits = _redis_limits(redis, "redis_timeout_ms = 2000") if redis else ""
     router = _start(routers, tmp_path, _config(sim, limits))
     body: dict[str, Any] = {"model": "sim-1", "messages": [{"role": "user", "content": "hi"}]}
     if mode == "stream":
