@@ -373,6 +373,21 @@ def test_resume_mode_continues_on_the_next_region_exactly(tmp_path: Path) -> Non
         assert b["requests"] == 3
         assert '"role":"assistant"' in b["last_body"]
         assert env.region("a")["passive_failures"] >= 1
+
+        # SIGKILL under load: streams cut on a are finished by b, nobody sees an error.
+        async def kill_under_load() -> Outcomes:
+            out = Outcomes()
+            task = asyncio.create_task(load(env.router.url, 2.0, 4, out, start=60_000))
+            await asyncio.sleep(0.7)
+            await asyncio.to_thread(env.a.kill)
+            await task
+            return out
+
+        out = asyncio.run(kill_under_load())
+        assert out.errors == []
+        assert out.midstream_errors == 0
+        assert out.regions["a"] > 0
+        assert out.regions["b"] > 0
     finally:
         for proc in (env.router, env.a, env.b, env.c):
             proc.kill()
