@@ -10,15 +10,17 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from router import observability
-from router.accesslog import AccessLog
+from router.accesslog import AccessLog, AccessRecord
 from router.config import ObservabilityConfig
 from router.context import RequestContext
 
 CONTEXT: web.RequestKey[RequestContext] = web.RequestKey("test.context")
 
 
-class Broken(io.StringIO):
-    def write(self, s: str) -> int:
+class BrokenLog(AccessLog):
+    """What the direct stdout write does when stdout is gone (pytest reroutes it otherwise)."""
+
+    def emit(self, record: AccessRecord) -> None:
         raise BrokenPipeError("stdout went away")
 
 
@@ -41,7 +43,7 @@ async def test_a_failing_access_log_never_costs_the_answer(
         region_names=["a"],
     )
     assert telemetry is not None
-    telemetry.log = AccessLog(stream=Broken())
+    telemetry.log = BrokenLog(stream=io.StringIO())
     app.router.add_post("/v1/chat/completions", handler)
     async with TestClient(TestServer(app, host="127.0.0.1")) as client:
         with caplog.at_level(logging.ERROR, logger="router"):
