@@ -83,7 +83,13 @@ def _unit(alias: str, version: str, key: str) -> float:
     digest = hashlib.blake2b(
         f"{alias}\x00{version}\x00{key}".encode(), digest_size=8, person=b"rollout"
     ).digest()
-    return (int.from_bytes(digest, "big") + 0.5) / 2.0**64
+    return unit_of(int.from_bytes(digest, "big"))
+
+
+def unit_of(h: int) -> float:
+    """A 64-bit hash as a float strictly inside (0, 1)."""
+    # 52 bits, so the largest value, 1 - 2**-53, is still below 1 as a float: -log(u) > 0.
+    return ((h >> 12) + 0.5) / 2.0**52
 
 
 def assign(alias: Alias, key: str) -> Deployment:

@@ -18,6 +18,7 @@ from router.rollout import (
     assign,
     describe,
     table_from_config,
+    unit_of,
 )
 
 N = 10_000
@@ -306,3 +307,10 @@ def test_all_zero_weights_rejected() -> None:
     text = CONFIG.replace("weight = 95", "weight = 0").replace("weight = 5 ", "weight = 0 ")
     with pytest.raises(ConfigError, match="deployments`: expected at least one positive weight"):
         loads(text, "router.toml")
+
+
+def test_hash_to_unit_stays_strictly_inside_zero_one() -> None:
+    for h in (0, 1, 2**63, 2**64 - 2**11, 2**64 - 1):
+        u = unit_of(h)
+        assert 0.0 < u < 1.0
+        assert -math.log(u) > 0
