@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import subprocess
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -277,3 +278,22 @@ def test_router_top_prints_the_regions(env: Env) -> None:
     lines = out.stdout.splitlines()
     assert lines[0].startswith("router status at")
     assert [line.split()[0] for line in lines[5:]] == ["a", "b"]
+
+
+def test_region_gauges_come_from_the_prober(env: Env) -> None:
+    deadline = time.monotonic() + 15.0
+    m = samples(env.plain)
+    while time.monotonic() < deadline and value(m, "router_region_rtt_seconds", region="b") is None:
+        time.sleep(0.2)
+        m = samples(env.plain)
+    for region in ("a", "b"):
+        rtt = value(m, "router_region_rtt_seconds", region=region)
+        assert rtt is not None
+        assert 0 < rtt < 1.0
+        assert value(m, "router_region_healthy", region=region) == 1
+        assert value(m, "router_region_in_flight", region=region) == 0
+        assert value(m, "router_region_queue_depth", region=region) == 0
+        assert value(m, "router_region_ejections_total", region=region) == 0
+    with urllib.request.urlopen(env.plain.url + "/status.json", timeout=5) as resp:
+        doc = json.loads(resp.read())
+    assert all(r["rtt_ms"] is not None and r["healthy"] is True for r in doc["regions"])
