@@ -2,7 +2,7 @@
 //! trailing punctuation and politeness filler. Pure; no pyo3.
 
 use crate::casefold::{FOLDS, WHITESPACE};
-use unicode_normalization::UnicodeNormalization;
+use unicode_normalization::{is_nfkc_quick, IsNormalized, UnicodeNormalization};
 
 /// Which optional steps run after NFKC + case folding + whitespace collapse.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,9 +77,19 @@ fn push_folded(c: char, out: &mut String) {
     }
 }
 
+/// NFKC of `text`, skipping the work when the quick check proves it already normalized.
+fn nfkc(text: String) -> String {
+    if is_nfkc_quick(text.chars()) == IsNormalized::Yes {
+        text
+    } else {
+        text.nfkc().collect()
+    }
+}
+
 /// NFKC, then case fold + NFKC until nothing changes (folding can un-normalize a string).
+/// Full case folding is idempotent, so once NFKC leaves the folded text alone it is final.
 fn fold_fixpoint(text: &str) -> String {
-    let mut current: String = text.nfkc().collect();
+    let mut current = nfkc(text.to_owned());
     for _ in 0..MAX_FOLD_ROUNDS {
         let mut folded = String::with_capacity(current.len());
         for c in current.chars() {
@@ -88,9 +98,12 @@ fn fold_fixpoint(text: &str) -> String {
         if folded == current {
             break;
         }
+        if is_nfkc_quick(folded.chars()) == IsNormalized::Yes {
+            return folded;
+        }
         let next: String = folded.nfkc().collect();
-        if next == current {
-            break;
+        if next == folded {
+            return folded;
         }
         current = next;
     }

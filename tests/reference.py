@@ -238,3 +238,34 @@ def count_request_tokens(body: bytes, enc: tiktoken.Encoding) -> int:
         if field in request:
             return _count_texts(request[field], enc)
     raise ValueError("request has none of messages, prompt or input")
+
+
+def chat_request(size: int = 2048) -> bytes:
+    """A realistic chat request of about `size` bytes."""
+    messages = [{"role": "system", "content": "You are a helpful assistant. Answer concisely."}]
+    i = 0
+    while len(json.dumps({"model": "gpt-4o", "messages": messages})) < size - 80:
+        messages.append(
+            {
+                "role": "user" if i % 2 == 0 else "assistant",
+                "content": f"Question {i}: How does the   Failover router handle Region "
+                "outages?  Please explain the retry budget and ejection. ",
+            }
+        )
+        i += 1
+    body = {"model": "gpt-4o", "messages": messages, "temperature": 0.7, "max_tokens": 256}
+    return json.dumps({**body, "stream": True}).encode()
+
+
+def prompt_text(size: int = 2048) -> str:
+    """About `size` bytes of mixed English prose, code and a little non-ASCII."""
+    parts = [
+        "The router forwards each request to the healthiest region and fails over on errors. ",
+        "def retry(budget: float) -> bool:\n    return budget > 0.1  # keep 10%\n",
+        "Latency p95 was 183 ms; naïve caches miss 12.5% — “good enough”? ",
+    ]
+    out, i = "", 0
+    while len(out.encode()) < size:
+        out += parts[i % len(parts)]
+        i += 1
+    return out
