@@ -223,10 +223,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             summary.notes.extend(notes)
             if name.startswith("c-"):
                 summary.notes.append(_cache_note(summary))
+            per_pop = _per_pop(name, run_samples, wall)
             if not name.startswith("a-"):
-                summary.notes.append(_routing_note(summary))
+                summary.notes.append(_routing_note(summary, per_pop))
             phases.append(summary)
-            rows += [summary, *_per_pop(name, run_samples, wall)]
+            rows += [summary, *per_pop]
             samples[name] = run_samples
     explanation = explain(phases, args)
     text = markdown_table(rows) + "\n" + explanation
@@ -244,13 +245,19 @@ def _cache_note(summary: Summary) -> str:
     return f"cache: {hits}/{summary.ok} hits ({hits / max(summary.ok, 1):.0%}), {summary.cache}"
 
 
-def _routing_note(summary: Summary) -> str:
-    """Whether the regions' own counters show nearest routing (each region got its PoP's users)."""
+def _routing_note(summary: Summary, per_pop: Sequence[Summary]) -> str:
+    """Whether every PoP's requests went to its nearest region, by header and by origin counters."""
     origin = summary.origin or {}
-    served = {pop: origin.get(nearest(pop), 0) for pop in POPS}
-    if summary.ok and all(served.values()):
-        return f"origin counters consistent with nearest routing: {served}"
-    return f"NOT nearest: some PoP's nearest region got no requests (origin {origin})"
+    # Only the nearest region in each PoP's x-router-region headers (cache hits carry none).
+    header_ok = all(
+        set(row.regions) == {nearest(pop)} for pop, row in zip(POPS, per_pop, strict=True)
+    )
+    # Cache hits reach no origin, so only "each nearest region got load" holds for (c).
+    origin_ok = all(origin.get(nearest(pop), 0) > 0 for pop in POPS)
+    if summary.ok and header_ok and origin_ok:
+        return f"nearest routing: x-router-region and origin counters agree ({origin})"
+    regions = {pop: row.regions for pop, row in zip(POPS, per_pop, strict=True)}
+    return f"NOT (only) nearest: x-router-region per PoP {regions}, origin {origin}"
 
 
 def explain(phases: Sequence[Summary], args: argparse.Namespace) -> str:

@@ -60,8 +60,8 @@ class Mesh:
         return self.sims[(pop, region)].url + "/v1"
 
     def regions_from(self, pop: str) -> list[tuple[str, str, float]]:
-        """(region, URL, RTT ms) for a router at `pop`."""
-        return [(region, self.url(pop, region), rtt_ms(pop, region)) for region in POPS]
+        """(region, URL, bias 0) for a router at `pop`: it must find the nearest by probing."""
+        return [(region, self.url(pop, region), 0.0) for region in POPS]
 
     def routers(self, procs: Procs, cache: CacheLevel | None) -> dict[str, str]:
         """One router per PoP with that PoP's view of the regions; their base URLs (…/v1)."""
