@@ -217,7 +217,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             wall = time.perf_counter() - wall0
             calls = [c for t in tasks for c in t.calls]
             samples[name] = calls
-            per_call.append(summarize(f"{name} (calls)", calls, wall))
+            call_summary = summarize(f"{name} (calls)", calls, wall)
+            if name.startswith("b-"):
+                # Which region served each PoP's calls (x-router-region), e.g. a few calls sent
+                # elsewhere before the fresh routers' probes had measured every region.
+                served = {
+                    pop: summarize(pop, [c for c in calls if c.label == pop], wall).regions
+                    for pop in POPS
+                }
+                call_summary.notes.append(f"regions per PoP: {served}")
+            per_call.append(call_summary)
             rows.append(task_row(name, tasks, args.calls))
             rows += [
                 task_row(f"{name} @{pop}", [t for t in tasks if t.pop == pop], args.calls)
