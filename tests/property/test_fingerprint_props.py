@@ -140,10 +140,16 @@ def test_transport_fields_never_change_the_key(
 
 @settings(max_examples=100, deadline=None)
 @given(st.one_of(st.binary(max_size=64), JSON.map(lambda v: json.dumps(v).encode())))
-def test_arbitrary_input_gives_a_key_or_a_typed_error(raw: bytes) -> None:
+def test_arbitrary_input_gives_an_answer_or_a_typed_error(raw: bytes) -> None:
     for level in ("exact", "normalized"):
         try:
             key = router.fingerprint(raw, level=level)
         except router.NativeError:
             continue
         assert len(key) == 16
+    for encoding in ("estimate", "cl100k_base"):
+        try:
+            count = router.count_request_tokens(raw, encoding)
+        except router.NativeError:
+            continue
+        assert count >= 0
