@@ -76,8 +76,25 @@ class Sketch:
         raise AssertionError("unreachable: bins sum to count")  # pragma: no cover
 
     def quantiles(self, qs: Sequence[float]) -> list[float | None]:
-        """Several quantiles in one pass over the sorted buckets."""
-        return [self.quantile(q) for q in qs]
+        """Several quantiles, sorting the buckets once."""
+        if self.count == 0:
+            return [None] * len(qs)
+        keys = sorted(self._bins)
+        out: list[float | None] = []
+        for q in qs:
+            if not 0.0 <= q <= 1.0:
+                raise ValueError(f"quantile must be in [0, 1], got {q}")
+            rank = q * (self.count - 1)
+            seen = self.zeros
+            value = 0.0
+            if seen <= rank:
+                for key in keys:
+                    seen += self._bins[key]
+                    if seen > rank:
+                        value = 2.0 * self._gamma**key / (self._gamma + 1.0)
+                        break
+            out.append(value)
+        return out
 
     @property
     def bins(self) -> int:

@@ -53,9 +53,9 @@ def feed(telemetry: Telemetry, now: float, wall: float) -> dict[str, Any]:
     states = {s.region: s for s in telemetry.regions()} if telemetry.regions else {}
     names = list(states)
     names += [k for k in slo.names() if k != OVERALL and k not in states]
-    sample = telemetry.metrics.registry.get_sample_value
-    hits = sample("router_cache_hits_total") or 0.0
-    misses = sample("router_cache_misses_total") or 0.0
+    # Read the counters directly: a registry lookup would render every metric family first.
+    m = telemetry.metrics
+    hits, misses = m.cache_hits, m.cache_misses
     lookups = hits + misses
     return {
         "ts": round(wall, 3),
@@ -66,11 +66,11 @@ def feed(telemetry: Telemetry, now: float, wall: float) -> dict[str, Any]:
         },
         "overall": _slo_fields(slo.status(OVERALL, now)),
         "cache": {
-            "hits": int(hits),
-            "misses": int(misses),
+            "hits": hits,
+            "misses": misses,
             "hit_ratio": hits / lookups if lookups else None,
         },
-        "rate_limited": int(sample("router_rate_limited_total") or 0.0),
+        "rate_limited": m.rate_limited,
         "regions": [_region(states.get(n), n, slo.status(n, now)) for n in names],
     }
 

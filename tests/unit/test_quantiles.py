@@ -149,3 +149,15 @@ def test_board_tracks_keys_and_overall() -> None:
     assert overall[0] == pytest.approx(0.1, rel=0.01)
     assert overall[1] == pytest.approx(0.3, rel=0.01)
     assert board.quantiles("ap", [0.5], 2.0) == [None]
+
+
+def test_quantiles_agree_with_quantile() -> None:
+    rng = random.Random(5)
+    sketch = Sketch()
+    for _ in range(3000):
+        sketch.add(rng.lognormvariate(-3, 1.5))
+    sketch.add(0.0)
+    assert sketch.quantiles(QS) == [sketch.quantile(q) for q in QS]
+    assert Sketch().quantiles([0.5, 0.9]) == [None, None]
+    with pytest.raises(ValueError, match="quantile"):
+        sketch.quantiles([2.0])
