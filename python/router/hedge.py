@@ -21,9 +21,8 @@ HEDGED = "routing.hedged"
 DelayOf = Callable[[str], float | None]
 
 
-def hedger(endpoints: Sequence[str], delay_of: DelayOf) -> Hedger:
-    """Hedge requests to `endpoints`; other requests keep the plain opener."""
-    hedged = frozenset(endpoints)
+def hedger(endpoints: Callable[[], Sequence[str]], delay_of: DelayOf) -> Hedger:
+    """Hedge requests to the endpoints `endpoints()` names now; others keep the plain opener."""
 
     def make(
         ctx: RequestContext,
@@ -32,7 +31,7 @@ def hedger(endpoints: Sequence[str], delay_of: DelayOf) -> Hedger:
         hooks: Sequence[AttemptHook],
         gate: RetryGate | None,
     ) -> Opener:
-        if ctx.endpoint not in hedged:
+        if ctx.endpoint not in endpoints():
             return open_one
         tried: set[str] = set()
 

@@ -24,6 +24,7 @@ from router.proxy import (
     AttemptHook,
     FirstByte,
 )
+from router.reload import RELOADER
 from router.resume import CANDIDATES, MidstreamPolicy
 from router.upstream import Upstream, Upstreams
 
@@ -34,7 +35,6 @@ Selector = Callable[[RequestContext, Upstreams], Sequence[Upstream]]
 Stage = Callable[[web.Request, RequestContext], Awaitable[web.StreamResponse | None]]
 Signal = Callable[[web.Request, web.StreamResponse], Awaitable[None]]
 
-BUDGET: web.AppKey[RetryBudget] = web.AppKey("router.retry_budget", RetryBudget)
 # ctx.extra keys this feature owns.
 DEADLINE = "routing.deadline"
 SELECTION = "routing.selection"
@@ -57,12 +57,54 @@ def client_deadline(headers: Mapping[str, str], now: float) -> float | None:
     return None
 
 
-def selector(health: Health, routing: RoutingConfig) -> Selector:
+class LiveRouting:
+    """The [routing] section in force and its retry budget; a config reload swaps them."""
+
+    __slots__ = ("budget", "config", "on_change")
+
+    def __init__(self, config: RoutingConfig) -> None:
+        self.config = config
+        self.budget = _budget(config)
+        # Called with the new section on every applied change (the mid-stream policy).
+        self.on_change: list[Callable[[RoutingConfig], None]] = []
+
+    def prepare(self, old: Config, new: Config) -> Callable[[], None]:
+        """Reload preparer: the new section, a fresh budget only if its parameters changed."""
+        routing = new.routing
+        if routing == self.config:
+            return lambda: None
+        same = all(
+            getattr(routing, f) == getattr(self.config, f)
+            for f in ("retry_budget_ratio", "retry_budget_min", "retry_budget_window_s")
+        )
+        budget = self.budget if same else _budget(routing)
+
+        def commit() -> None:
+            self.config = routing
+            self.budget = budget
+            for hook in self.on_change:
+                hook(routing)
+
+        return commit
+
+
+ROUTING: web.AppKey[LiveRouting] = web.AppKey("router.routing", LiveRouting)
+
+
+def _budget(config: RoutingConfig) -> RetryBudget:
+    return RetryBudget(
+        ratio=config.retry_budget_ratio,
+        min_retries=config.retry_budget_min,
+        window_s=config.retry_budget_window_s,
+    )
+
+
+def selector(health: Health, live: LiveRouting) -> Selector:
     """Regions serving the model, nearest healthy first (see selection.select)."""
 
     def select(ctx: RequestContext, upstreams: Upstreams) -> Sequence[Upstream]:
         serving = upstreams.serving(ctx.request.upstream_model)
-        chosen = health.select([u.name for u in serving], routing)
+        chosen = health.select([u.name for u in serving], live.config)
         ctx.extra[SELECTION] = chosen
         if chosen.panic and chosen.order:
             log.warning("request %s: no region available, trying all (panic)", ctx.request_id)
@@ -75,15 +117,16 @@ def selector(health: Health, routing: RoutingConfig) -> Selector:
     return select
 
 
-def retry_gate(budget: RetryBudget, routing: RoutingConfig) -> Callable[[RequestContext], bool]:
+def retry_gate(live: LiveRouting) -> Callable[[RequestContext], bool]:
     """Whether another attempt may start: attempt cap, client deadline, retry budget."""
 
     def gate(ctx: RequestContext) -> bool:
         now = time.monotonic()
+        budget = live.budget
         if ctx.attempts == 0:
             budget.record_request(now)
             return True
-        if ctx.attempts >= routing.max_attempts:
+        if ctx.attempts >= live.config.max_attempts:
             return False
         deadline = ctx.extra.get(DEADLINE)
         if isinstance(deadline, float) and now >= deadline:
@@ -96,11 +139,11 @@ def retry_gate(budget: RetryBudget, routing: RoutingConfig) -> Callable[[Request
     return gate
 
 
-def first_byte(routing: RoutingConfig) -> FirstByte:
+def first_byte(live: LiveRouting) -> FirstByte:
     """An attempt's first-byte timeout: [routing] ttft_timeout_s, cut to the client's deadline."""
 
     def of(ctx: RequestContext, configured: float) -> float:
-        timeout = routing.ttft_timeout_s or configured
+        timeout = live.config.ttft_timeout_s or configured
         deadline = ctx.extra.get(DEADLINE)
         if isinstance(deadline, float):
             timeout = min(timeout, max(0.001, deadline - time.monotonic()))
@@ -109,11 +152,11 @@ def first_byte(routing: RoutingConfig) -> FirstByte:
     return of
 
 
-def hedge_delay(health: Health, routing: RoutingConfig) -> Callable[[str], float | None]:
+def hedge_delay(health: Health, live: LiveRouting) -> Callable[[str], float | None]:
     """[routing] hedge_delay_ms, or else the region's measured p95 TTFT (None: no data yet)."""
-    fixed = routing.hedge_delay_ms
 
     def delay_of(region: str) -> float | None:
+        fixed = live.config.hedge_delay_ms
         if fixed is not None:
             return fixed / 1000
         h = health.snapshot().get(region)
@@ -181,23 +224,29 @@ def install(
     health = Health(config.health, config.regions)
     app[admin.HEALTH] = health
     app.cleanup_ctx.append(lifetime(health))
-    budget = RetryBudget(
-        ratio=routing.retry_budget_ratio,
-        min_retries=routing.retry_budget_min,
-        window_s=routing.retry_budget_window_s,
-    )
-    app[BUDGET] = budget
-    app[RETRY_GATE] = retry_gate(budget, routing)
-    app[FIRST_BYTE] = first_byte(routing)
-    if routing.hedge_endpoints:
-        app[HEDGER] = hedger(routing.hedge_endpoints, hedge_delay(health, routing))
-    app[MIDSTREAM] = MidstreamPolicy(
+    live = LiveRouting(routing)
+    app[ROUTING] = live
+    app[RETRY_GATE] = retry_gate(live)
+    app[FIRST_BYTE] = first_byte(live)
+    app[HEDGER] = hedger(lambda: live.config.hedge_endpoints, hedge_delay(health, live))
+    policy = MidstreamPolicy(
         routing.midstream,
         first_byte_s=routing.ttft_timeout_s or config.timeouts.first_byte,
         idle_s=config.timeouts.idle,
         max_resumes=routing.max_resumes,
         report=lambda region, outcome: health.report(region, outcome),
     )
+    app[MIDSTREAM] = policy
+
+    def retune(new: RoutingConfig) -> None:
+        policy.mode = new.midstream
+        policy.max_resumes = new.max_resumes
+        policy.first_byte_s = new.ttft_timeout_s or config.timeouts.first_byte
+
+    live.on_change.append(retune)
+    reloader = app.get(RELOADER)
+    if reloader is not None:
+        reloader.register("routing", live.prepare, ("routing",))
     hooks.append(passive_hook(health))
     stages.append(_deadline_stage())
     ready_checks.append(health.any_available)
@@ -212,4 +261,4 @@ def install(
             health.in_flight_of = gates.in_flight
 
     app.on_startup.append(use_admission)
-    return selector(health, routing)
+    return selector(health, live)

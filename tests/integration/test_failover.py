@@ -393,7 +393,7 @@ def test_resume_mode_continues_on_the_next_region_exactly(tmp_path: Path) -> Non
             proc.kill()
 
 
-def test_hedging_sends_a_slow_first_byte_to_the_next_region(tmp_path: Path) -> None:
+def test_hedging_then_routing_hot_reload(tmp_path: Path) -> None:
     header = HEADER.replace(
         "max_attempts = 3",
         'max_attempts = 3\nhedge_endpoints = ["/v1/chat/completions"]\nhedge_delay_ms = 100.0',
@@ -422,6 +422,18 @@ def test_hedging_sends_a_slow_first_byte_to_the_next_region(tmp_path: Path) -> N
         # The loser was cancelled: the slow region saw its client go away.
         wait_until(lambda: sim_stats(env.a)["cancelled"] == 1, 5.0)
         assert sim_stats(env.b)["completed"] == 1
+
+        # [routing] hot reload: switch to resume mode, and a broken stream now completes.
+        sim_config(env.a, ttft_ms=0.0)
+        status, raw = asyncio.run(broken_stream(env.router.url, 6, after=3))
+        assert read_stream(raw)[1:3] == (0, 1)
+        path = Path(env.router.args[-1])
+        path.write_text(path.read_text().replace("[routing]", '[routing]\nmidstream = "resume"'))
+        status, body = env.admin("POST", "/admin/reload")
+        assert status == 200, body
+        status, raw = asyncio.run(broken_stream(env.router.url, 6, after=3))
+        streamed, done, errors, _ = read_stream(raw)
+        assert (streamed, done, errors) == (text.full_chat_text(MODEL, messages(6)), 1, 0)
     finally:
         for proc in (env.router, env.a, env.b, env.c):
             proc.kill()

@@ -6,11 +6,10 @@ import time
 
 import pytest
 
-from router.budget import RetryBudget
-from router.config import RoutingConfig
+from router.config import Config, RegionConfig, RoutingConfig
 from router.context import RequestContext
 from router.health import outcome_of
-from router.routing import DEADLINE, client_deadline, first_byte, retry_gate
+from router.routing import DEADLINE, LiveRouting, client_deadline, first_byte, retry_gate
 
 
 def test_client_deadline_from_headers() -> None:
@@ -22,7 +21,8 @@ def test_client_deadline_from_headers() -> None:
 
 
 def test_retry_gate_caps_attempts_budget_and_deadline() -> None:
-    gate = retry_gate(RetryBudget(ratio=0.0, min_retries=2), RoutingConfig(max_attempts=3))
+    live = LiveRouting(RoutingConfig(max_attempts=3, retry_budget_ratio=0.0, retry_budget_min=2))
+    gate = retry_gate(live)
     ctx = RequestContext("r", "/v1/chat/completions")
     assert gate(ctx)  # the first attempt is always allowed (and counted as a request)
     ctx.attempts = 1
@@ -35,18 +35,19 @@ def test_retry_gate_caps_attempts_budget_and_deadline() -> None:
     other = RequestContext("s", "/v1/chat/completions")
     other.attempts = 1
     other.extra[DEADLINE] = time.monotonic() - 1.0
-    roomy = retry_gate(RetryBudget(min_retries=10), RoutingConfig())
+    roomy = retry_gate(LiveRouting(RoutingConfig()))
     assert not roomy(other)
 
 
 def test_first_byte_timeout_uses_routing_then_deadline() -> None:
     ctx = RequestContext("r", "/v1/chat/completions")
-    assert first_byte(RoutingConfig())(ctx, 30.0) == 30.0
-    assert first_byte(RoutingConfig(ttft_timeout_s=2.0))(ctx, 30.0) == 2.0
+    assert first_byte(LiveRouting(RoutingConfig()))(ctx, 30.0) == 30.0
+    tight = LiveRouting(RoutingConfig(ttft_timeout_s=2.0))
+    assert first_byte(tight)(ctx, 30.0) == 2.0
     ctx.extra[DEADLINE] = time.monotonic() + 0.5
-    assert 0.0 < first_byte(RoutingConfig(ttft_timeout_s=2.0))(ctx, 30.0) <= 0.5
+    assert 0.0 < first_byte(tight)(ctx, 30.0) <= 0.5
     ctx.extra[DEADLINE] = time.monotonic() - 5
-    assert first_byte(RoutingConfig())(ctx, 30.0) == 0.001
+    assert first_byte(LiveRouting(RoutingConfig()))(ctx, 30.0) == 0.001
 
 
 def test_outcomes_for_health() -> None:
@@ -56,3 +57,26 @@ def test_outcomes_for_health() -> None:
     assert outcome_of("status", 503) == "server_error"
     assert outcome_of("status", 429) == "neutral"
     assert outcome_of("disconnect", None) == "server_error"
+
+
+def test_reload_swaps_the_section_and_keeps_an_unchanged_budget() -> None:
+    region = RegionConfig(name="a", base_url="http://127.0.0.1:9", models=("m",))
+    old = Config(regions=(region,), routing=RoutingConfig(max_attempts=3))
+    live = LiveRouting(old.routing)
+    seen: list[RoutingConfig] = []
+    live.on_change.append(seen.append)
+    budget = live.budget
+    same = Config(regions=(region,), routing=RoutingConfig(max_attempts=3))
+    live.prepare(old, same)()
+    assert seen == []
+    new = Config(regions=(region,), routing=RoutingConfig(max_attempts=1, midstream="resume"))
+    commit = live.prepare(old, new)
+    assert live.config.max_attempts == 3  # nothing changes before the commit
+    commit()
+    assert live.config.max_attempts == 1
+    assert live.budget is budget
+    assert seen == [new.routing]
+    newer = Config(regions=(region,), routing=RoutingConfig(retry_budget_min=1))
+    live.prepare(new, newer)()
+    assert live.budget is not budget
+    assert live.budget.min_retries == 1
