@@ -121,7 +121,8 @@ def open_upstreams(config: Config) -> Upstreams:
                     region.name,
                     region.api_key_env,
                 )
-        connector = aiohttp.TCPConnector(
+        # New-connection time goes to the request's `connect` stage (Server-Timing, metrics).
+        connector = observability.TimedConnector(
             limit=region.max_connections,
             keepalive_timeout=region.keepalive_s,
             ttl_dns_cache=300,
@@ -136,8 +137,6 @@ def open_upstreams(config: Config) -> Upstreams:
             auto_decompress=False,
             skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept"),
             cookie_jar=aiohttp.DummyCookieJar(),
-            # New-connection time goes to the request's `connect` stage (Server-Timing, metrics).
-            trace_configs=[observability.connect_trace()],
         )
         regions.append(Upstream(region, session, api_key))
     return Upstreams(regions)
