@@ -42,8 +42,9 @@ _AT_HEADERS: web.RequestKey[dict[str, int]] = web.RequestKey("router.obs.at_head
 _RESPONSE: web.RequestKey[web.StreamResponse] = web.RequestKey("router.obs.response")
 _ATTEMPTS = "obs.regions"  # ctx.extra: region names tried, in order
 _TENANT = "tenant"  # ctx.extra key the auth stage fills (an auth.Tenant)
-# ctx.extra key a hedging attempt loop sets to the number of hedged requests it sent.
-HEDGES = "hedges"
+# ctx.extra key the hedger (hedge.HEDGED) sets to the region a hedged request went to; not
+# imported from there because hedge -> proxy -> upstream -> here would be a cycle.
+HEDGED = "routing.hedged"
 
 log = logging.getLogger("router")
 
@@ -115,7 +116,9 @@ def _record(
     tenant = ctx.extra.get(_TENANT)
     regions = ctx.extra.get(_ATTEMPTS)
     tried: list[str] = regions if isinstance(regions, list) else []
-    failovers = sum(1 for a, b in itertools.pairwise(tried) if a != b)
+    hedges = 1 if isinstance(ctx.extra.get(HEDGED), str) else 0
+    # A hedge also tries a second region, but alongside the first, not after it failed.
+    failovers = max(0, sum(1 for a, b in itertools.pairwise(tried) if a != b) - hedges)
     return AccessRecord(
         request_id=ctx.request_id,
         method=request.method,
@@ -127,17 +130,13 @@ def _record(
         attempts=ctx.attempts,
         retries=max(0, ctx.attempts - 1 - failovers),
         failovers=failovers,
-        hedges=_count(ctx.extra.get(HEDGES)),
+        hedges=hedges,
         cache=cache,
         stream=parsed.stream if parsed is not None else False,
         stages=durations,
         tokens_in=tokens[0],
         tokens_out=tokens[1],
     )
-
-
-def _count(value: object) -> int:
-    return value if isinstance(value, int) and value > 0 else 0
 
 
 class _Usage(msgspec.Struct):

@@ -297,3 +297,26 @@ def test_region_gauges_come_from_the_prober(env: Env) -> None:
     with urllib.request.urlopen(env.plain.url + "/status.json", timeout=5) as resp:
         doc = json.loads(resp.read())
     assert all(r["rtt_ms"] is not None and r["healthy"] is True for r in doc["regions"])
+
+
+def test_a_hedge_is_counted_not_a_failover(tmp_path: Path, sim_region: Any) -> None:
+    slow = sim_region("slow", rtt_ms=400)
+    fast = sim_region("fast")
+    config = (
+        HEADER
+        + '\n[routing]\nhedge_endpoints = ["/v1/chat/completions"]\nhedge_delay_ms = 50\n'
+        + region_toml(slow)
+        + region_toml(fast, bias_ms=50.0)
+    )
+    router = start_router(tmp_path, config)
+    try:
+        answer = chat(router, "hedge me")
+        assert answer.status == 200
+        m = samples(router)
+        assert value(m, "router_hedges_total") == 1
+        assert value(m, "router_failovers_total") == 0
+        line = json.loads(next(x for x in router.output().splitlines() if x.startswith("{")))
+        # Zero counts are left out of the line.
+        assert (line["hedges"], line.get("failovers", 0), line["attempts"]) == (1, 0, 2)
+    finally:
+        router.kill()

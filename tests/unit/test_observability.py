@@ -52,3 +52,9 @@ def test_usage_of_whole_bodies_only() -> None:
     assert usage(web.Response(body=b'{"id":"x"}')) == (None, None)
     assert usage(web.Response(body=b'{"usage": nonsense')) == (None, None)
     assert usage(web.StreamResponse()) == (None, None)
+
+
+def test_hedge_key_matches_the_hedger() -> None:
+    from router import hedge, observability
+
+    assert observability.HEDGED == hedge.HEDGED
