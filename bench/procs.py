@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Literal
 
-from tests.support import Proc, free_port, router_cmd, spawn
+from tests.support import Proc, free_port, router_cmd, spawn, start_redis
 
 CacheLevel = Literal["exact", "normalized"]
 NGINX = "/usr/sbin/nginx"
@@ -69,6 +69,7 @@ class Procs:
         regions: Sequence[tuple[str, str, float]],
         *,
         cache: CacheLevel | None = None,
+        cache_redis: str | None = None,
         model: str = "sim-1",
     ) -> Proc:
         """A router whose regions are (name, base URL, bias ms); auth off, cache as asked."""
@@ -86,6 +87,8 @@ class Procs:
         ]
         if cache:
             lines.append(f'level = "{cache}"')
+        if cache and cache_redis:
+            lines.append(f'redis_url = "{cache_redis}"')
         for region, url, bias_ms in regions:
             lines += [
                 "[[regions]]",
@@ -97,6 +100,13 @@ class Procs:
         config = self.folder / f"router-{name}-{port}.toml"
         config.write_text("\n".join(lines) + "\n")
         return self._spawn(router_cmd("serve", "--config", str(config)), f"router-{name}", port)
+
+    def redis(self) -> Proc:
+        """A real redis-server on 127.0.0.1 without persistence (the shared cache tier)."""
+        proc = start_redis(self.folder)
+        self._procs.append(proc)
+        self._stop[proc.popen.pid] = signal.SIGKILL
+        return proc
 
     def nginx(self, upstream_port: int) -> Proc:
         """Debian's nginx as a plain streaming reverse proxy, foreground, config in a temp dir."""

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import msgspec
 import uvloop
-from bench.procs import procs
+from bench.procs import Procs, procs
 from bench.scenarios.topology import (
     POPS,
     Mesh,
@@ -129,6 +129,11 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--distinct", type=int, default=100, help="distinct questions in the mix")
     p.add_argument("--zipf", type=float, default=1.0, help="popularity skew of the questions")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--shared-cache",
+        action="store_true",
+        help="add (d): (c) with a redis-server tier shared by every PoP's router",
+    )
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--quiet", action="store_true")
     return p.parse_args(argv)
@@ -171,7 +176,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         with ThreadPoolExecutor(max_workers=2) as pool:
             plain = pool.submit(mesh.routers, pr, None)
             cached = pool.submit(mesh.routers, pr, "normalized")
-            wait([plain, cached])
+            shared = (
+                pool.submit(lambda: mesh.routers(pr, "normalized", _redis_url(pr)))
+                if args.shared_cache
+                else None
+            )
+            wait([f for f in (plain, cached, shared) if f is not None])
         print(f"6 routers up, {time.monotonic() - t0:.1f} s since start", file=sys.stderr)
         plan: list[tuple[str, Callable[[], dict[str, str]], list[str]]] = [
             (
@@ -199,6 +209,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ],
             ),
         ]
+        if shared is not None:
+            everyone = [p for pop in POPS for p in prompts[pop]]
+            plan.append(
+                (
+                    "d-routed+shared-cache",
+                    shared.result,
+                    [
+                        "(c) with one Redis tier shared by the three PoPs' routers; best possible "
+                        f"hit rate {repeat_ceiling(everyone):.0%} (repeats across PoPs count)"
+                    ],
+                )
+            )
         for name, urls_of, notes in plan:
             try:
                 urls = urls_of()
@@ -221,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             summary = summarize(name, run_samples, wall, config={"delay": method})
             summary.origin = delta(mesh.origin_requests(), before)
             summary.notes.extend(notes)
-            if name.startswith("c-"):
+            if name.startswith(("c-", "d-")):
                 summary.notes.append(_cache_note(summary))
             per_pop = _per_pop(name, run_samples, wall)
             if not name.startswith("a-"):
@@ -243,6 +265,10 @@ def _cache_note(summary: Summary) -> str:
     if not summary.cache:
         return "the router sent no x-cache header: the cache is not active in this build"
     return f"cache: {hits}/{summary.ok} hits ({hits / max(summary.ok, 1):.0%}), {summary.cache}"
+
+
+def _redis_url(pr: Procs) -> str:
+    return f"redis://127.0.0.1:{pr.redis().port}/0"
 
 
 def _routing_note(summary: Summary, per_pop: Sequence[Summary]) -> str:
@@ -285,6 +311,9 @@ def explain(phases: Sequence[Summary], args: argparse.Namespace) -> str:
             f"- Origin load: {oa} requests centralized, {origin('b-routed')} routed, "
             f"{oc} routed + cache ({(oc - oa) / oa:+.0%})."
         )
+    od = origin("d-routed+shared-cache")
+    if oa and "d-routed+shared-cache" in by and by["d-routed+shared-cache"].ok:
+        lines.append(f"- With one shared Redis tier: {od} ({(od - oa) / oa:+.0%}).")
     central: str = args.central
     ttft: float = args.ttft_ms
     far = sorted(POPS, key=lambda pop: rtt_ms(pop, central))[len(POPS) // 2]

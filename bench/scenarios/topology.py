@@ -63,12 +63,17 @@ class Mesh:
         """(region, URL, bias 0) for a router at `pop`: it must find the nearest by probing."""
         return [(region, self.url(pop, region), 0.0) for region in POPS]
 
-    def routers(self, procs: Procs, cache: CacheLevel | None) -> dict[str, str]:
+    def routers(
+        self, procs: Procs, cache: CacheLevel | None, cache_redis: str | None = None
+    ) -> dict[str, str]:
         """One router per PoP with that PoP's view of the regions; their base URLs (…/v1)."""
 
         def start(pop: str) -> str:
-            name = f"{pop}-{cache or 'nocache'}"
-            return procs.router(name, self.regions_from(pop), cache=cache, model=self.model).url
+            name = f"{pop}-{cache or 'nocache'}{'-shared' if cache_redis else ''}"
+            regions = self.regions_from(pop)
+            return procs.router(
+                name, regions, cache=cache, cache_redis=cache_redis, model=self.model
+            ).url
 
         with ThreadPoolExecutor(max_workers=len(POPS)) as pool:
             return {pop: url + "/v1" for pop, url in zip(POPS, pool.map(start, POPS), strict=True)}
