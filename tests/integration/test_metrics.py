@@ -79,6 +79,21 @@ def value(metrics: dict[tuple[str, frozenset[tuple[str, str]]], float], name: st
     return metrics.get((name, frozenset(labels.items())))
 
 
+# Spans the proxy measures inside its `upstream` span (admission wait, new connection, the
+# region's first byte); every other span follows the one before it.
+INSIDE_UPSTREAM = {"queue", "connect", "region_ttft"}
+
+
+def assert_spans_fit(t: dict[str, float]) -> None:
+    """Sequential stages add up to no more than the total (or TTFT, for a stream's headers)."""
+    end = t.get("total", t["ttft"])
+    spans = {k: v for k, v in t.items() if k not in {"ttft", "total", *INSIDE_UPSTREAM}}
+    assert sum(spans.values()) <= end + 0.001 * len(spans), t
+    for stage in INSIDE_UPSTREAM & t.keys():
+        assert t[stage] <= t["upstream"] + 0.001, t
+    assert t["ttft"] <= end
+
+
 @dataclass
 class Env:
     a: Proc
@@ -119,6 +134,8 @@ def test_known_sequence_is_reflected_exactly(env: Env) -> None:
     finally:
         sim_config(env.a, fail_mode="none")
     assert [a.status for a in answers] == [200, 200, 200, 200, 404, 400, 200]
+    for answer in answers:
+        assert_spans_fit(answer.timing())
     assert [a.headers.get("x-cache") for a in answers[:4]] == ["MISS", "MISS", "HIT", "BYPASS"]
 
     m = samples(r)
@@ -178,6 +195,7 @@ def test_server_timing_on_every_answer_and_consistent(env: Env) -> None:
     unknown_path = call(r.url + "/v1/nothing", {})
     for answer in (whole, stream, bad, unknown_path):
         t = answer.timing()
+        assert_spans_fit(t)
         assert t["ttft"] >= 0
         for stage, ms in t.items():
             assert ms <= t.get("total", t["ttft"]) + 0.001, (stage, t)
