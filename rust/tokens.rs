@@ -50,6 +50,12 @@ impl Encoding {
     }
 }
 
+/// Build both exact tokenizers now (a few hundred ms) instead of on the first count.
+pub fn preload() {
+    let _ = bpe_openai::cl100k_base();
+    let _ = bpe_openai::o200k_base();
+}
+
 /// The encoding a model name uses (`ft:` fine-tune prefixes are looked through).
 pub fn encoding_for_model(model: &str) -> Encoding {
     let base = model.strip_prefix("ft:").unwrap_or(model);

@@ -16,6 +16,7 @@ from router.native import (
     fingerprint,
     fingerprint_hex,
     normalize,
+    preload_tokenizers,
 )
 
 __all__ = [
@@ -34,4 +35,5 @@ __all__ = [
     "fingerprint",
     "fingerprint_hex",
     "normalize",
+    "preload_tokenizers",
 ]

@@ -18,6 +18,7 @@ __all__ = [
     "fingerprint",
     "fingerprint_hex",
     "normalize",
+    "preload_tokenizers",
 ]
 
 __version__: str
@@ -54,6 +55,9 @@ def encoding_for_model(model: str) -> str:
 
 def count_request_tokens(body: bytes, encoding: str) -> int:
     """Prompt tokens of a raw chat/completions/embeddings request body."""
+
+def preload_tokenizers() -> None:
+    """Build the cl100k/o200k tokenizers now instead of on first use."""
 
 @final
 class BucketTable:

@@ -52,9 +52,17 @@ fn count_request_tokens(py: Python<'_>, body: &[u8], encoding: &str) -> PyResult
     result.map_err(request_error)
 }
 
+/// Build the cl100k/o200k tokenizers now (they are otherwise built on first use, which takes a
+/// few hundred milliseconds); call once at startup. The GIL is released meanwhile.
+#[pyfunction]
+fn preload_tokenizers(py: Python<'_>) {
+    py.detach(tokens::preload);
+}
+
 /// Register the functions on the module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(count_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(encoding_for_model, m)?)?;
-    m.add_function(wrap_pyfunction!(count_request_tokens, m)?)
+    m.add_function(wrap_pyfunction!(count_request_tokens, m)?)?;
+    m.add_function(wrap_pyfunction!(preload_tokenizers, m)?)
 }

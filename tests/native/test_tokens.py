@@ -106,3 +106,9 @@ def test_counts_equal_tiktoken_on_corpus(encoding: str) -> None:
     }
     raw = json.dumps(chat).encode()
     assert router.count_request_tokens(raw, encoding) == reference.count_request_tokens(raw, enc)
+
+
+def test_preload_then_count() -> None:
+    router.preload_tokenizers()
+    router.preload_tokenizers()
+    assert router.count_tokens("hello world", "o200k_base") == 2
