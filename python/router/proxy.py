@@ -112,6 +112,8 @@ class Midstream(Protocol):
 
 
 MIDSTREAM: web.AppKey[Midstream] = web.AppKey("router.midstream")
+# ctx.extra key: the regions this request may use, in order (mid-stream resume continues there).
+CANDIDATES = "routing.candidates"
 # The first-byte timeout of one attempt, given the configured one ([routing] ttft_timeout_s,
 # capped by the client's deadline).
 FirstByte = Callable[[RequestContext, float], float]
@@ -325,6 +327,7 @@ async def forward(
     held: list[Slot] = []
 
     first_byte_of = request.app.get(FIRST_BYTE)
+    ctx.extra[CANDIDATES] = list(candidates)
 
     async def open_one(upstream: Upstream) -> Opened:
         slot: Slot | None = None

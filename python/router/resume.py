@@ -18,6 +18,7 @@ import msgspec
 from aiohttp import web
 
 from router.context import RequestContext
+from router.proxy import CANDIDATES
 from router.request import CHAT
 from router.upstream import Upstream
 
@@ -27,8 +28,7 @@ _DECODE = msgspec.json.Decoder()
 _ENCODE = msgspec.json.Encoder()
 _DONE = b"[DONE]"
 
-# ctx.extra keys.
-CANDIDATES = "routing.candidates"
+# ctx.extra key of the stream's tracker.
 TRACKER = "routing.tracker"
 
 

@@ -25,7 +25,7 @@ from router.proxy import (
     FirstByte,
 )
 from router.reload import RELOADER
-from router.resume import CANDIDATES, MidstreamPolicy
+from router.resume import MidstreamPolicy
 from router.upstream import Upstream, Upstreams
 
 log = logging.getLogger("router")
@@ -109,10 +109,7 @@ def selector(health: Health, live: LiveRouting) -> Selector:
         if chosen.panic and chosen.order:
             log.warning("request %s: no region available, trying all (panic)", ctx.request_id)
         by_name = {u.name: u for u in serving}
-        ordered = [by_name[name] for name in chosen.names]
-        # Mid-stream resume continues on the next of these.
-        ctx.extra[CANDIDATES] = ordered
-        return ordered
+        return [by_name[name] for name in chosen.names]
 
     return select
 
