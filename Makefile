@@ -3,23 +3,28 @@ PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps build lint test test-rust test-python bench bench-scenarios demo clean
+.PHONY: setup system-deps build build-runtime lint test test-rust test-python bench bench-scenarios demo clean
 
 system-deps:
-	@if ! command -v redis-server >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1; then \
+	@if ! command -v redis-server >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1 \
+		|| ! test -x /usr/sbin/nginx; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server chromium nginx >/dev/null; \
 	fi
 
 build:
 	$(PIP) install -q -e '.[dev]'
 
+# Only what `router` itself needs (the demo): the package and its runtime dependencies.
+build-runtime:
+	$(PIP) install -q -e .
+
 setup: system-deps build
 
 lint:
 	cargo fmt --check
 	cargo clippy --all-targets -- -D warnings
-	$(PYTHON) -m ruff check python tests bench
-	$(PYTHON) -m ruff format --check python tests bench
+	$(PYTHON) -m ruff check python tests bench fuzz
+	$(PYTHON) -m ruff format --check python tests bench fuzz
 	$(PYTHON) -m mypy
 	$(PYTHON) -m mypy.stubtest router._native
 
@@ -40,7 +45,7 @@ bench-scenarios:
 	$(PYTHON) -m bench.scenarios.agent_loop --results results/agent_loop
 	$(PYTHON) -m bench.scenarios.overhead_nginx --results results/overhead_nginx
 
-demo: setup
+demo: build-runtime
 	router demo
 
 clean:
