@@ -102,12 +102,20 @@ def _budget(config: RoutingConfig) -> RetryBudget:
 def selector(health: Health, live: LiveRouting) -> Selector:
     """Regions serving the model, nearest healthy first (see selection.select)."""
 
+    panicking = False
+
     def select(ctx: RequestContext, upstreams: Upstreams) -> Sequence[Upstream]:
+        nonlocal panicking
         serving = upstreams.serving(ctx.request.upstream_model)
         chosen = health.select([u.name for u in serving], live.config)
         ctx.extra[SELECTION] = chosen
-        if chosen.panic and chosen.order:
-            log.warning("request %s: no region available, trying all (panic)", ctx.request_id)
+        if chosen.panic != panicking:
+            # Once per change, not per request: an outage must not flood the log.
+            panicking = chosen.panic
+            if panicking:
+                log.warning("no region available: trying unavailable ones anyway (panic mode)")
+            else:
+                log.warning("a region is available again: panic mode over")
         by_name = {u.name: u for u in serving}
         return [by_name[name] for name in chosen.names]
 
