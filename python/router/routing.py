@@ -14,7 +14,7 @@ from router.budget import RetryBudget
 from router.config import Config, RoutingConfig
 from router.context import RequestContext
 from router.health import Health, lifetime, outcome_of
-from router.hedge import hedger
+from router.hedge import HEDGED, hedger
 from router.proxy import (
     FIRST_BYTE,
     HEDGER,
@@ -195,9 +195,14 @@ def _headers_stamp(context_of: ContextOf) -> Signal:
         ctx = context_of(request)
         if ctx is None or ctx.region is None or ctx.attempts == 0:
             return
+        hedged = ctx.extra.get(HEDGED)
         response.headers["x-router-region"] = ctx.region
         response.headers["x-router-attempts"] = str(ctx.attempts)
-        response.headers["x-router-failovers"] = str(ctx.attempts - 1)
+        # A hedge is a second attempt alongside the first, not a failover after it failed.
+        hedges = 1 if isinstance(hedged, str) else 0
+        response.headers["x-router-failovers"] = str(max(0, ctx.attempts - 1 - hedges))
+        if isinstance(hedged, str):
+            response.headers["x-router-hedged"] = hedged
 
     return stamp
 

@@ -423,6 +423,8 @@ def test_hedging_then_routing_hot_reload(tmp_path: Path) -> None:
         assert status == 200
         assert headers["x-router-region"] == "b"
         assert headers["x-router-attempts"] == "2"
+        assert headers["x-router-hedged"] == "b"
+        assert headers["x-router-failovers"] == "0"
         streamed, done, errors, _ = read_stream(raw)
         assert (streamed, done, errors) == (text.full_chat_text(MODEL, messages(5)), 1, 0)
         assert took < 2.5  # a alone would take over 3 s
