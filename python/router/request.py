@@ -114,13 +114,17 @@ async def read_body(request: web.Request, max_bytes: int, within_s: float) -> by
     declared = request.content_length
     if declared is not None and declared > max_bytes:
         raise PayloadTooLarge(f"Request body is {declared} bytes; the limit is {max_bytes}.")
+    content = request.content
     try:
+        if declared is not None and content.is_eof():
+            # Already received whole (the usual small JSON body): no read timeout to arm.
+            return await content.readexactly(declared)
         async with asyncio.timeout(within_s):
             if declared is not None:
-                return await request.content.readexactly(declared)
+                return await content.readexactly(declared)
             chunks: list[bytes] = []
             size = 0
-            async for chunk in request.content.iter_any():
+            async for chunk in content.iter_any():
                 size += len(chunk)
                 if size > max_bytes:
                     raise PayloadTooLarge(f"Request body exceeds the limit of {max_bytes} bytes.")
