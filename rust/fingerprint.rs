@@ -234,38 +234,65 @@ fn write_texts(value: &Node<'_>, out: &mut String) {
 }
 
 /// Append `normalize(s)` (default options) as a JSON string. ASCII text, the common case, is
-/// folded, collapsed and escaped in one pass straight into `out`.
+/// collapsed and escaped word by word straight into `out`, then lowercased in place.
 fn write_normalized(s: &str, out: &mut String) {
     if !s.is_ascii() {
         return write_string(&normalize(s, Options::default()), out);
     }
+    out.reserve(s.len() + 2);
     out.push('"');
     let start = out.len();
-    let mut pending_space = false;
-    for &b in s.as_bytes() {
-        if matches!(b, b'\t' | b'\n' | 0x0b | 0x0c | b'\r' | 0x1c..=0x1f | b' ') {
-            pending_space = out.len() > start;
+    let bytes = s.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        if is_ascii_space(bytes[i]) {
+            i += 1;
             continue;
         }
-        if pending_space {
+        let end = bytes[i..]
+            .iter()
+            .position(|&b| is_ascii_space(b))
+            .map_or(bytes.len(), |n| i + n);
+        if out.len() > start {
             out.push(' ');
-            pending_space = false;
         }
-        match b {
-            b'"' => out.push_str("\\\""),
-            b'\\' => out.push_str("\\\\"),
-            0x08 => out.push_str("\\b"),
-            0x00..=0x1f => {
-                let _ = write!(out, "\\u{b:04x}");
-            }
-            _ => out.push(char::from(b.to_ascii_lowercase())),
-        }
+        push_escaped_word(&s[i..end], out);
+        i = end;
     }
+    // Escapes are lowercase already (`\b`, `\u00xx`), so folding them too changes nothing.
+    out[start..].make_ascii_lowercase();
     // No escape sequence ends in punctuation or a space, so trimming the tail is safe.
     while out.len() > start && out.ends_with(['.', '!', '?', ',', ';', ':', ' ']) {
         out.pop();
     }
     out.push('"');
+}
+
+/// Python's `str.isspace` on an ASCII byte.
+fn is_ascii_space(b: u8) -> bool {
+    matches!(b, b'\t' | b'\n' | 0x0b | 0x0c | b'\r' | 0x1c..=0x1f | b' ')
+}
+
+/// Append an ASCII word (no whitespace) with JSON escapes, in runs of plain bytes.
+fn push_escaped_word(word: &str, out: &mut String) {
+    let bytes = word.as_bytes();
+    let mut run = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        if b >= 0x20 && b != b'"' && b != b'\\' {
+            continue;
+        }
+        out.push_str(&word[run..i]);
+        match b {
+            b'"' => out.push_str("\\\""),
+            b'\\' => out.push_str("\\\\"),
+            0x08 => out.push_str("\\b"),
+            _ => {
+                let _ = write!(out, "\\u{b:04x}");
+            }
+        }
+        run = i + 1;
+    }
+    out.push_str(&word[run..]);
 }
 
 /// Write an object canonically, passing the value of `special` through [`write_texts`].
