@@ -138,7 +138,15 @@ def _proxy_handler(
             if not candidates:
                 raise Unavailable(f"No region can serve model `{ctx.request.model}` now.")
             hooks: list[AttemptHook] = app[ATTEMPT_HOOKS]
-            return await forward(request, ctx, candidates, config.timeouts, hooks, tap=tap)
+            return await forward(
+                request,
+                ctx,
+                candidates,
+                config.timeouts,
+                hooks,
+                tap=tap,
+                max_bytes=config.server.max_response_bytes,
+            )
 
         # The cache wraps selection + forward: it may answer, or tee the origin's answer.
         around = app.get(AROUND)

@@ -26,6 +26,11 @@ log = logging.getLogger("router")
 
 # Statuses that mean "this region cannot take it now, another may": retried before the first byte.
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+# A region's answer body above this is a failure of the region ([server] max_response_bytes).
+DEFAULT_MAX_RESPONSE_BYTES = 64 << 20
+# What an SSE stream's first bytes may start with (a field name, or a comment).
+_SSE_STARTS = (b"data:", b":", b"event:", b"id:", b"retry:")
+_RAW = msgspec.json.Decoder(msgspec.Raw)
 
 
 class Opened:
@@ -125,8 +130,57 @@ Hedger = Callable[
 HEDGER: web.AppKey[Hedger] = web.AppKey("router.hedger")
 
 
+def _media(headers: CIMultiDict[str]) -> str:
+    return headers.get("Content-Type", "").partition(";")[0].strip().lower()
+
+
+def _is_json(media: str) -> bool:
+    return media == "application/json" or media.endswith("+json")
+
+
+async def _read_capped(resp: aiohttp.ClientResponse, region: str, max_bytes: int) -> bytes:
+    """The whole body, or an AttemptError once it passes `max_bytes`."""
+    declared = resp.content_length
+    if declared is not None and declared > max_bytes:
+        raise AttemptError(region, "too_large", f"response of {declared} bytes")
+    parts: list[bytes] = []
+    size = 0
+    while chunk := await resp.content.readany():
+        size += len(chunk)
+        if size > max_bytes:
+            raise AttemptError(region, "too_large", f"response over {max_bytes} bytes")
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def _check_success(region: str, status: int, headers: CIMultiDict[str], body: bytes) -> None:
+    """A 2xx whole-body answer must be JSON: an HTML error page or a cut body is a failure."""
+    if not 200 <= status < 300 or status == 204:
+        return
+    media = _media(headers)
+    if not _is_json(media):
+        raise AttemptError(region, "invalid", f"HTTP {status} with content type {media!r}")
+    try:
+        _RAW.decode(body)
+    except msgspec.DecodeError as exc:
+        raise AttemptError(region, "invalid", f"HTTP {status} body is not JSON ({exc})") from None
+
+
+def _check_stream_start(region: str, headers: CIMultiDict[str], first: bytes) -> None:
+    """A stream must be SSE from its first byte, or it is a failure of the region."""
+    media = _media(headers)
+    if media != "text/event-stream":
+        raise AttemptError(region, "invalid", f"stream answered with content type {media!r}")
+    if not first.lstrip(b"\r\n").startswith(_SSE_STARTS):
+        raise AttemptError(region, "invalid", "stream does not start with an SSE field")
+
+
 async def open_attempt(
-    upstream: Upstream, ctx: RequestContext, headers: CIMultiDict[str], timeouts: TimeoutsConfig
+    upstream: Upstream,
+    ctx: RequestContext,
+    headers: CIMultiDict[str],
+    timeouts: TimeoutsConfig,
+    max_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
 ) -> Opened:
     """Send the request to one region and read up to the point of no return (the first byte)."""
     parsed = ctx.request
@@ -143,13 +197,13 @@ async def open_attempt(
                 first = await resp.content.readany()
                 if not first:
                     raise AttemptError(upstream.name, "disconnect", "empty stream")
-                return Opened(
-                    upstream, status, response_headers(resp.headers), response=resp, first=first
-                )
+                headers_out = response_headers(resp.headers)
+                _check_stream_start(upstream.name, headers_out, first)
+                return Opened(upstream, status, headers_out, response=resp, first=first)
             # Nothing is sent to the client until the whole body is read, so a failure reading
             # it can still go to another region; the session's total timeout bounds it.
             deadline.reschedule(None)
-            body = await resp.read()
+            body = await _read_capped(resp, upstream.name, max_bytes)
             headers_out = response_headers(resp.headers)
             if status in RETRY_STATUSES:
                 raise AttemptError(
@@ -160,6 +214,7 @@ async def open_attempt(
                     headers=headers_out,
                     body=body,
                 )
+            _check_success(upstream.name, status, headers_out, body)
             return Opened(upstream, status, headers_out, body=body)
     except AttemptError:
         if resp is not None:
@@ -242,14 +297,38 @@ def _stream_error_event(message: str) -> bytes:
     return b"data: " + body + b"\n\n"
 
 
+class _Truncated(Exception):
+    """The region closed a stream cleanly but without `data: [DONE]`: it did not finish."""
+
+
+class _TooLarge(Exception):
+    """The region's stream passed [server] max_response_bytes."""
+
+
+def _ends_done(tail: bytes) -> bool:
+    return tail.rstrip().endswith(b"[DONE]")
+
+
+def _boundary(guard: StreamGuard | None, tail: bytes) -> bytes:
+    """What closes a half-sent event before an error event (a guard only sends whole events)."""
+    if guard is not None or tail.endswith((b"\n\n", b"\r\n\r\n")):
+        return b""
+    return b"\n\n"
+
+
 async def relay_stream(
     request: web.Request,
     ctx: RequestContext,
     opened: Opened,
     idle_timeout: float,
     tap: Tap | None = None,
+    max_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
 ) -> web.StreamResponse:
-    """Relay an upstream SSE stream chunk by chunk; write() waits for the client (backpressure)."""
+    """Relay an upstream SSE stream chunk by chunk; write() waits for the client (backpressure).
+
+    A stream that breaks, stalls, grows past `max_bytes` or ends without `[DONE]` never looks
+    complete to the client: it is resumed elsewhere or ends with an SSE error event.
+    """
     upstream = opened.response
     assert upstream is not None
     opened.headers["X-Request-Id"] = ctx.request_id
@@ -259,6 +338,9 @@ async def relay_stream(
     midstream = request.app.get(MIDSTREAM)
     guard = midstream.track(ctx) if midstream is not None else None
     complete = False
+    # The stream's last bytes: whether it ended with [DONE], and whether it is between events.
+    tail = opened.first[-64:]
+    size = len(opened.first)
     try:
         await resp.prepare(request)
         await resp.write(opened.first if guard is None else guard.feed(opened.first))
@@ -280,24 +362,46 @@ async def relay_stream(
                     if more:
                         chunk += more
                     if not chunk:
+                        if not _ends_done(tail):
+                            raise _Truncated
                         if guard is not None:
                             await resp.write(guard.flush())
                         break
+                    size += len(chunk)
+                    if size > max_bytes:
+                        raise _TooLarge
+                    tail = chunk[-64:] if len(chunk) >= 64 else (tail + chunk)[-64:]
                     await resp.write(chunk if guard is None else guard.feed(chunk))
                     if tap is not None:
                         tap.chunk(chunk)
                     if meter is not None:
                         meter.feed(chunk)
             complete = True
-        except (aiohttp.ClientError, ConnectionResetError, TimeoutError) as exc:
+        except (aiohttp.ClientError, ConnectionResetError, TimeoutError, _Truncated) as exc:
             transport = request.transport
             if transport is None or transport.is_closing():
                 # A write to the client failed: it left, so there is nobody to tell.
                 return resp
-            reason = "idle timeout" if isinstance(exc, TimeoutError) else str(exc) or "disconnect"
+            if isinstance(exc, TimeoutError):
+                reason = "idle timeout"
+            elif isinstance(exc, _Truncated):
+                reason = "stream ended without [DONE]"
+            else:
+                reason = str(exc) or "disconnect"
             log.warning("request %s: stream from %s broke: %s", ctx.request_id, ctx.region, reason)
             if midstream is None or not await midstream.resume(request, ctx, resp, reason):
-                await resp.write(_stream_error_event(f"The region stopped mid-stream ({reason})."))
+                await resp.write(
+                    _boundary(guard, tail)
+                    + _stream_error_event(f"The region stopped mid-stream ({reason}).")
+                )
+        except _TooLarge:
+            log.warning(
+                "request %s: stream from %s over %d bytes", ctx.request_id, ctx.region, max_bytes
+            )
+            await resp.write(
+                _boundary(guard, tail)
+                + _stream_error_event(f"The region's answer exceeded {max_bytes} bytes.")
+            )
     finally:
         if tap is not None:
             tap.end(complete)
@@ -317,6 +421,7 @@ async def forward(
     timeouts: TimeoutsConfig,
     hooks: Sequence[AttemptHook] = (),
     tap: Tap | None = None,
+    max_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
 ) -> web.StreamResponse:
     """Send the parsed request to the first candidate that answers and relay its answer."""
     headers_in = request.headers
@@ -362,7 +467,7 @@ async def forward(
             first_byte = first_byte_of(ctx, timeouts.first_byte)
             attempt_timeouts = msgspec.structs.replace(timeouts, first_byte=first_byte)
         try:
-            return await open_attempt(upstream, ctx, headers, attempt_timeouts)
+            return await open_attempt(upstream, ctx, headers, attempt_timeouts, max_bytes)
         except BaseException:
             # This attempt's own slot: with hedging two attempts hold slots at once.
             if slot is not None:
@@ -388,7 +493,7 @@ async def forward(
             return web.Response(status=opened.status, body=opened.body, headers=opened.headers)
         ctx.timer.begin("stream")
         try:
-            return await relay_stream(request, ctx, opened, timeouts.idle, tap)
+            return await relay_stream(request, ctx, opened, timeouts.idle, tap, max_bytes)
         finally:
             ctx.timer.end("stream")
     finally:
