@@ -26,24 +26,24 @@ class Decoder:
 
     def feed(self, chunk: bytes) -> list[bytes]:
         """Consume bytes; the data payloads of the events completed by them, in order."""
-        self._buf += chunk
+        # One split per chunk: re-slicing the buffer line by line was quadratic in the chunk.
+        lines = (self._buf + chunk if self._buf else chunk).split(b"\n")
+        self._buf = lines.pop()  # the unfinished last line, b"" when the chunk ended one
         out: list[bytes] = []
-        while True:
-            nl = self._buf.find(b"\n")
-            if nl < 0:
-                return out
-            line = self._buf[:nl]
-            self._buf = self._buf[nl + 1 :]
+        data = self._data
+        for line in lines:
             if line.endswith(b"\r"):
                 line = line[:-1]
             if not line:
-                if self._data:
-                    out.append(b"\n".join(self._data))
-                    self._data = []
+                if data:
+                    out.append(b"\n".join(data))
+                    data = []
             elif line.startswith(b"data:"):
                 value = line[5:]
-                self._data.append(value[1:] if value.startswith(b" ") else value)
+                data.append(value[1:] if value.startswith(b" ") else value)
             # Comments (":"), `event:`, `id:` and `retry:` lines carry nothing the cache replays.
+        self._data = data
+        return out
 
     @property
     def pending(self) -> bool:
