@@ -1,0 +1,34 @@
+"""SSE decoding does not depend on how the stream was cut into chunks."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from router import sse
+
+_ATOMS = st.sampled_from(
+    [b"data: ", b"data:", b"x", b'{"a":1}', b"\n", b"\r\n", b"\r", b": c\n", b"event: e\n", b" "]
+)
+
+
+@given(st.lists(_ATOMS, max_size=40).map(b"".join), st.lists(st.integers(0, 400), max_size=8))
+def test_any_chunking_decodes_as_the_whole(stream: bytes, cuts: list[int]) -> None:
+    whole = sse.Decoder()
+    expected = whole.feed(stream)
+    points = sorted({min(c, len(stream)) for c in cuts})
+    pieces = [stream[a:b] for a, b in zip([0, *points], [*points, len(stream)], strict=True)]
+    chunked = sse.Decoder()
+    got = [payload for piece in pieces for payload in chunked.feed(piece)]
+    assert got == expected
+    assert chunked.pending == whole.pending
+
+
+def test_events_split_mid_line_and_crlf() -> None:
+    d = sse.Decoder()
+    assert d.feed(b'data: {"a"') == []
+    # The blank line that ends the event is itself cut after its \r.
+    assert d.feed(b":1}\r\n\r") == []
+    assert d.pending
+    assert d.feed(b"\ndata: [DONE]\n\n") == [b'{"a":1}', b"[DONE]"]
+    assert not d.pending
