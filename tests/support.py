@@ -24,7 +24,9 @@ def free_port() -> int:
         return port
 
 
-def wait_for_port(port: int, timeout: float = 15.0, proc: subprocess.Popen[bytes] | None = None) -> None:
+def wait_for_port(
+    port: int, timeout: float = 15.0, proc: subprocess.Popen[bytes] | None = None
+) -> None:
     """Poll until something accepts connections on 127.0.0.1:port."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -65,14 +67,20 @@ class Proc:
         return self.log.read_text(errors="replace")
 
 
-def spawn(args: Sequence[str], port: int, log: Path, env: dict[str, str] | None = None,
-          ready_timeout: float = 20.0) -> Proc:
+def spawn(
+    args: Sequence[str],
+    port: int,
+    log: Path,
+    env: dict[str, str] | None = None,
+    ready_timeout: float = 20.0,
+) -> Proc:
     """Start a process, wait until it listens on `port`, return its handle."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     fh = log.open("wb")
     with fh:  # the child keeps its own copy of the descriptor
-        popen = subprocess.Popen(list(args), stdout=fh, stderr=subprocess.STDOUT, env=full_env,
-                                 cwd=REPO)
+        popen = subprocess.Popen(
+            list(args), stdout=fh, stderr=subprocess.STDOUT, env=full_env, cwd=REPO
+        )
     proc = Proc(args=args, port=port, log=log, popen=popen)
     try:
         wait_for_port(port, ready_timeout, popen)
@@ -97,6 +105,17 @@ def start_redis(tmp: Path, port: int | None = None) -> Proc:
     if binary is None:
         raise RuntimeError("redis-server is not installed (make system-deps installs it)")
     port = port or free_port()
-    args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-            "--dir", str(tmp)]
+    args = [
+        binary,
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        str(tmp),
+    ]
     return spawn(args, port, tmp / f"redis-{port}.log")
