@@ -316,6 +316,18 @@ impl RegionState {
     }
 }
 
+/// The per-request routing inputs of one region (see [`Table::routing_view`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RoutingView {
+    pub name: String,
+    /// Healthy by probes and not ejected.
+    pub available: bool,
+    pub healthy: bool,
+    pub ewma_rtt_s: Option<f64>,
+    pub ewma_ttft_s: Option<f64>,
+    pub ttft_age_s: Option<f64>,
+}
+
 /// A point-in-time copy of one region's health, as handed to Python.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RegionSnapshot {
@@ -594,6 +606,22 @@ impl Table {
         r.last_ejection = Some(now);
         r.passive_failures = 0;
         Some(Transition::Ejected)
+    }
+
+    /// What region selection reads on every request (sorted by name): no quantiles, no clones
+    /// beyond the name. `(name, available, healthy, ewma_rtt_s, ewma_ttft_s, ttft_age_s)`.
+    pub fn routing_view(&self, now: Instant) -> Vec<RoutingView> {
+        self.regions
+            .iter()
+            .map(|(name, r)| RoutingView {
+                name: name.clone(),
+                available: r.health != Health::Unhealthy && r.ejected_until.is_none(),
+                healthy: r.health != Health::Unhealthy,
+                ewma_rtt_s: r.rtt.ewma(),
+                ewma_ttft_s: r.ttft.ewma(),
+                ttft_age_s: r.last_ttft.map(|t| now.duration_since(t).as_secs_f64()),
+            })
+            .collect()
     }
 
     /// Copy every region's state out (sorted by name).
@@ -937,6 +965,11 @@ impl Prober {
 
     pub fn snapshot(&self) -> Vec<RegionSnapshot> {
         lock(&self.table).snapshot(Instant::now())
+    }
+
+    /// Every region's routing inputs now (see [`Table::routing_view`]).
+    pub fn routing_view(&self) -> Vec<RoutingView> {
+        lock(&self.table).routing_view(Instant::now())
     }
 
     pub fn take_events(&self) -> Vec<Event> {

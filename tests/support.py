@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -65,6 +66,25 @@ class Proc:
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
+
+    def wait_output(self, text: str, timeout: float = 10.0) -> str:
+        """The output once it contains `text` (access lines are written in batches)."""
+        deadline = time.monotonic() + timeout
+        while text not in (out := self.output()):
+            assert time.monotonic() < deadline, f"{text!r} not in output:\n{out}"
+            time.sleep(0.05)
+        return out
+
+    def access_lines(self, count: int, timeout: float = 10.0) -> list[dict[str, object]]:
+        """The first `count` JSON access-log lines, polling: the router writes them in batches."""
+        deadline = time.monotonic() + timeout
+        while True:
+            lines = [ln for ln in self.output().splitlines() if ln.startswith("{")]
+            if len(lines) >= count or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert len(lines) >= count, f"{len(lines)} access lines, wanted {count}:\n{self.output()}"
+        return [json.loads(ln) for ln in lines[:count]]
 
 
 def spawn(

@@ -202,5 +202,11 @@ class Prober:
         """Record one proxied attempt's outcome; True if this report ejected the region."""
     def snapshot(self) -> list[RegionHealth]:
         """Every region's health now, sorted by name."""
+    def routing_view(
+        self,
+    ) -> list[tuple[str, bool, bool, float | None, float | None, float | None]]:
+        """Per-request routing inputs, sorted by name: (name, available, healthy, ewma_rtt_s,
+        ewma_ttft_s, ttft_age_s). Cheaper than snapshot(): no latency quantiles.
+        """
     def take_events(self) -> list[tuple[str, str, float, str | None]]:
         """Health transitions since the last call: (region, transition, unix time, detail)."""

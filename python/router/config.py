@@ -224,6 +224,9 @@ class ObservabilityConfig(_Section, frozen=True):
     enabled: bool = True
     # The `router.access` logger: one line per request, JSON or plain, to stdout.
     access_log: bool = True
+    # Lines are written in batches at most this long after the first (Envoy flushes every
+    # second); 0 writes each line at once. A SIGKILL loses at most this much of the log.
+    access_log_flush_ms: Annotated[int, msgspec.Meta(ge=0, le=60_000)] = 1000
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "plain"] = "json"
     # SLO objectives over a rolling window: TTFT p95 and 5xx ratio.

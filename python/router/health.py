@@ -128,17 +128,25 @@ class Health:
 
     def candidates(self, names: Iterable[str]) -> list[Candidate]:
         """Selection input for the regions `names` (those serving the requested model)."""
-        snap = self.snapshot()
+        view = {v[0]: v for v in self.prober.routing_view()}
+        stale_s = self.config.ttft_stale_s
         out = []
         for name in names:
-            h = snap.get(name)
+            v = view.get(name)
+            if v is None:
+                available = healthy = True
+                rtt = ttft = None
+            else:
+                _, available, healthy, rtt, ttft, ttft_age = v
+                if ttft_age is None or ttft_age > stale_s:
+                    ttft = None
             out.append(
                 Candidate(
                     name=name,
-                    available=h.available if h is not None else True,
-                    healthy=h.healthy if h is not None else True,
-                    ewma_rtt_s=h.ewma_rtt_s if h is not None else None,
-                    ewma_ttft_s=_fresh_ttft(h, self.config.ttft_stale_s),
+                    available=available,
+                    healthy=healthy,
+                    ewma_rtt_s=rtt,
+                    ewma_ttft_s=ttft,
                     bias_s=self._bias_s.get(name, 0.0),
                     in_flight=self.in_flight_of(name),
                     admin=self._admin.get(name, AdminState.ACTIVE),
@@ -221,12 +229,6 @@ class Health:
         """Feed one attempt's outcome to the health table (passive health, ejection)."""
         if self.prober.report(region, outcome, connect_s, ttft_s, total_s):
             log.warning("region %s: ejected after consecutive %s", region, outcome)
-
-
-def _fresh_ttft(h: RegionHealth | None, stale_s: float) -> float | None:
-    if h is None or h.ttft_age_s is None or h.ttft_age_s > stale_s:
-        return None
-    return h.ewma_ttft_s
 
 
 def _ms(seconds: float | None) -> float | None:

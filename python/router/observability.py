@@ -375,7 +375,12 @@ def telemetry_from_config(
         error_rate=config.slo_error_rate,
         window_s=config.slo_window_s,
     )
-    log = AccessLog(level=config.log_level, fmt=config.log_format, enabled=config.access_log)
+    log = AccessLog(
+        level=config.log_level,
+        fmt=config.log_format,
+        enabled=config.access_log,
+        flush_interval_s=config.access_log_flush_ms / 1000.0,
+    )
     slo = SloTracker(targets, alpha=config.quantile_accuracy)
     return Telemetry(slo=slo, regions=regions, log=log, models=models)
 
@@ -393,6 +398,15 @@ def cache_result(request: web.Request) -> CacheResult:
     if outcome == "miss":
         return "miss"
     return "bypass" if outcome == "bypass" else "none"
+
+
+def _close_log(telemetry: Telemetry) -> Callable[[web.Application], Awaitable[None]]:
+    async def close(app: web.Application) -> None:
+        """on_cleanup: the buffered access lines are written before the process exits."""
+        if telemetry.log is not None:
+            telemetry.log.close()
+
+    return close
 
 
 def install(
@@ -423,6 +437,7 @@ def install(
     app.on_response_prepare.append(_stamp_factory(context_of))
     if regions is None:
         app.on_startup.append(_adopt_health)
+    app.on_cleanup.append(_close_log(telemetry))
     metrics.add_routes(app, telemetry)
     status.add_routes(app, telemetry, refresh_ms=config.status_refresh_ms)
     return telemetry

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
 from enum import Enum
+
+import msgspec
 
 
 class AdminState(Enum):
@@ -18,8 +19,7 @@ class AdminState(Enum):
     DISABLED = "disabled"
 
 
-@dataclass(frozen=True, slots=True)
-class Candidate:
+class Candidate(msgspec.Struct, frozen=True):
     """What selection needs to know about one region that serves the requested model."""
 
     name: str
@@ -34,16 +34,14 @@ class Candidate:
     healthy: bool = True
 
 
-@dataclass(frozen=True, slots=True)
-class Ranked:
+class Ranked(msgspec.Struct, frozen=True):
     """One region in the answer, with the score it was ranked by."""
 
     name: str
     score_s: float
 
 
-@dataclass(frozen=True, slots=True)
-class Selection:
+class Selection(msgspec.Struct, frozen=True):
     """The regions to try, in order; `panic` when none was available and all were ranked anyway."""
 
     order: tuple[Ranked, ...]

@@ -289,6 +289,26 @@ impl Prober {
             .collect()
     }
 
+    /// Per-request routing inputs, sorted by name: `(name, available, healthy, ewma_rtt_s,
+    /// ewma_ttft_s, ttft_age_s)`. Cheaper than `snapshot()`: no latency quantiles.
+    #[allow(clippy::type_complexity)]
+    fn routing_view(&self) -> Vec<(String, bool, bool, Option<f64>, Option<f64>, Option<f64>)> {
+        self.inner
+            .routing_view()
+            .into_iter()
+            .map(|v| {
+                (
+                    v.name,
+                    v.available,
+                    v.healthy,
+                    v.ewma_rtt_s,
+                    v.ewma_ttft_s,
+                    v.ttft_age_s,
+                )
+            })
+            .collect()
+    }
+
     /// Health transitions since the last call: (region, transition, unix time, detail).
     fn take_events(&self) -> Vec<(String, &'static str, f64, Option<String>)> {
         self.inner

@@ -141,16 +141,6 @@ async def admin(session: aiohttp.ClientSession, url: str, body: dict[str, object
         return payload
 
 
-def wait_for_log(proc: Proc, text: str, timeout: float = 10.0) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        out = proc.output()
-        if text in out:
-            return out
-        time.sleep(0.05)
-    raise AssertionError(f"{text!r} not in router log:\n{proc.output()}")
-
-
 async def test_version_header_upstream_model_and_stickiness(stack: Stack) -> None:
     url = stack.router.url + "/v1/chat/completions"
     async with aiohttp.ClientSession() as s:
@@ -238,7 +228,7 @@ async def test_rollback_under_load_has_zero_failed_requests(stack: Stack) -> Non
     assert before["v2"] > 0
     assert sum(after.values()) > 0
     assert set(after) == {"v1"}
-    wait_for_log(stack.router, "admin rollback: model chat-default -> version v1")
+    stack.router.wait_output("admin rollback: model chat-default -> version v1")
 
 
 def test_sighup_invalid_config_rejected_then_valid_applied(stack: Stack) -> None:
@@ -258,14 +248,14 @@ def test_sighup_invalid_config_rejected_then_valid_applied(stack: Stack) -> None
         stack.config.read_text().replace('model = "llama-v2"', 'model = "gone"')
     )
     stack.router.popen.send_signal(signal.SIGHUP)
-    out = wait_for_log(stack.router, "config reload rejected")
+    out = stack.router.wait_output("config reload rejected")
     assert str(stack.config) in out
     assert "rollout.models.chat-default.deployments[1].model" in out
     assert stack.router.popen.poll() is None
     assert set(versions()) == {"v1", "v2"}  # old config still serving
     stack.write(0, 100, extra='[models]\naliases = { fast = "llama-v1" }\n')
     stack.router.popen.send_signal(signal.SIGHUP)
-    wait_for_log(stack.router, "config reloaded from")
+    stack.router.wait_output("config reloaded from")
     assert versions() == Counter({"v2": 20})
 
     async def new_alias() -> None:
@@ -289,7 +279,7 @@ async def test_canary_errors_trigger_automatic_rollback(stack: Stack) -> None:
                 assert (status == 200) == (version == "v1")
                 if "canary rollback" in stack.router.output():
                     break
-    out = wait_for_log(stack.router, "canary rollback: model chat-default version v2")
+    out = stack.router.wait_output("canary rollback: model chat-default version v2")
     assert "WARNING" in out
     async with aiohttp.ClientSession(headers=headers) as s:
         got = [await post(s, url, chat(f"c{i}")) for i in range(30)]
@@ -314,7 +304,7 @@ async def test_admin_table_weights_and_errors(stack: Stack) -> None:
             )
         )
         assert moved["generation"] == table["generation"] + 1
-        wait_for_log(stack.router, "admin: model chat-default weights now {'v1': 0.0, 'v2': 50.0}")
+        stack.router.wait_output("admin: model chat-default weights now {'v1': 0.0, 'v2': 50.0}")
         url = stack.router.url + "/v1/chat/completions"
         got = {(await post(s, url, chat(f"w{i}")))[1] for i in range(10)}
         assert got == {"v2"}
@@ -412,7 +402,7 @@ async def test_reload_adds_and_drops_regions_without_failing_in_flight(
         async with aiohttp.ClientSession() as s:
             async with s.post(stack.router.url + "/admin/reload", headers=token) as resp:
                 assert resp.status == 200, await resp.read()
-            wait_for_log(stack.router, "regions now a, b, c (kept 2 pools, opened 1)")
+            stack.router.wait_output("regions now a, b, c (kept 2 pools, opened 1)")
             only = {"v1": 0, "v2": 0, "v3": 1}
             await admin(
                 s,
@@ -439,7 +429,7 @@ async def test_reload_adds_and_drops_regions_without_failing_in_flight(
                     assert r2.status == 200, await r2.read()
                 rest = await resp.read()
             assert (first + rest).rstrip().endswith(b"data: [DONE]")
-            wait_for_log(stack.router, "regions now a (kept 1 pools, opened 0)")
+            stack.router.wait_output("regions now a (kept 1 pools, opened 0)")
             got = [await post(s, url, chat(f"d{i}")) for i in range(5)]
             assert {(status, v) for status, v, _ in got} == {(200, "v1")}
     finally:

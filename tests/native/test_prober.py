@@ -67,6 +67,33 @@ def test_unprobed_region_is_available_and_passive_failures_eject() -> None:
     assert [e[:2] for e in p.take_events()] == [("a", "ejected")]
 
 
+def test_routing_view_agrees_with_snapshot() -> None:
+    p = Prober(eject_after=2)
+    p.upsert_region("b", "http://127.0.0.1:9")
+    p.upsert_region("a", "http://127.0.0.1:9")
+    assert p.routing_view() == [
+        ("a", True, True, None, None, None),
+        ("b", True, True, None, None, None),
+    ]
+    p.report("a", "ok", 0.001, 0.050, 0.200)
+    p.report("b", "server_error")
+    p.report("b", "server_error")
+    view = {v[0]: v for v in p.routing_view()}
+    for h in p.snapshot():
+        _, available, healthy, rtt, ttft, ttft_age = view[h.name]
+        assert (available, healthy, rtt, ttft) == (
+            h.available,
+            h.healthy,
+            h.ewma_rtt_s,
+            h.ewma_ttft_s,
+        )
+        assert (ttft_age is None) == (h.ttft_age_s is None)
+    assert view["a"][4] == pytest.approx(0.05)
+    assert view["a"][5] is not None
+    assert 0.0 <= view["a"][5] < 5.0
+    assert not view["b"][1]
+
+
 def test_live_region_probed_then_killed_then_restarted(tmp_path: Path) -> None:
     sim = start_sim(tmp_path, "a", rtt_ms=20)
     p = Prober(**FAST, unhealthy_after=2, healthy_after=2)

@@ -2,18 +2,33 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import io
 import json
 import logging
+from collections.abc import Iterator
 
 import pytest
 
-from router.accesslog import AccessLog, AccessRecord
+from router.accesslog import FLUSH_BYTES, AccessLog, AccessRecord
 
 
 @pytest.fixture
 def stream() -> io.StringIO:
     return io.StringIO()
+
+
+@contextlib.contextmanager
+def alone() -> Iterator[None]:
+    """No foreign handlers on the logger (pytest adds capture handlers while a test runs)."""
+    logger = logging.getLogger("router.access")
+    saved = logger.handlers[:]
+    logger.handlers[:] = [h for h in saved if type(h).__name__ == "_AccessHandler"]
+    try:
+        yield
+    finally:
+        logger.handlers[:] = saved
 
 
 def test_json_line_has_every_field(stream: io.StringIO) -> None:
@@ -99,3 +114,48 @@ def test_other_handlers_on_the_logger_get_the_line_too(stream: io.StringIO) -> N
     assert len(seen) == 1
     assert json.loads(seen[0])["request_id"] == "both"
     assert json.loads(stream.getvalue())["status"] == 503
+
+
+async def test_lines_are_batched_inside_an_event_loop(stream: io.StringIO) -> None:
+    log = AccessLog(stream=stream, flush_interval_s=0.05)
+    with alone():
+        try:
+            log.emit(AccessRecord(request_id="first", status=200))
+            log.emit(AccessRecord(request_id="second", status=200))
+            assert stream.getvalue() == ""
+            await asyncio.sleep(0.2)
+            lines = stream.getvalue().splitlines()
+            assert [json.loads(x)["request_id"] for x in lines] == ["first", "second"]
+            log.emit(AccessRecord(request_id="third", status=200))
+            assert "third" not in stream.getvalue()
+        finally:
+            log.close()
+    # close() writes what is pending.
+    assert json.loads(stream.getvalue().splitlines()[-1])["request_id"] == "third"
+
+
+async def test_a_full_buffer_is_written_at_once(stream: io.StringIO) -> None:
+    log = AccessLog(stream=stream, flush_interval_s=60.0)
+    with alone():
+        try:
+            big = "m" * 1000
+            n = FLUSH_BYTES // 1000 + 1
+            for i in range(n):
+                log.emit(AccessRecord(request_id=str(i), status=200, model=big))
+            # Written when the pending lines reached FLUSH_BYTES, not 60 s later.
+            assert len(stream.getvalue()) >= FLUSH_BYTES
+            assert len(stream.getvalue().splitlines()) < n
+        finally:
+            log.close()
+    assert len(stream.getvalue().splitlines()) == n
+
+
+def test_outside_an_event_loop_every_line_is_written_at_once(stream: io.StringIO) -> None:
+    log = AccessLog(stream=stream, flush_interval_s=60.0)
+    try:
+        log.emit(AccessRecord(request_id="now", status=200))
+        assert json.loads(stream.getvalue())["request_id"] == "now"
+    finally:
+        log.close()
+    with pytest.raises(ValueError, match="flush_interval_s"):
+        AccessLog(stream=stream, flush_interval_s=-1.0)
