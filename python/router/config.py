@@ -39,6 +39,9 @@ class ServerConfig(_Section, frozen=True):
     max_messages: Annotated[int, msgspec.Meta(ge=1)] = 2048
     max_in_flight_per_ip: Annotated[int, msgspec.Meta(ge=0)] = 256
     max_response_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 64 << 20
+    # Young-generation GC threshold once started (CPython's default is 700; 0 keeps it).
+    # Fewer passes over in-flight requests' objects: a third less CPU per request at c=128.
+    gc_gen0_threshold: Annotated[int, msgspec.Meta(ge=0)] = 50_000
 
 
 class TimeoutsConfig(_Section, frozen=True):

@@ -8,6 +8,7 @@ import socket
 import uvloop
 from aiohttp import web
 
+from router import gctune
 from router.app import build_app
 from router.config import Config, loads
 from router.server import make_runner, run_until_signal
@@ -88,8 +89,12 @@ async def _run(router_port: int) -> None:
         sims.append(runner)
     try:
         router = make_runner(build_app(config), config)
+
+        async def started() -> None:
+            gctune.tune(config.server.gc_gen0_threshold)
+
         await run_until_signal(
-            router, config.server.listen, lambda url: print(banner(url), flush=True)
+            router, config.server.listen, lambda url: print(banner(url), flush=True), extra=started
         )
     finally:
         for runner in sims:

@@ -11,6 +11,7 @@ from pathlib import Path
 import uvloop
 from aiohttp import web
 
+from router import gctune
 from router.app import STATE, build_app
 from router.config import Config, parse_listen
 
@@ -81,7 +82,9 @@ async def serve_async(
             "stop signal: draining in-flight requests (up to %gs)", config.server.drain_timeout_s
         )
 
-    async def admin_site() -> None:
+    async def started() -> None:
+        # Startup hooks have run: what they built lives as long as the process.
+        gctune.tune(config.server.gc_gen0_threshold)
         # The same app on a second address, so operators can keep /metrics and the admin
         # endpoints on a private interface while `listen` faces clients.
         if config.server.admin_listen is not None:
@@ -89,7 +92,7 @@ async def serve_async(
             await web.TCPSite(runner, host, port, reuse_address=True).start()
             log.warning("admin listener on http://%s:%d", host, port)
 
-    await run_until_signal(runner, config.server.listen, on_ready, draining, admin_site)
+    await run_until_signal(runner, config.server.listen, on_ready, draining, started)
 
 
 def serve(config: Config, config_path: Path | None = None) -> None:
