@@ -9,7 +9,13 @@ concurrencies, each for a fixed bounded duration on loopback. Every response is 
 against the bytes the region itself returns. Prints a table of RPS, p50/p99 latency (TTFT for
 streams) and the latency the router and the pass-through add over direct.
 
-    python -m bench.overhead                 # default: 2 s per cell, about 55 s in all
+Closed-loop cells (c clients, each sending as soon as its last answer came) measure throughput;
+their latencies include queueing once the CPU is saturated. The paced cells (`@ R/s`, open
+loop: requests at a fixed rate, at most 32 in flight, latency counted from the scheduled send
+time) measure what each hop adds to a request while the machine is not saturated.
+
+    python -m bench.overhead                 # default: 2 s per cell plus paced cells, about 70 s
+    python -m bench.overhead --rate 0        # closed-loop cells only
     python -m bench.overhead --duration 5 --concurrency 32 128 --json out.json
 """
 
@@ -39,6 +45,8 @@ from router.server import make_runner, run_until_signal
 from router.upstream import Upstreams, open_upstreams
 
 MODEL = "sim-1"
+# In-flight cap of the paced cells: the issue's c=32, below saturation.
+PACED_CAP = 32
 BODY = {"model": MODEL, "messages": [{"role": "user", "content": "Measure the proxy."}]}
 ROUTER_CONFIG = """\
 [server]
@@ -221,6 +229,61 @@ async def _load(
     return latencies, errors, elapsed
 
 
+async def _paced(
+    url: str, stream: bool, rate: float, cap: int, duration: float, expected: bytes
+) -> tuple[list[float], int, float]:
+    """Open loop: a request every 1/rate s, at most `cap` in flight (more count as errors).
+
+    Latency runs from the request's scheduled time, so a stalled client or server shows up
+    as latency instead of silently lowering the rate (no coordinated omission).
+    """
+    payload = json.dumps({**BODY, "stream": stream}).encode()
+    headers = {"Content-Type": "application/json"}
+    latencies: list[float] = []
+    errors = 0
+    in_flight = 0
+    connector = aiohttp.TCPConnector(limit=cap)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def one(scheduled: float) -> None:
+            nonlocal errors, in_flight
+            try:
+                async with session.post(url, data=payload, headers=headers) as resp:
+                    if stream:
+                        first = await resp.content.readany()
+                        latency = time.perf_counter() - scheduled
+                        rest = await resp.read()
+                        ok = resp.status == 200 and first + rest == expected
+                    else:
+                        body = await resp.read()
+                        latency = time.perf_counter() - scheduled
+                        ok = resp.status == 200 and body == expected
+            except aiohttp.ClientError:
+                ok, latency = False, 0.0
+            finally:
+                in_flight -= 1
+            if ok:
+                latencies.append(latency)
+            else:
+                errors += 1
+
+        began = time.perf_counter()
+        tasks = []
+        for i in range(int(rate * duration)):
+            scheduled = began + i / rate
+            delay = scheduled - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if in_flight >= cap:
+                errors += 1
+                continue
+            in_flight += 1
+            tasks.append(asyncio.create_task(one(scheduled)))
+        await asyncio.gather(*tasks)
+        elapsed = time.perf_counter() - began
+    return latencies, errors, elapsed
+
+
 async def _expected(url: str, stream: bool) -> bytes:
     """The region's own answer: every measured response must equal it byte for byte."""
     async with (
@@ -236,18 +299,29 @@ async def measure(
     concurrencies: Sequence[int],
     duration: float,
     warmup: float,
+    rate: float,
 ) -> list[Cell]:
     cells: list[Cell] = []
-    for mode in ("non-stream", "stream"):
-        stream = mode == "stream"
+    # Closed loop at each concurrency (saturation: RPS), then paced below saturation (latency).
+    loads: list[tuple[int, float | None]] = [(c, None) for c in concurrencies]
+    if rate > 0:
+        loads.append((PACED_CAP, rate))
+    for base_mode in ("non-stream", "stream"):
+        stream = base_mode == "stream"
         expected = await _expected(targets["direct"], stream)
-        for concurrency in concurrencies:
+        for concurrency, paced in loads:
+            mode = base_mode if paced is None else f"{base_mode} @{paced:g}/s"
             for target, url in targets.items():
                 await _load(url, stream, concurrency, warmup, expected)
                 cpu_before = _cpu_s(pids[target])
-                latencies, errors, elapsed = await _load(
-                    url, stream, concurrency, duration, expected
-                )
+                if paced is None:
+                    latencies, errors, elapsed = await _load(
+                        url, stream, concurrency, duration, expected
+                    )
+                else:
+                    latencies, errors, elapsed = await _paced(
+                        url, stream, paced, concurrency, duration, expected
+                    )
                 cpu = _cpu_s(pids[target]) - cpu_before
                 cells.append(
                     Cell(
@@ -284,9 +358,9 @@ def table(cells: Sequence[Cell]) -> str:
         added = "" if c.target == "direct" else f"{c.p50_ms - base.p50_ms:+.2f}"
         added99 = "" if c.target == "direct" else f"{c.p99_ms - base.p99_ms:+.2f}"
         ratio = ""
-        if c.target.startswith("router"):
+        if c.target.startswith("router") and "/s" not in c.mode:
             ratio = f"{100 * c.rps / passthrough[(c.mode, c.concurrency)].rps:.0f}%"
-        metric = " (TTFT)" if c.mode == "stream" else ""
+        metric = " (TTFT)" if c.mode.startswith("stream") else ""
         lines.append(
             f"| {c.mode}{metric} | {c.concurrency} | {c.target} | {c.rps:.0f} | {c.p50_ms:.2f} "
             f"| {c.p99_ms:.2f} | {added} | {added99} | {ratio} | {c.cpu_us:.0f} | {c.errors} |"
@@ -328,6 +402,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=2.0, help="seconds per cell")
     parser.add_argument("--warmup", type=float, default=0.5, help="seconds before each cell")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[32, 128])
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=300.0,
+        help="requests/s of the paced (open-loop) cells, at most 32 in flight; 0 skips them",
+    )
     parser.add_argument("--json", type=Path, help="also write the cells as JSON here")
     parser.add_argument(
         "--serve-passthrough", nargs=2, metavar=("PORT", "UPSTREAM"), help=argparse.SUPPRESS
@@ -359,7 +439,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "router": router.popen.pid,
                 "router-core": core.popen.pid,
             }
-            cells = uvloop.run(measure(targets, pids, args.concurrency, args.duration, args.warmup))
+            cells = uvloop.run(
+                measure(targets, pids, args.concurrency, args.duration, args.warmup, args.rate)
+            )
         finally:
             for proc in procs:
                 proc.kill()
