@@ -183,12 +183,17 @@ impl Cursor<'_> {
     /// (code point, class, UTF-8 length) of the character at byte `i`; `(0, END, 0)` at the end.
     #[inline]
     fn peek(self, i: usize) -> (u32, u8, usize) {
-        let Some(&b0) = self.bytes.get(i) else {
-            return (0, END, 0);
-        };
-        if b0 < 0x80 {
-            return (u32::from(b0), ASCII[usize::from(b0)], 1);
+        match self.bytes.get(i) {
+            Some(&b) if b < 0x80 => (u32::from(b), ASCII[usize::from(b)], 1),
+            Some(_) => self.peek_multibyte(i),
+            None => (0, END, 0),
         }
+    }
+
+    /// [`Self::peek`] for a character that is not ASCII (kept out of line: the ASCII path is hot).
+    #[inline(never)]
+    fn peek_multibyte(self, i: usize) -> (u32, u8, usize) {
+        let b0 = self.bytes[i];
         let cont = |k: usize| u32::from(self.bytes[i + k] & 0x3f);
         let (cp, len) = if b0 < 0xe0 {
             ((u32::from(b0 & 0x1f) << 6) | cont(1), 2)
