@@ -5,6 +5,7 @@ mod casefold;
 pub mod fingerprint;
 pub mod json;
 pub mod normalize;
+pub mod pretokenize;
 pub mod prober;
 pub mod py;
 pub mod tokens;

@@ -1,8 +1,75 @@
 //! Token counting: exact cl100k/o200k counts (vocabularies embedded by `bpe-openai`, built once on
 //! first use) and a cheap estimate for unknown models. Pure; no pyo3.
+//!
+//! Exact counts follow tiktoken's `encode_ordinary`: the text is split by the encoding's pattern
+//! (hand-written in [`crate::pretokenize`]), a piece that is itself a token counts 1 (looked up in
+//! a hash table of the vocabulary), any other piece is byte-pair encoded by `bpe-openai`.
+
+use std::hash::BuildHasher;
+use std::sync::LazyLock;
+
+use bpe_openai::Tokenizer;
+use hashbrown::{DefaultHashBuilder, HashTable};
 
 use crate::fingerprint::validate;
 use crate::json::{parse_object, Node, RequestError};
+use crate::pretokenize::{self, Pattern};
+
+/// An exact tokenizer: split pattern, byte-pair encoder and the set of its tokens.
+struct Exact {
+    tokenizer: &'static Tokenizer,
+    pattern: Pattern,
+    hasher: DefaultHashBuilder,
+    /// Ids of all tokens, keyed by the hash of their bytes.
+    tokens: HashTable<u32>,
+}
+
+static CL100K: LazyLock<Exact> =
+    LazyLock::new(|| Exact::new(bpe_openai::cl100k_base(), Pattern::Cl100k));
+static O200K: LazyLock<Exact> =
+    LazyLock::new(|| Exact::new(bpe_openai::o200k_base(), Pattern::O200k));
+
+impl Exact {
+    fn new(tokenizer: &'static Tokenizer, pattern: Pattern) -> Self {
+        let bpe = &tokenizer.bpe;
+        let hasher = DefaultHashBuilder::default();
+        let n = bpe.num_tokens();
+        let mut tokens = HashTable::with_capacity(n);
+        for id in 0..n as u32 {
+            let bytes = bpe.token_bytes(id);
+            tokens.insert_unique(hasher.hash_one(bytes), id, |&id| {
+                hasher.hash_one(bpe.token_bytes(id))
+            });
+        }
+        Self {
+            tokenizer,
+            pattern,
+            hasher,
+            tokens,
+        }
+    }
+
+    fn count(&self, text: &str) -> usize {
+        pretokenize::split(text, self.pattern)
+            .map(|piece| self.count_piece(piece.as_bytes()))
+            .sum()
+    }
+
+    #[inline]
+    fn count_piece(&self, piece: &[u8]) -> usize {
+        let bpe = &self.tokenizer.bpe;
+        let hash = self.hasher.hash_one(piece);
+        if self
+            .tokens
+            .find(hash, |&id| bpe.token_bytes(id) == piece)
+            .is_some()
+        {
+            1
+        } else {
+            bpe.count(piece)
+        }
+    }
+}
 
 /// A tokenizer family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,8 +110,8 @@ impl Encoding {
     /// Number of tokens in `text`.
     pub fn count(self, text: &str) -> usize {
         match self {
-            Self::Cl100k => bpe_openai::cl100k_base().count(text),
-            Self::O200k => bpe_openai::o200k_base().count(text),
+            Self::Cl100k => CL100K.count(text),
+            Self::O200k => O200K.count(text),
             Self::Estimate => text.len().div_ceil(4),
         }
     }
@@ -52,8 +119,9 @@ impl Encoding {
 
 /// Build both exact tokenizers now (a few hundred ms) instead of on the first count.
 pub fn preload() {
-    let _ = bpe_openai::cl100k_base();
-    let _ = bpe_openai::o200k_base();
+    pretokenize::preload();
+    LazyLock::force(&CL100K);
+    LazyLock::force(&O200K);
 }
 
 /// The encoding a model name uses (`ft:` fine-tune prefixes are looked through).

@@ -41,6 +41,115 @@ TEXT = st.one_of(
     st.lists(WORDS, max_size=20).map("".join),
 )
 
+# Fragments aimed at the edges of the split patterns: contractions in every case (and the long s,
+# which case-insensitive `s` matches), letters of each general category the o200k pattern tells
+# apart (Lu, Lt, Ll, Lm, Lo) next to combining marks, digit runs in several scripts, whitespace
+# runs with and without newlines (also at the end of the text), punctuation followed by newlines
+# and slashes, CJK and emoji (with ZWJ and variation selectors).
+ADVERSARIAL = st.sampled_from(
+    [
+        "'s",
+        "'S",
+        "'t",
+        "'T",
+        "'re",
+        "'RE",
+        "'rE",
+        "'ve",
+        "'Ve",
+        "'m",
+        "'M",
+        "'ll",
+        "'LL",
+        "'lL",
+        "'d",
+        "'D",
+        "'\u017f",
+        "'x",
+        "'",
+        "''",
+        "’s",
+        "a",
+        "Z",
+        "hello",
+        "HELLO",
+        "Hello",
+        "hELLO",
+        "ǅ",
+        "ǈa",
+        "ʰ",
+        "ʰa",
+        "Aʰ",
+        "ー",
+        "日本語",
+        "中文",
+        "한국어",
+        "ไทย",
+        "ελληνικά",
+        "Ωmega",
+        "кириллица",
+        "ß",
+        "İ",
+        "ﬁ",
+        "\u0301",
+        "\u0308",
+        "e\u0301",
+        "E\u0301\u0302",
+        "\u0301a",
+        "A\u0301b",
+        "\u0903",
+        "\u20dd",
+        "0",
+        "12",
+        "123",
+        "1234567",
+        "٣٤٥",
+        "१२३",
+        "½",
+        "Ⅻ",
+        "²",
+        "３",
+        " ",
+        "  ",
+        "   ",
+        "\t",
+        "\n",
+        "\r\n",
+        "\r",
+        "\n\n",
+        " \n ",
+        "\u00a0",
+        "\u3000",
+        "\u2028",
+        "\u0085",
+        "\x0b",
+        "\x0c",
+        "!",
+        "?!",
+        "...",
+        "/",
+        "//",
+        "!/",
+        "-->",
+        "#",
+        "€",
+        "—",
+        "“",
+        "”",
+        "(",
+        ")",
+        "🎉",
+        "🚀",
+        "👩\u200d💻",
+        "❤\ufe0f",
+        "🇫🇷",
+        "\u200b",
+        "\ufeff",
+        "\x00",
+    ]
+)
+ADVERSARIAL_TEXT = st.lists(ADVERSARIAL, max_size=24).map("".join)
+
 
 @pytest.mark.parametrize("encoding", ["cl100k_base", "o200k_base"])
 def test_counts_equal_tiktoken(encoding: str) -> None:
@@ -52,6 +161,21 @@ def test_counts_equal_tiktoken(encoding: str) -> None:
     @given(TEXT)
     def check(text: str) -> None:
         assert router.count_tokens(text, encoding) == len(enc.encode_ordinary(text))
+
+    check()
+
+
+@pytest.mark.parametrize("encoding", ["cl100k_base", "o200k_base"])
+def test_counts_equal_tiktoken_on_adversarial_unicode(encoding: str) -> None:
+    enc = reference.tiktoken_encoding(encoding)
+    if enc is None:
+        pytest.skip("no tiktoken vocabulary file found in the tiktoken-rs crate sources")
+
+    @settings(max_examples=1000, deadline=None)
+    @given(ADVERSARIAL_TEXT, st.sampled_from(["", " ", "  ", "\n", " \n", "x"]))
+    def check(text: str, tail: str) -> None:
+        for t in (text, text + tail, tail + text):
+            assert router.count_tokens(t, encoding) == len(enc.encode_ordinary(t)), repr(t)
 
     check()
 
