@@ -47,6 +47,7 @@ from router.upstream import Upstreams, open_upstreams
 MODEL = "sim-1"
 # In-flight cap of the paced cells: the issue's c=32, below saturation.
 PACED_CAP = 32
+_JSON = {"Content-Type": "application/json"}
 BODY = {"model": MODEL, "messages": [{"role": "user", "content": "Measure the proxy."}]}
 ROUTER_CONFIG = """\
 [server]
@@ -187,12 +188,34 @@ def _quantile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+async def _exchange(
+    session: aiohttp.ClientSession,
+    url: str,
+    payload: bytes,
+    stream: bool,
+    start: float,
+    expected: bytes,
+) -> tuple[bool, float]:
+    """One request: (answer equals `expected`, latency from `start` to the body or, for a
+    stream, to its first chunk)."""
+    try:
+        async with session.post(url, data=payload, headers=_JSON) as resp:
+            if stream:
+                first = await resp.content.readany()
+                latency = time.perf_counter() - start
+                rest = await resp.read()
+                return resp.status == 200 and first + rest == expected, latency
+            body = await resp.read()
+            return resp.status == 200 and body == expected, time.perf_counter() - start
+    except aiohttp.ClientError:
+        return False, 0.0
+
+
 async def _load(
     url: str, stream: bool, concurrency: int, duration: float, expected: bytes
 ) -> tuple[list[float], int, float]:
     """Closed loop: `concurrency` workers for `duration` s; latencies (s), errors, elapsed."""
     payload = json.dumps({**BODY, "stream": stream}).encode()
-    headers = {"Content-Type": "application/json"}
     latencies: list[float] = []
     errors = 0
     connector = aiohttp.TCPConnector(limit=concurrency)
@@ -203,22 +226,9 @@ async def _load(
         async def worker() -> None:
             nonlocal errors
             while time.perf_counter() < deadline:
-                t0 = time.perf_counter()
-                try:
-                    async with session.post(url, data=payload, headers=headers) as resp:
-                        if stream:
-                            first = await resp.content.readany()
-                            ttft = time.perf_counter() - t0
-                            rest = await resp.read()
-                            ok = resp.status == 200 and first + rest == expected
-                            latency = ttft
-                        else:
-                            body = await resp.read()
-                            latency = time.perf_counter() - t0
-                            ok = resp.status == 200 and body == expected
-                except aiohttp.ClientError:
-                    ok = False
-                    latency = 0.0
+                ok, latency = await _exchange(
+                    session, url, payload, stream, time.perf_counter(), expected
+                )
                 if ok:
                     latencies.append(latency)
                 else:
@@ -238,7 +248,6 @@ async def _paced(
     as latency instead of silently lowering the rate (no coordinated omission).
     """
     payload = json.dumps({**BODY, "stream": stream}).encode()
-    headers = {"Content-Type": "application/json"}
     latencies: list[float] = []
     errors = 0
     in_flight = 0
@@ -248,18 +257,7 @@ async def _paced(
         async def one(scheduled: float) -> None:
             nonlocal errors, in_flight
             try:
-                async with session.post(url, data=payload, headers=headers) as resp:
-                    if stream:
-                        first = await resp.content.readany()
-                        latency = time.perf_counter() - scheduled
-                        rest = await resp.read()
-                        ok = resp.status == 200 and first + rest == expected
-                    else:
-                        body = await resp.read()
-                        latency = time.perf_counter() - scheduled
-                        ok = resp.status == 200 and body == expected
-            except aiohttp.ClientError:
-                ok, latency = False, 0.0
+                ok, latency = await _exchange(session, url, payload, stream, scheduled, expected)
             finally:
                 in_flight -= 1
             if ok:

@@ -309,28 +309,39 @@ impl Cursor<'_> {
         }
         // `\p{N}{1,3}+`
         if class == NUMBER {
-            let mut end = i + len;
-            for _ in 0..2 {
-                let (_, next, next_len) = self.peek(end);
-                if next != NUMBER {
-                    break;
-                }
-                end += next_len;
-            }
-            return end;
+            return self.digits(i + len);
         }
         // ` ?[^\s\p{L}\p{N}]++[\r\n]*+`
-        let punct_start = if class & PUNCT != 0 {
-            Some(i)
-        } else if c == u32::from(b' ') && self.class(i + 1) & PUNCT != 0 {
-            Some(i + 1)
-        } else {
-            None
-        };
-        if let Some(start) = punct_start {
-            return self.run_bytes(self.run(start, PUNCT), b"\r\n");
+        if let Some(end) = self.punctuation(i, c, class, b"\r\n") {
+            return end;
         }
         self.whitespace(i, true)
+    }
+
+    /// End of `\p{N}{1,3}+` whose first digit ends at `end`.
+    #[inline]
+    fn digits(self, mut end: usize) -> usize {
+        for _ in 0..2 {
+            let (_, next, next_len) = self.peek(end);
+            if next != NUMBER {
+                break;
+            }
+            end += next_len;
+        }
+        end
+    }
+
+    /// End of ` ?[^\s\p{L}\p{N}]++[<trailers>]*+` at `i` (character `c` of `class`), if it matches.
+    #[inline]
+    fn punctuation(self, i: usize, c: u32, class: u8, trailers: &[u8]) -> Option<usize> {
+        let start = if class & PUNCT != 0 {
+            i
+        } else if c == u32::from(b' ') && self.class(i + 1) & PUNCT != 0 {
+            i + 1
+        } else {
+            return None;
+        };
+        Some(self.run_bytes(self.run(start, PUNCT), trailers))
     }
 
     /// o200k's `U*W+` (`upper_first == false`) or `U+W*` at `i`; its end.
@@ -386,26 +397,11 @@ impl Cursor<'_> {
         }
         // `\p{N}{1,3}`
         if class == NUMBER {
-            let mut end = i + len;
-            for _ in 0..2 {
-                let (_, next, next_len) = self.peek(end);
-                if next != NUMBER {
-                    break;
-                }
-                end += next_len;
-            }
-            return end;
+            return self.digits(i + len);
         }
         // ` ?[^\s\p{L}\p{N}]+[\r\n/]*`
-        let punct_start = if class & PUNCT != 0 {
-            Some(i)
-        } else if c == u32::from(b' ') && self.class(i + 1) & PUNCT != 0 {
-            Some(i + 1)
-        } else {
-            None
-        };
-        if let Some(start) = punct_start {
-            return self.run_bytes(self.run(start, PUNCT), b"\r\n/");
+        if let Some(end) = self.punctuation(i, c, class, b"\r\n/") {
+            return end;
         }
         self.whitespace(i, false)
     }

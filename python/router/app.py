@@ -10,7 +10,7 @@ import msgspec
 from aiohttp import web
 
 from router import cache_http, limits, observability, rollout_admin, routing
-from router.admin import HEALTH, AdminRoutes
+from router.admin import HEALTH, AdminRoutes, Guard
 from router.auth import Authenticator
 from router.clientlimit import InFlightPerIp
 from router.config import Config
@@ -189,7 +189,9 @@ async def _upstreams_ctx(app: web.Application) -> AsyncIterator[None]:
     await pools.close()
 
 
-def _install_rollout(app: web.Application, config: Config, config_path: Path | None) -> None:
+def _install_rollout(
+    app: web.Application, config: Config, config_path: Path | None, guard: Guard
+) -> None:
     """Versions per request, canary outcomes, the version header, hot reload, rollout admin."""
     rollout = RolloutRuntime(config)
     app[ROLLOUT] = rollout
@@ -208,7 +210,6 @@ def _install_rollout(app: web.Application, config: Config, config_path: Path | N
         reloader.register("regions", regions_preparer(app[POOLS], health), ("regions",))
 
     app.on_startup.append(adopt)
-    guard = Authenticator.from_config(config.auth).check_admin
     rollout_admin.add_routes(AdminRoutes(app.router, guard))
 
 
@@ -235,9 +236,11 @@ def build_app(config: Config, config_path: Path | None = None) -> web.Applicatio
         region_names=[region.name for region in config.regions],
         models=config.served_models(),
     )
-    _install_rollout(app, config, config_path)
+    # One authenticator: the auth middleware's, whose admin check guards every admin route.
+    auth = Authenticator.from_config(config.auth)
+    _install_rollout(app, config, config_path, auth.check_admin)
     # Auth before the body is read, then per-key limits as the first stage after parsing.
-    limits.install(app, config, app[STAGES])
+    limits.install(app, config, auth, app[STAGES])
     # Nearest healthy region first; passive health, retry budget, x-router-region headers.
     app[SELECTOR] = routing.install(
         app,
@@ -246,10 +249,10 @@ def build_app(config: Config, config_path: Path | None = None) -> web.Applicatio
         hooks=app[ATTEMPT_HOOKS],
         stages=app[STAGES],
         ready_checks=app[READY_CHECKS],
-        guard=Authenticator.from_config(config.auth).check_admin,
+        guard=auth.check_admin,
     )
     if config.cache.enabled:
-        app[AROUND] = cache_http.install(app, config)
+        app[AROUND] = cache_http.install(app, config, auth.check_admin)
     app[_MODELS_BODY] = _models_body(config)
     app.cleanup_ctx.append(_upstreams_ctx)
     for endpoint in (CHAT, COMPLETIONS, EMBEDDINGS):

@@ -10,7 +10,8 @@ import msgspec
 from aiohttp import web
 
 from router import native, sse
-from router.auth import ANONYMOUS_TENANT, Authenticator, Tenant
+from router.admin import AdminRoutes, Guard
+from router.auth import ANONYMOUS_TENANT, Tenant
 from router.cache import (
     Decision,
     Entry,
@@ -352,14 +353,15 @@ CacheAround = Callable[
 def install(
     app: web.Application,
     config: Config,
+    guard: Guard,
     key_fn: KeyFn | None = None,
 ) -> CacheAround:
-    """Open the cache with the app, stamp x-cache/Age, add the admin routes (behind the admin
-    token); the returned wrapper of the origin goes in app[AROUND]."""
+    """Open the cache with the app, stamp x-cache/Age, add the admin routes (behind `guard`,
+    the admin check); the returned wrapper of the origin goes in app[AROUND]."""
     fn = key_fn or native_key_fn()
     namespace_of = tenant_namespace(config.auth)
     app[NAMESPACES] = namespaces_of(config.auth)
-    add_routes(app.router, Authenticator.from_config(config.auth).check_admin)
+    add_routes(AdminRoutes(app.router, guard))
 
     async def lifetime(app: web.Application) -> AsyncIterator[None]:
         cache = open_cache(config.cache, fn)

@@ -7,11 +7,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import msgspec
 from aiohttp import web
 
 from router import auth as auth_mod
-from router import sse
 from router.admission import ADMISSION, Admission
 from router.auth import AUTH_NS, TENANT, Authenticator, Tenant
 from router.errors import ApiError, ConfigError, RateLimited, Unavailable
@@ -20,11 +18,11 @@ from router.native import (
     BucketTable,
     NativeError,
     count_request_tokens,
-    count_tokens,
     encoding_for_model,
 )
 from router.reload import RELOADER, Commit, Preparer
 from router.timing import AUTH, RATE_LIMIT
+from router.usage import StreamUsage, completion_budget, usage_tokens
 
 if TYPE_CHECKING:
     from router.config import Config, LimitsConfig
@@ -89,118 +87,6 @@ def rates_of(tenant: Tenant) -> Rates | None:
         token_capacity=float(tenant.token_burst or tpm),
         tokens_per_s=tpm / 60,
     )
-
-
-class _Budget(msgspec.Struct):
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    n: int | None = None
-
-
-_BUDGET = msgspec.json.Decoder(_Budget)
-
-
-def completion_budget(body: bytes, default: int) -> int:
-    """Tokens the answer may use: (max_completion_tokens or max_tokens or default) * n."""
-    try:
-        budget = _BUDGET.decode(body)
-    except msgspec.MsgspecError:
-        return default  # the request stage already rejected bodies that matter
-    most = budget.max_completion_tokens or budget.max_tokens or default
-    return max(0, most) * max(1, budget.n or 1)
-
-
-class _Usage(msgspec.Struct):
-    total_tokens: int | None = None
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-
-
-class _WithUsage(msgspec.Struct):
-    usage: _Usage | None = None
-
-
-_USAGE = msgspec.json.Decoder(_WithUsage)
-
-
-def usage_tokens(payload: bytes) -> int | None:
-    """total_tokens of a response body or stream event carrying `usage`, else None."""
-    if b'"usage"' not in payload:
-        return None
-    try:
-        usage = _USAGE.decode(payload).usage
-    except msgspec.MsgspecError:
-        return None
-    if usage is None:
-        return None
-    if usage.total_tokens is not None:
-        return usage.total_tokens
-    if usage.prompt_tokens is None and usage.completion_tokens is None:
-        return None
-    return (usage.prompt_tokens or 0) + (usage.completion_tokens or 0)
-
-
-class _Delta(msgspec.Struct):
-    content: str | None = None
-
-
-class _Choice(msgspec.Struct):
-    delta: _Delta | None = None
-    text: str | None = None  # completions
-
-
-class _Chunk(msgspec.Struct):
-    choices: list[_Choice] = []
-
-
-_CHUNK = msgspec.json.Decoder(_Chunk)
-# Generated text kept for counting a stream that reports no usage; beyond this it is estimated.
-_MAX_TEXT = 1 << 22
-
-
-class StreamUsage:
-    """A stream's usage: the `usage` chunk it reports last, else a count of the text it sent."""
-
-    __slots__ = ("_decoder", "_size", "_text", "encoding", "prompt_tokens", "total_tokens")
-
-    def __init__(self, prompt_tokens: int = 0, encoding: str | None = None) -> None:
-        self._decoder = sse.Decoder()
-        self.total_tokens: int | None = None
-        self.prompt_tokens = prompt_tokens
-        self.encoding = encoding
-        self._text: list[str] = []
-        self._size = 0
-
-    def feed(self, chunk: bytes) -> None:
-        """Consume a piece of the stream as relayed to the client."""
-        for payload in self._decoder.feed(chunk):
-            found = usage_tokens(payload)
-            if found is not None:
-                self.total_tokens = found
-            elif self.encoding is not None and self.total_tokens is None and payload != sse.DONE:
-                self._collect(payload)
-
-    def _collect(self, payload: bytes) -> None:
-        try:
-            choices = _CHUNK.decode(payload).choices
-        except msgspec.MsgspecError:
-            return
-        for choice in choices:
-            text = choice.delta.content if choice.delta is not None else choice.text
-            if text:
-                self._size += len(text)
-                if self._size <= _MAX_TEXT:
-                    self._text.append(text)
-
-    def used(self) -> int | None:
-        """Total tokens: as reported, else prompt + the counted completion, else None."""
-        if self.total_tokens is not None or self.encoding is None:
-            return self.total_tokens
-        text = "".join(self._text)
-        counted = count_tokens(text, self.encoding)
-        if self._size > len(text):
-            counted = counted * self._size // max(1, len(text))  # past the cap: scale up
-        return self.prompt_tokens + counted
 
 
 @dataclass(slots=True)
@@ -479,10 +365,10 @@ def auth_preparer(auth: Authenticator, limiter: Limiter) -> Preparer:
     return prepare
 
 
-def install(app: web.Application, config: Config, stages: list[Stage]) -> None:
-    """Wire auth, rate limits and admission into the app (before it starts)."""
-    auth = Authenticator.from_config(config.auth)
-    auth.warn_if_disabled()  # once per app: other features build their own for admin checks
+def install(app: web.Application, config: Config, auth: Authenticator, stages: list[Stage]) -> None:
+    """Wire `auth` (built from config.auth), rate limits and admission into the app (before it
+    starts)."""
+    auth.warn_if_disabled()
     limiter = Limiter.from_config(config.limits, auth.tenants)
     app[LIMITER] = limiter
     app[ADMISSION] = Admission.from_config(config.admission)

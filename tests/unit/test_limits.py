@@ -9,17 +9,10 @@ import pytest
 
 from router.auth import ANONYMOUS_TENANT, Tenant
 from router.errors import RateLimited
-from router.limits import (
-    Limiter,
-    StreamUsage,
-    completion_budget,
-    format_reset,
-    rate_headers,
-    retry_headers,
-    usage_tokens,
-)
+from router.limits import Limiter, format_reset, rate_headers, retry_headers
 from router.native import count_tokens
 from router.request import parse_body
+from router.usage import StreamUsage, completion_budget, usage_tokens
 
 TENANT = Tenant(
     key_id="k1",
