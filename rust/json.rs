@@ -5,7 +5,8 @@
 //! sorted once, which makes the fingerprint of a 2 KB request a few microseconds.
 
 use std::borrow::Cow;
-use std::fmt::{self, Write as _};
+use std::fmt;
+use std::io::Write as _;
 
 /// Deepest JSON nesting accepted (arrays and objects).
 pub const MAX_DEPTH: usize = 128;
@@ -429,73 +430,81 @@ fn float_num(f: f64) -> Num {
 }
 
 /// Append `value` as canonical JSON: sorted keys, no spaces, numbers as in [`write_num`],
-/// strings as in [`write_string`].
-pub fn write_value(value: &Node<'_>, out: &mut String) {
+/// strings as in [`write_string`]. Only whole UTF-8 sequences are written.
+pub fn write_value(value: &Node<'_>, out: &mut Vec<u8>) {
     match value {
-        Node::Null => out.push_str("null"),
-        Node::Bool(true) => out.push_str("true"),
-        Node::Bool(false) => out.push_str("false"),
+        Node::Null => out.extend_from_slice(b"null"),
+        Node::Bool(true) => out.extend_from_slice(b"true"),
+        Node::Bool(false) => out.extend_from_slice(b"false"),
         Node::Num(n) => write_num(*n, out),
         Node::Str(s) => write_string(s, out),
         Node::Arr(items) => {
-            out.push('[');
+            out.push(b'[');
             for (i, item) in items.iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
                 write_value(item, out);
             }
-            out.push(']');
+            out.push(b']');
         }
         Node::Obj(entries) => {
-            out.push('{');
+            out.push(b'{');
             for (i, (k, v)) in entries.iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
                 write_string(k, out);
-                out.push(':');
+                out.push(b':');
                 write_value(v, out);
             }
-            out.push('}');
+            out.push(b'}');
         }
     }
 }
 
 /// Append a JSON string escaped exactly like Python's `json.dumps(ensure_ascii=False)`.
-pub fn write_string(s: &str, out: &mut String) {
-    out.push('"');
+pub fn write_string(s: &str, out: &mut Vec<u8>) {
     let bytes = s.as_bytes();
+    out.reserve(bytes.len() + 2);
+    out.push(b'"');
     let mut start = 0;
     loop {
         let i = find_special(bytes, start);
+        out.extend_from_slice(&bytes[start..i]);
         if i == bytes.len() {
             break;
         }
-        let escape = match bytes[i] {
-            b'"' => "\\\"",
-            b'\\' => "\\\\",
-            b'\n' => "\\n",
-            b'\r' => "\\r",
-            b'\t' => "\\t",
-            0x08 => "\\b",
-            0x0c => "\\f",
-            _ => "",
-        };
-        out.push_str(&s[start..i]);
-        if escape.is_empty() {
-            let _ = write!(out, "\\u{:04x}", bytes[i]);
-        } else {
-            out.push_str(escape);
-        }
+        push_escape(bytes[i], out);
         start = i + 1;
     }
-    out.push_str(&s[start..]);
-    out.push('"');
+    out.push(b'"');
+}
+
+/// Append the JSON escape of `"`, `\\` or a control character.
+pub fn push_escape(b: u8, out: &mut Vec<u8>) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    match b {
+        b'"' => out.extend_from_slice(b"\\\""),
+        b'\\' => out.extend_from_slice(b"\\\\"),
+        b'\n' => out.extend_from_slice(b"\\n"),
+        b'\r' => out.extend_from_slice(b"\\r"),
+        b'\t' => out.extend_from_slice(b"\\t"),
+        0x08 => out.extend_from_slice(b"\\b"),
+        0x0c => out.extend_from_slice(b"\\f"),
+        _ => out.extend_from_slice(&[
+            b'\\',
+            b'u',
+            b'0',
+            b'0',
+            HEX[usize::from(b >> 4)],
+            HEX[usize::from(b & 0xf)],
+        ]),
+    }
 }
 
 /// Append a canonical number: integers as digits, other floats like Python's `repr(float)`.
-pub fn write_num(n: Num, out: &mut String) {
+pub fn write_num(n: Num, out: &mut Vec<u8>) {
     match n {
         Num::Int(i) => {
             let _ = write!(out, "{i}");
@@ -508,7 +517,7 @@ pub fn write_num(n: Num, out: &mut String) {
 }
 
 /// Append a finite float: integral and within i64 as an integer, else Python's `repr`.
-pub fn write_float(f: f64, out: &mut String) {
+pub fn write_float(f: f64, out: &mut Vec<u8>) {
     if let Num::Int(i) = float_num(f) {
         let _ = write!(out, "{i}");
         return;
@@ -523,32 +532,32 @@ pub fn write_float(f: f64, out: &mut String) {
     };
     let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
     let decpt = exp + 1;
-    out.push_str(sign);
+    out.extend_from_slice(sign.as_bytes());
     if -4 < decpt && decpt <= 16 {
         let len = i32::try_from(digits.len()).unwrap_or(i32::MAX);
         if decpt <= 0 {
-            out.push_str("0.");
+            out.extend_from_slice(b"0.");
             for _ in 0..-decpt {
-                out.push('0');
+                out.push(b'0');
             }
-            out.push_str(&digits);
+            out.extend_from_slice(digits.as_bytes());
         } else if decpt >= len {
-            out.push_str(&digits);
+            out.extend_from_slice(digits.as_bytes());
             for _ in 0..decpt - len {
-                out.push('0');
+                out.push(b'0');
             }
-            out.push_str(".0");
+            out.extend_from_slice(b".0");
         } else {
             let (int, frac) = digits.split_at(decpt.unsigned_abs() as usize);
-            out.push_str(int);
-            out.push('.');
-            out.push_str(frac);
+            out.extend_from_slice(int.as_bytes());
+            out.push(b'.');
+            out.extend_from_slice(frac.as_bytes());
         }
     } else {
-        out.push_str(&digits[..1]);
+        out.extend_from_slice(&digits.as_bytes()[..1]);
         if digits.len() > 1 {
-            out.push('.');
-            out.push_str(&digits[1..]);
+            out.push(b'.');
+            out.extend_from_slice(&digits.as_bytes()[1..]);
         }
         let _ = write!(
             out,
@@ -566,9 +575,9 @@ mod tests {
     fn canon(text: &str) -> String {
         let body = format!("{{\"v\":{text}}}");
         let value = parse_object(body.as_bytes()).unwrap();
-        let mut out = String::new();
+        let mut out = Vec::new();
         write_value(value.get("v").unwrap(), &mut out);
-        out
+        String::from_utf8(out).unwrap()
     }
 
     #[test]
@@ -584,9 +593,9 @@ mod tests {
             (123_456.789, "123456.789"),
             (1.797_693_134_862_315_7e308, "1.7976931348623157e+308"),
         ] {
-            let mut out = String::new();
+            let mut out = Vec::new();
             write_float(f, &mut out);
-            assert_eq!(out, expected);
+            assert_eq!(out, expected.as_bytes());
         }
     }
 
