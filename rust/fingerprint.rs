@@ -4,7 +4,7 @@
 //! Every top-level field is output-affecting (unknown ones too, the safe side for a cache) except
 //! the transport-only ones in [`TRANSPORT_FIELDS`]. Absent and default-valued fields differ.
 
-use crate::json::{self, parse_object, write_string, Node, RequestError};
+use crate::json::{self, parse_object, write_parsed, write_string, Node, RequestError};
 use crate::normalize::{normalize, Options};
 use std::borrow::Cow;
 use std::io::Write as _;
@@ -201,7 +201,7 @@ fn write_request(request: &Node<'_>, level: Level, out: &mut Vec<u8>) {
             out.push(b',');
         }
         first = false;
-        write_string(key, out);
+        write_parsed(key, out);
         out.push(b':');
         match (level, key.as_ref(), value) {
             (Level::Normalized, "messages", Node::Arr(items)) => write_messages(items, out),
@@ -229,7 +229,9 @@ fn write_messages(items: &[Node<'_>], out: &mut Vec<u8>) {
 /// A string normalized; an array with its strings and its text parts' `text` normalized.
 fn write_texts(value: &Node<'_>, out: &mut Vec<u8>) {
     match value {
-        Node::Str(s) => write_normalized(s, out),
+        // Borrowed strings hold no escapes, so no whitespace but the space (see `Node::Str`).
+        Node::Str(Cow::Borrowed(s)) => write_normalized::<true>(s, out),
+        Node::Str(s) => write_normalized::<false>(s, out),
         Node::Arr(items) => {
             out.push(b'[');
             for (i, item) in items.iter().enumerate() {
@@ -297,13 +299,14 @@ static ASCII_FOLD: [u8; 256] = {
 
 /// Append `normalize(s)` (default options) as a JSON string. ASCII text, the common case, is
 /// folded and collapsed by [`fold_ascii`] straight into `out` (escaped afterwards if it holds a
-/// quote, a backslash or a control character).
-fn write_normalized(s: &str, out: &mut Vec<u8>) {
+/// quote, a backslash or a control character). `PLAIN` promises `s` has no `"`, `\\` or control
+/// character, which makes the eight-byte check cheaper.
+fn write_normalized<const PLAIN: bool>(s: &str, out: &mut Vec<u8>) {
     let bytes = s.as_bytes();
     out.push(b'"');
     let start = out.len();
     out.resize(start + bytes.len(), 0);
-    let Some((len, escape)) = fold_ascii(bytes, &mut out[start..]) else {
+    let Some((len, escape)) = fold_ascii::<PLAIN>(bytes, &mut out[start..]) else {
         out.truncate(start - 1);
         return write_string(&normalize(s, Options::default()), out);
     };
@@ -343,8 +346,9 @@ const fn equal(w: u64, b: u8) -> u64 {
 /// Lowercase case folding and whitespace collapse of ASCII `bytes` into `buf` (as long as
 /// `bytes`), leading and trailing space dropped except one trailing space: the folded length
 /// and whether the result needs JSON escapes; `None` if `bytes` is not all ASCII.
-/// Eight bytes at a time while they hold only letters, digits, punctuation and single spaces.
-fn fold_ascii(bytes: &[u8], buf: &mut [u8]) -> Option<(usize, bool)> {
+/// Eight bytes at a time while they hold only letters, digits, punctuation and single spaces;
+/// `PLAIN` as in [`write_normalized`].
+fn fold_ascii<const PLAIN: bool>(bytes: &[u8], buf: &mut [u8]) -> Option<(usize, bool)> {
     let mut len = 0;
     // Starting "after a space" drops leading whitespace.
     let mut after_space = true;
@@ -357,9 +361,14 @@ fn fold_ascii(bytes: &[u8], buf: &mut [u8]) -> Option<(usize, bool)> {
             return None;
         }
         let spaces = equal(w, b' ');
-        let plain = !at_least(w, 0x21) & HIGHS == spaces
-            && equal(w, b'"') | equal(w, b'\\') == 0
-            && spaces & (spaces << 8 | u64::from(after_space) << 7) == 0;
+        let single_spaces = spaces & (spaces << 8 | u64::from(after_space) << 7) == 0;
+        let plain = if PLAIN {
+            single_spaces
+        } else {
+            single_spaces
+                && !at_least(w, 0x21) & HIGHS == spaces
+                && equal(w, b'"') | equal(w, b'\\') == 0
+        };
         if plain {
             let upper = at_least(w, b'A') & !at_least(w, b'Z' + 1);
             let folded = w | upper >> 2;
@@ -398,7 +407,7 @@ fn write_object_with(fields: &Entries<'_>, special: &str, out: &mut Vec<u8>) {
         if i > 0 {
             out.push(b',');
         }
-        write_string(key, out);
+        write_parsed(key, out);
         out.push(b':');
         if key == special {
             write_texts(value, out);
@@ -446,7 +455,7 @@ mod tests {
             "ends with quote\"!",
         ] {
             let mut fast = Vec::new();
-            write_normalized(text, &mut fast);
+            write_normalized::<false>(text, &mut fast);
             let mut slow = Vec::new();
             write_string(&normalize(text, Options::default()), &mut slow);
             assert_eq!(fast, slow, "{text:?}");
@@ -470,10 +479,20 @@ mod tests {
                     })
                     .collect();
                 let mut fast = Vec::new();
-                write_normalized(&text, &mut fast);
+                write_normalized::<false>(&text, &mut fast);
                 let mut slow = Vec::new();
                 write_string(&normalize(&text, Options::default()), &mut slow);
                 assert_eq!(fast, slow, "{text:?}");
+                // The same without escapes, as the parser borrows it.
+                let text: String = text
+                    .chars()
+                    .filter(|&c| c >= ' ' && c != '"' && c != '\\')
+                    .collect();
+                let mut plain = Vec::new();
+                write_normalized::<true>(&text, &mut plain);
+                let mut slow = Vec::new();
+                write_string(&normalize(&text, Options::default()), &mut slow);
+                assert_eq!(plain, slow, "{text:?}");
             }
         }
     }

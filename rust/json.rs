@@ -44,6 +44,8 @@ pub enum Node<'a> {
     Null,
     Bool(bool),
     Num(Num),
+    /// A borrowed string is a run of the body without escapes, so it holds no `"`, `\\` or
+    /// control character ([`write_parsed`] relies on this).
     Str(Cow<'a, str>),
     Arr(Vec<Node<'a>>),
     /// Entries sorted by key, duplicates resolved to the last one (as JSON parsers do).
@@ -96,6 +98,8 @@ pub fn parse_object(body: &[u8]) -> Result<Node<'_>, RequestError> {
         bytes: body,
         pos: 0,
         depth: 0,
+        items: Vec::new(),
+        entries: Vec::new(),
     };
     let value = parser.value()?;
     parser.skip_ws();
@@ -137,11 +141,19 @@ pub fn find_special(bytes: &[u8], from: usize) -> usize {
     i
 }
 
+/// An object's entries: key and value.
+type Entry<'a> = (Cow<'a, str>, Node<'a>);
+
 struct Parser<'a> {
     text: &'a str,
     bytes: &'a [u8],
     pos: usize,
     depth: usize,
+    /// Items of the arrays being parsed, innermost last; each array takes its own off the end
+    /// into a vector of exactly its length (no growing per array).
+    items: Vec<Node<'a>>,
+    /// Entries of the objects being parsed, the same way.
+    entries: Vec<Entry<'a>>,
 }
 
 impl<'a> Parser<'a> {
@@ -211,13 +223,14 @@ impl<'a> Parser<'a> {
 
     fn array(&mut self) -> Result<Node<'a>, RequestError> {
         self.enter()?;
-        let mut items = Vec::new();
+        let base = self.items.len();
         self.skip_ws();
         if self.peek() == Some(b']') {
             self.pos += 1;
         } else {
             loop {
-                items.push(self.value()?);
+                let item = self.value()?;
+                self.items.push(item);
                 self.skip_ws();
                 match self.peek() {
                     Some(b',') => self.pos += 1,
@@ -230,12 +243,12 @@ impl<'a> Parser<'a> {
             }
         }
         self.depth -= 1;
-        Ok(Node::Arr(items))
+        Ok(Node::Arr(self.items.drain(base..).collect()))
     }
 
     fn object(&mut self) -> Result<Node<'a>, RequestError> {
         self.enter()?;
-        let mut entries = Vec::new();
+        let base = self.entries.len();
         self.skip_ws();
         if self.peek() == Some(b'}') {
             self.pos += 1;
@@ -252,7 +265,7 @@ impl<'a> Parser<'a> {
                 }
                 self.pos += 1;
                 let value = self.value()?;
-                entries.push((key, value));
+                self.entries.push((key, value));
                 self.skip_ws();
                 match self.peek() {
                     Some(b',') => self.pos += 1,
@@ -265,7 +278,22 @@ impl<'a> Parser<'a> {
             }
         }
         self.depth -= 1;
-        if !entries.windows(2).all(|w| w[0].0 < w[1].0) {
+        let mine = &mut self.entries[base..];
+        let sorted = match mine {
+            // The common small cases without a sort call.
+            [] | [_] => true,
+            [a, b] => match a.0.cmp(&b.0) {
+                std::cmp::Ordering::Less => true,
+                std::cmp::Ordering::Greater => {
+                    std::mem::swap(a, b);
+                    true
+                }
+                std::cmp::Ordering::Equal => false,
+            },
+            _ => mine.windows(2).all(|w| w[0].0 < w[1].0),
+        };
+        let mut entries: Vec<Entry<'a>> = self.entries.drain(base..).collect();
+        if !sorted {
             // Stable sort, then keep the last of equal keys (moved into the surviving slot).
             entries.sort_by(|a, b| a.0.cmp(&b.0));
             entries.dedup_by(|later, kept| {
@@ -437,7 +465,7 @@ pub fn write_value(value: &Node<'_>, out: &mut Vec<u8>) {
         Node::Bool(true) => out.extend_from_slice(b"true"),
         Node::Bool(false) => out.extend_from_slice(b"false"),
         Node::Num(n) => write_num(*n, out),
-        Node::Str(s) => write_string(s, out),
+        Node::Str(s) => write_parsed(s, out),
         Node::Arr(items) => {
             out.push(b'[');
             for (i, item) in items.iter().enumerate() {
@@ -454,12 +482,29 @@ pub fn write_value(value: &Node<'_>, out: &mut Vec<u8>) {
                 if i > 0 {
                     out.push(b',');
                 }
-                write_string(k, out);
+                write_parsed(k, out);
                 out.push(b':');
                 write_value(v, out);
             }
             out.push(b'}');
         }
+    }
+}
+
+/// Append a parsed string or key like [`write_string`]. Borrowed ones come straight from the
+/// body without escapes, so they hold nothing to escape and are copied without a scan.
+// Takes the `Cow` itself: which variant it is, is the point.
+#[allow(clippy::ptr_arg)]
+pub fn write_parsed(s: &Cow<'_, str>, out: &mut Vec<u8>) {
+    match s {
+        Cow::Borrowed(plain) => {
+            debug_assert_eq!(find_special(plain.as_bytes(), 0), plain.len());
+            out.reserve(plain.len() + 2);
+            out.push(b'"');
+            out.extend_from_slice(plain.as_bytes());
+            out.push(b'"');
+        }
+        Cow::Owned(text) => write_string(text, out),
     }
 }
 
