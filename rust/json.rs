@@ -98,14 +98,21 @@ pub fn parse_object(body: &[u8]) -> Result<Node<'_>, RequestError> {
         bytes: body,
         pos: 0,
         depth: 0,
-        items: Vec::new(),
-        entries: Vec::new(),
+        values: Vec::new(),
+        keys: Vec::new(),
+        failure: None,
     };
-    let value = parser.value()?;
+    if parser.push_value().is_err() {
+        return Err(parser
+            .failure
+            .take()
+            .unwrap_or_else(|| parser.error("invalid value")));
+    }
     parser.skip_ws();
     if parser.pos != body.len() {
         return Err(parser.error("trailing characters"));
     }
+    let value = parser.values.pop().unwrap_or(Node::Null);
     match value {
         Node::Obj(_) => Ok(value),
         other => Err(RequestError::Shape(format!(
@@ -144,16 +151,24 @@ pub fn find_special(bytes: &[u8], from: usize) -> usize {
 /// An object's entries: key and value.
 type Entry<'a> = (Cow<'a, str>, Node<'a>);
 
+/// A parse failure. Its message, with the position, waits in [`Parser::failure`], so the hot
+/// path passes around one-byte results instead of moving error strings.
+struct Fail;
+
+type Parsed<T> = Result<T, Fail>;
+
 struct Parser<'a> {
     text: &'a str,
     bytes: &'a [u8],
     pos: usize,
     depth: usize,
-    /// Items of the arrays being parsed, innermost last; each array takes its own off the end
-    /// into a vector of exactly its length (no growing per array).
-    items: Vec<Node<'a>>,
-    /// Entries of the objects being parsed, the same way.
-    entries: Vec<Entry<'a>>,
+    /// Values of the arrays and objects being parsed, innermost last: each value is pushed
+    /// here, and each container moves its own off the end into a vector of exactly its length
+    /// (nodes are not returned up the call chain, nor vectors grown per container).
+    values: Vec<Node<'a>>,
+    /// Keys of the objects being parsed, the same way.
+    keys: Vec<Cow<'a, str>>,
+    failure: Option<RequestError>,
 }
 
 impl<'a> Parser<'a> {
@@ -175,6 +190,13 @@ impl<'a> Parser<'a> {
         ))
     }
 
+    /// Record why parsing stops here.
+    #[cold]
+    fn fail(&mut self, what: &str) -> Fail {
+        self.failure = Some(self.error(what));
+        Fail
+    }
+
     fn peek(&self) -> Option<u8> {
         self.bytes.get(self.pos).copied()
     }
@@ -185,52 +207,64 @@ impl<'a> Parser<'a> {
         }
     }
 
-    fn literal(&mut self, word: &str, node: Node<'a>) -> Result<Node<'a>, RequestError> {
+    fn literal(&mut self, word: &str) -> Parsed<()> {
         if self.bytes[self.pos..].starts_with(word.as_bytes()) {
             self.pos += word.len();
-            Ok(node)
+            Ok(())
         } else {
-            Err(self.error("expected a value"))
+            Err(self.fail("expected a value"))
         }
     }
 
-    fn value(&mut self) -> Result<Node<'a>, RequestError> {
+    /// Parse one value onto [`Parser::values`].
+    fn push_value(&mut self) -> Parsed<()> {
         self.skip_ws();
-        match self.peek() {
-            Some(b'{') => self.object(),
-            Some(b'[') => self.array(),
-            Some(b'"') => Ok(Node::Str(self.string()?)),
-            Some(b't') => self.literal("true", Node::Bool(true)),
-            Some(b'f') => self.literal("false", Node::Bool(false)),
-            Some(b'n') => self.literal("null", Node::Null),
-            Some(b'-' | b'0'..=b'9') => self.number(),
-            Some(_) => Err(self.error("expected a value")),
-            None => Err(self.error("unexpected end of input")),
-        }
+        let node = match self.peek() {
+            Some(b'{') => return self.object(),
+            Some(b'[') => return self.array(),
+            Some(b'"') => Node::Str(self.string()?),
+            Some(b't') => {
+                self.literal("true")?;
+                Node::Bool(true)
+            }
+            Some(b'f') => {
+                self.literal("false")?;
+                Node::Bool(false)
+            }
+            Some(b'n') => {
+                self.literal("null")?;
+                Node::Null
+            }
+            Some(b'-' | b'0'..=b'9') => Node::Num(self.number()?),
+            Some(_) => return Err(self.fail("expected a value")),
+            None => return Err(self.fail("unexpected end of input")),
+        };
+        self.values.push(node);
+        Ok(())
     }
 
-    fn enter(&mut self) -> Result<(), RequestError> {
+    fn enter(&mut self) -> Parsed<()> {
         self.depth += 1;
         if self.depth > MAX_DEPTH {
-            return Err(RequestError::Decode(format!(
+            self.failure = Some(RequestError::Decode(format!(
                 "request body is nested deeper than {MAX_DEPTH} levels ({})",
                 self.at()
             )));
+            return Err(Fail);
         }
         self.pos += 1;
         Ok(())
     }
 
-    fn array(&mut self) -> Result<Node<'a>, RequestError> {
+    fn array(&mut self) -> Parsed<()> {
         self.enter()?;
-        let base = self.items.len();
+        let base = self.values.len();
         self.skip_ws();
         if self.peek() == Some(b']') {
             self.pos += 1;
         } else {
             loop {
-                let item = self.value()?;
-                self.items.push(item);
+                self.push_value()?;
                 self.skip_ws();
                 match self.peek() {
                     Some(b',') => self.pos += 1,
@@ -238,17 +272,20 @@ impl<'a> Parser<'a> {
                         self.pos += 1;
                         break;
                     }
-                    _ => return Err(self.error("expected `,` or `]`")),
+                    _ => return Err(self.fail("expected `,` or `]`")),
                 }
             }
         }
         self.depth -= 1;
-        Ok(Node::Arr(self.items.drain(base..).collect()))
+        let items = self.values.drain(base..).collect();
+        self.values.push(Node::Arr(items));
+        Ok(())
     }
 
-    fn object(&mut self) -> Result<Node<'a>, RequestError> {
+    fn object(&mut self) -> Parsed<()> {
         self.enter()?;
-        let base = self.entries.len();
+        let base = self.values.len();
+        let key_base = self.keys.len();
         self.skip_ws();
         if self.peek() == Some(b'}') {
             self.pos += 1;
@@ -256,16 +293,16 @@ impl<'a> Parser<'a> {
             loop {
                 self.skip_ws();
                 if self.peek() != Some(b'"') {
-                    return Err(self.error("expected a string key"));
+                    return Err(self.fail("expected a string key"));
                 }
                 let key = self.string()?;
+                self.keys.push(key);
                 self.skip_ws();
                 if self.peek() != Some(b':') {
-                    return Err(self.error("expected `:`"));
+                    return Err(self.fail("expected `:`"));
                 }
                 self.pos += 1;
-                let value = self.value()?;
-                self.entries.push((key, value));
+                self.push_value()?;
                 self.skip_ws();
                 match self.peek() {
                     Some(b',') => self.pos += 1,
@@ -273,13 +310,17 @@ impl<'a> Parser<'a> {
                         self.pos += 1;
                         break;
                     }
-                    _ => return Err(self.error("expected `,` or `}`")),
+                    _ => return Err(self.fail("expected `,` or `}`")),
                 }
             }
         }
         self.depth -= 1;
-        let mine = &mut self.entries[base..];
-        let sorted = match mine {
+        let mut entries: Vec<Entry<'a>> = self
+            .keys
+            .drain(key_base..)
+            .zip(self.values.drain(base..))
+            .collect();
+        let sorted = match entries.as_mut_slice() {
             // The common small cases without a sort call.
             [] | [_] => true,
             [a, b] => match a.0.cmp(&b.0) {
@@ -290,9 +331,8 @@ impl<'a> Parser<'a> {
                 }
                 std::cmp::Ordering::Equal => false,
             },
-            _ => mine.windows(2).all(|w| w[0].0 < w[1].0),
+            many => many.windows(2).all(|w| w[0].0 < w[1].0),
         };
-        let mut entries: Vec<Entry<'a>> = self.entries.drain(base..).collect();
         if !sorted {
             // Stable sort, then keep the last of equal keys (moved into the surviving slot).
             entries.sort_by(|a, b| a.0.cmp(&b.0));
@@ -304,21 +344,28 @@ impl<'a> Parser<'a> {
                 same
             });
         }
-        Ok(Node::Obj(entries))
+        self.values.push(Node::Obj(entries));
+        Ok(())
     }
 
-    fn string(&mut self) -> Result<Cow<'a, str>, RequestError> {
+    /// A string at `"`: borrowed when it has no escapes.
+    fn string(&mut self) -> Parsed<Cow<'a, str>> {
         self.pos += 1;
         let start = self.pos;
         self.pos = find_special(self.bytes, self.pos);
+        if self.peek() == Some(b'"') {
+            self.pos += 1;
+            return Ok(Cow::Borrowed(&self.text[start..self.pos - 1]));
+        }
+        self.escaped_string(start).map(Cow::Owned)
+    }
+
+    /// The rest of a string that started at `start` and stopped before a special byte.
+    fn escaped_string(&mut self, start: usize) -> Parsed<String> {
         match self.peek() {
-            Some(b'"') => {
-                self.pos += 1;
-                return Ok(Cow::Borrowed(&self.text[start..self.pos - 1]));
-            }
             Some(b'\\') => {}
-            Some(_) => return Err(self.error("control character in string")),
-            None => return Err(self.error("unterminated string")),
+            Some(_) => return Err(self.fail("control character in string")),
+            None => return Err(self.fail("unterminated string")),
         }
         let mut out = String::with_capacity(self.pos - start + 16);
         out.push_str(&self.text[start..self.pos]);
@@ -329,19 +376,19 @@ impl<'a> Parser<'a> {
             match self.peek() {
                 Some(b'"') => {
                     self.pos += 1;
-                    return Ok(Cow::Owned(out));
+                    return Ok(out);
                 }
                 Some(b'\\') => {
                     self.pos += 1;
                     self.escape(&mut out)?;
                 }
-                Some(_) => return Err(self.error("control character in string")),
-                None => return Err(self.error("unterminated string")),
+                Some(_) => return Err(self.fail("control character in string")),
+                None => return Err(self.fail("unterminated string")),
             }
         }
     }
 
-    fn escape(&mut self, out: &mut String) -> Result<(), RequestError> {
+    fn escape(&mut self, out: &mut String) -> Parsed<()> {
         let c = match self.peek() {
             Some(b'"') => '"',
             Some(b'\\') => '\\',
@@ -356,38 +403,41 @@ impl<'a> Parser<'a> {
                 let high = self.hex4()?;
                 let code = if (0xD800..0xDC00).contains(&high) {
                     if !self.bytes[self.pos..].starts_with(b"\\u") {
-                        return Err(self.error("lone surrogate in \\u escape"));
+                        return Err(self.fail("lone surrogate in \\u escape"));
                     }
                     self.pos += 2;
                     let low = self.hex4()?;
                     if !(0xDC00..0xE000).contains(&low) {
-                        return Err(self.error("lone surrogate in \\u escape"));
+                        return Err(self.fail("lone surrogate in \\u escape"));
                     }
                     0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00)
                 } else {
                     high
                 };
-                let c = char::from_u32(code)
-                    .ok_or_else(|| self.error("lone surrogate in \\u escape"))?;
+                let Some(c) = char::from_u32(code) else {
+                    return Err(self.fail("lone surrogate in \\u escape"));
+                };
                 out.push(c);
                 return Ok(());
             }
-            _ => return Err(self.error("invalid escape")),
+            _ => return Err(self.fail("invalid escape")),
         };
         self.pos += 1;
         out.push(c);
         Ok(())
     }
 
-    fn hex4(&mut self) -> Result<u32, RequestError> {
-        let digits = self
-            .bytes
+    fn hex4(&mut self) -> Parsed<u32> {
+        let bytes = self.bytes;
+        let digits = bytes
             .get(self.pos..self.pos + 4)
             .and_then(|d| std::str::from_utf8(d).ok())
-            .filter(|d| d.bytes().all(|b| b.is_ascii_hexdigit()))
-            .ok_or_else(|| self.error("invalid \\u escape"))?;
+            .filter(|d| d.bytes().all(|b| b.is_ascii_hexdigit()));
+        let Some(code) = digits.and_then(|d| u32::from_str_radix(d, 16).ok()) else {
+            return Err(self.fail("invalid \\u escape"));
+        };
         self.pos += 4;
-        u32::from_str_radix(digits, 16).map_err(|_| self.error("invalid \\u escape"))
+        Ok(code)
     }
 
     fn digits(&mut self) -> usize {
@@ -398,16 +448,16 @@ impl<'a> Parser<'a> {
         self.pos - start
     }
 
-    fn number(&mut self) -> Result<Node<'a>, RequestError> {
+    fn number(&mut self) -> Parsed<Num> {
         let start = self.pos;
         if self.peek() == Some(b'-') {
             self.pos += 1;
         }
         let int_start = self.pos;
         match self.digits() {
-            0 => return Err(self.error("invalid number")),
+            0 => return Err(self.fail("invalid number")),
             n if n > 1 && self.bytes[int_start] == b'0' => {
-                return Err(self.error("invalid number (leading zero)"))
+                return Err(self.fail("invalid number (leading zero)"))
             }
             _ => {}
         }
@@ -416,7 +466,7 @@ impl<'a> Parser<'a> {
             self.pos += 1;
             integral = false;
             if self.digits() == 0 {
-                return Err(self.error("invalid number"));
+                return Err(self.fail("invalid number"));
             }
         }
         if let Some(b'e' | b'E') = self.peek() {
@@ -426,23 +476,25 @@ impl<'a> Parser<'a> {
                 self.pos += 1;
             }
             if self.digits() == 0 {
-                return Err(self.error("invalid number"));
+                return Err(self.fail("invalid number"));
             }
         }
         let literal = &self.text[start..self.pos];
         if integral {
             if let Ok(i) = literal.parse::<i64>() {
-                return Ok(Node::Num(Num::Int(i)));
+                return Ok(Num::Int(i));
             }
             if let Ok(u) = literal.parse::<u64>() {
-                return Ok(Node::Num(Num::UInt(u)));
+                return Ok(Num::UInt(u));
             }
         }
-        let f: f64 = literal.parse().map_err(|_| self.error("invalid number"))?;
+        let Ok(f) = literal.parse::<f64>() else {
+            return Err(self.fail("invalid number"));
+        };
         if !f.is_finite() {
-            return Err(self.error("number out of range"));
+            return Err(self.fail("number out of range"));
         }
-        Ok(Node::Num(float_num(f)))
+        Ok(float_num(f))
     }
 }
 
