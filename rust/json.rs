@@ -98,8 +98,9 @@ pub fn parse_object(body: &[u8]) -> Result<Node<'_>, RequestError> {
         bytes: body,
         pos: 0,
         depth: 0,
-        values: Vec::new(),
-        keys: Vec::new(),
+        // Enough for a typical request's deepest open containers without regrowing.
+        values: Vec::with_capacity(32),
+        keys: Vec::with_capacity(16),
         failure: None,
     };
     if parser.push_value().is_err() {
@@ -222,7 +223,14 @@ impl<'a> Parser<'a> {
         let node = match self.peek() {
             Some(b'{') => return self.object(),
             Some(b'[') => return self.array(),
-            Some(b'"') => Node::Str(self.string()?),
+            Some(b'"') => {
+                let (start, plain) = self.scan_string();
+                Node::Str(if plain {
+                    Cow::Borrowed(&self.text[start..self.pos - 1])
+                } else {
+                    Cow::Owned(self.escaped_string(start)?)
+                })
+            }
             Some(b't') => {
                 self.literal("true")?;
                 Node::Bool(true)
@@ -295,7 +303,12 @@ impl<'a> Parser<'a> {
                 if self.peek() != Some(b'"') {
                     return Err(self.fail("expected a string key"));
                 }
-                let key = self.string()?;
+                let (start, plain) = self.scan_string();
+                let key = if plain {
+                    Cow::Borrowed(&self.text[start..self.pos - 1])
+                } else {
+                    Cow::Owned(self.escaped_string(start)?)
+                };
                 self.keys.push(key);
                 self.skip_ws();
                 if self.peek() != Some(b':') {
@@ -348,19 +361,19 @@ impl<'a> Parser<'a> {
         Ok(())
     }
 
-    /// A string at `"`: borrowed when it has no escapes.
-    fn string(&mut self) -> Parsed<Cow<'a, str>> {
-        self.pos += 1;
-        let start = self.pos;
-        self.pos = find_special(self.bytes, self.pos);
-        if self.peek() == Some(b'"') {
-            self.pos += 1;
-            return Ok(Cow::Borrowed(&self.text[start..self.pos - 1]));
-        }
-        self.escaped_string(start).map(Cow::Owned)
+    /// Step over a string at `"` to its closing quote (returning its start and `true`), or to
+    /// the first byte that needs [`Parser::escaped_string`] (`false`). Callers build the `Cow`
+    /// in place: returning one through memory stalls on store forwarding, once per string.
+    fn scan_string(&mut self) -> (usize, bool) {
+        let start = self.pos + 1;
+        self.pos = find_special(self.bytes, start);
+        let plain = self.peek() == Some(b'"');
+        self.pos += usize::from(plain);
+        (start, plain)
     }
 
     /// The rest of a string that started at `start` and stopped before a special byte.
+    #[inline(never)]
     fn escaped_string(&mut self, start: usize) -> Parsed<String> {
         match self.peek() {
             Some(b'\\') => {}
