@@ -5,7 +5,8 @@
 //! sorted once, which makes the fingerprint of a 2 KB request a few microseconds.
 
 use std::borrow::Cow;
-use std::fmt::{self, Write as _};
+use std::fmt;
+use std::io::Write as _;
 
 /// Deepest JSON nesting accepted (arrays and objects).
 pub const MAX_DEPTH: usize = 128;
@@ -43,6 +44,8 @@ pub enum Node<'a> {
     Null,
     Bool(bool),
     Num(Num),
+    /// A borrowed string is a run of the body without escapes, so it holds no `"`, `\\` or
+    /// control character ([`write_parsed`] relies on this).
     Str(Cow<'a, str>),
     Arr(Vec<Node<'a>>),
     /// Entries sorted by key, duplicates resolved to the last one (as JSON parsers do).
@@ -95,12 +98,22 @@ pub fn parse_object(body: &[u8]) -> Result<Node<'_>, RequestError> {
         bytes: body,
         pos: 0,
         depth: 0,
+        // Enough for a typical request's deepest open containers without regrowing.
+        values: Vec::with_capacity(32),
+        keys: Vec::with_capacity(16),
+        failure: None,
     };
-    let value = parser.value()?;
+    if parser.push_value().is_err() {
+        return Err(parser
+            .failure
+            .take()
+            .unwrap_or_else(|| parser.error("invalid value")));
+    }
     parser.skip_ws();
     if parser.pos != body.len() {
         return Err(parser.error("trailing characters"));
     }
+    let value = parser.values.pop().unwrap_or(Node::Null);
     match value {
         Node::Obj(_) => Ok(value),
         other => Err(RequestError::Shape(format!(
@@ -136,11 +149,27 @@ pub fn find_special(bytes: &[u8], from: usize) -> usize {
     i
 }
 
+/// An object's entries: key and value.
+type Entry<'a> = (Cow<'a, str>, Node<'a>);
+
+/// A parse failure. Its message, with the position, waits in [`Parser::failure`], so the hot
+/// path passes around one-byte results instead of moving error strings.
+struct Fail;
+
+type Parsed<T> = Result<T, Fail>;
+
 struct Parser<'a> {
     text: &'a str,
     bytes: &'a [u8],
     pos: usize,
     depth: usize,
+    /// Values of the arrays and objects being parsed, innermost last: each value is pushed
+    /// here, and each container moves its own off the end into a vector of exactly its length
+    /// (nodes are not returned up the call chain, nor vectors grown per container).
+    values: Vec<Node<'a>>,
+    /// Keys of the objects being parsed, the same way.
+    keys: Vec<Cow<'a, str>>,
+    failure: Option<RequestError>,
 }
 
 impl<'a> Parser<'a> {
@@ -162,6 +191,13 @@ impl<'a> Parser<'a> {
         ))
     }
 
+    /// Record why parsing stops here.
+    #[cold]
+    fn fail(&mut self, what: &str) -> Fail {
+        self.failure = Some(self.error(what));
+        Fail
+    }
+
     fn peek(&self) -> Option<u8> {
         self.bytes.get(self.pos).copied()
     }
@@ -172,51 +208,71 @@ impl<'a> Parser<'a> {
         }
     }
 
-    fn literal(&mut self, word: &str, node: Node<'a>) -> Result<Node<'a>, RequestError> {
+    fn literal(&mut self, word: &str) -> Parsed<()> {
         if self.bytes[self.pos..].starts_with(word.as_bytes()) {
             self.pos += word.len();
-            Ok(node)
+            Ok(())
         } else {
-            Err(self.error("expected a value"))
+            Err(self.fail("expected a value"))
         }
     }
 
-    fn value(&mut self) -> Result<Node<'a>, RequestError> {
+    /// Parse one value onto [`Parser::values`].
+    fn push_value(&mut self) -> Parsed<()> {
         self.skip_ws();
-        match self.peek() {
-            Some(b'{') => self.object(),
-            Some(b'[') => self.array(),
-            Some(b'"') => Ok(Node::Str(self.string()?)),
-            Some(b't') => self.literal("true", Node::Bool(true)),
-            Some(b'f') => self.literal("false", Node::Bool(false)),
-            Some(b'n') => self.literal("null", Node::Null),
-            Some(b'-' | b'0'..=b'9') => self.number(),
-            Some(_) => Err(self.error("expected a value")),
-            None => Err(self.error("unexpected end of input")),
-        }
+        let node = match self.peek() {
+            Some(b'{') => return self.object(),
+            Some(b'[') => return self.array(),
+            Some(b'"') => {
+                let (start, plain) = self.scan_string();
+                Node::Str(if plain {
+                    Cow::Borrowed(&self.text[start..self.pos - 1])
+                } else {
+                    Cow::Owned(self.escaped_string(start)?)
+                })
+            }
+            Some(b't') => {
+                self.literal("true")?;
+                Node::Bool(true)
+            }
+            Some(b'f') => {
+                self.literal("false")?;
+                Node::Bool(false)
+            }
+            Some(b'n') => {
+                self.literal("null")?;
+                Node::Null
+            }
+            Some(b'-' | b'0'..=b'9') => Node::Num(self.number()?),
+            Some(_) => return Err(self.fail("expected a value")),
+            None => return Err(self.fail("unexpected end of input")),
+        };
+        self.values.push(node);
+        Ok(())
     }
 
-    fn enter(&mut self) -> Result<(), RequestError> {
+    fn enter(&mut self) -> Parsed<()> {
         self.depth += 1;
         if self.depth > MAX_DEPTH {
-            return Err(RequestError::Decode(format!(
+            self.failure = Some(RequestError::Decode(format!(
                 "request body is nested deeper than {MAX_DEPTH} levels ({})",
                 self.at()
             )));
+            return Err(Fail);
         }
         self.pos += 1;
         Ok(())
     }
 
-    fn array(&mut self) -> Result<Node<'a>, RequestError> {
+    fn array(&mut self) -> Parsed<()> {
         self.enter()?;
-        let mut items = Vec::new();
+        let base = self.values.len();
         self.skip_ws();
         if self.peek() == Some(b']') {
             self.pos += 1;
         } else {
             loop {
-                items.push(self.value()?);
+                self.push_value()?;
                 self.skip_ws();
                 match self.peek() {
                     Some(b',') => self.pos += 1,
@@ -224,17 +280,20 @@ impl<'a> Parser<'a> {
                         self.pos += 1;
                         break;
                     }
-                    _ => return Err(self.error("expected `,` or `]`")),
+                    _ => return Err(self.fail("expected `,` or `]`")),
                 }
             }
         }
         self.depth -= 1;
-        Ok(Node::Arr(items))
+        let items = self.values.drain(base..).collect();
+        self.values.push(Node::Arr(items));
+        Ok(())
     }
 
-    fn object(&mut self) -> Result<Node<'a>, RequestError> {
+    fn object(&mut self) -> Parsed<()> {
         self.enter()?;
-        let mut entries = Vec::new();
+        let base = self.values.len();
+        let key_base = self.keys.len();
         self.skip_ws();
         if self.peek() == Some(b'}') {
             self.pos += 1;
@@ -242,16 +301,21 @@ impl<'a> Parser<'a> {
             loop {
                 self.skip_ws();
                 if self.peek() != Some(b'"') {
-                    return Err(self.error("expected a string key"));
+                    return Err(self.fail("expected a string key"));
                 }
-                let key = self.string()?;
+                let (start, plain) = self.scan_string();
+                let key = if plain {
+                    Cow::Borrowed(&self.text[start..self.pos - 1])
+                } else {
+                    Cow::Owned(self.escaped_string(start)?)
+                };
+                self.keys.push(key);
                 self.skip_ws();
                 if self.peek() != Some(b':') {
-                    return Err(self.error("expected `:`"));
+                    return Err(self.fail("expected `:`"));
                 }
                 self.pos += 1;
-                let value = self.value()?;
-                entries.push((key, value));
+                self.push_value()?;
                 self.skip_ws();
                 match self.peek() {
                     Some(b',') => self.pos += 1,
@@ -259,12 +323,30 @@ impl<'a> Parser<'a> {
                         self.pos += 1;
                         break;
                     }
-                    _ => return Err(self.error("expected `,` or `}`")),
+                    _ => return Err(self.fail("expected `,` or `}`")),
                 }
             }
         }
         self.depth -= 1;
-        if !entries.windows(2).all(|w| w[0].0 < w[1].0) {
+        let mut entries: Vec<Entry<'a>> = self
+            .keys
+            .drain(key_base..)
+            .zip(self.values.drain(base..))
+            .collect();
+        let sorted = match entries.as_mut_slice() {
+            // The common small cases without a sort call.
+            [] | [_] => true,
+            [a, b] => match a.0.cmp(&b.0) {
+                std::cmp::Ordering::Less => true,
+                std::cmp::Ordering::Greater => {
+                    std::mem::swap(a, b);
+                    true
+                }
+                std::cmp::Ordering::Equal => false,
+            },
+            many => many.windows(2).all(|w| w[0].0 < w[1].0),
+        };
+        if !sorted {
             // Stable sort, then keep the last of equal keys (moved into the surviving slot).
             entries.sort_by(|a, b| a.0.cmp(&b.0));
             entries.dedup_by(|later, kept| {
@@ -275,21 +357,28 @@ impl<'a> Parser<'a> {
                 same
             });
         }
-        Ok(Node::Obj(entries))
+        self.values.push(Node::Obj(entries));
+        Ok(())
     }
 
-    fn string(&mut self) -> Result<Cow<'a, str>, RequestError> {
-        self.pos += 1;
-        let start = self.pos;
-        self.pos = find_special(self.bytes, self.pos);
+    /// Step over a string at `"` to its closing quote (returning its start and `true`), or to
+    /// the first byte that needs [`Parser::escaped_string`] (`false`). Callers build the `Cow`
+    /// in place: returning one through memory stalls on store forwarding, once per string.
+    fn scan_string(&mut self) -> (usize, bool) {
+        let start = self.pos + 1;
+        self.pos = find_special(self.bytes, start);
+        let plain = self.peek() == Some(b'"');
+        self.pos += usize::from(plain);
+        (start, plain)
+    }
+
+    /// The rest of a string that started at `start` and stopped before a special byte.
+    #[inline(never)]
+    fn escaped_string(&mut self, start: usize) -> Parsed<String> {
         match self.peek() {
-            Some(b'"') => {
-                self.pos += 1;
-                return Ok(Cow::Borrowed(&self.text[start..self.pos - 1]));
-            }
             Some(b'\\') => {}
-            Some(_) => return Err(self.error("control character in string")),
-            None => return Err(self.error("unterminated string")),
+            Some(_) => return Err(self.fail("control character in string")),
+            None => return Err(self.fail("unterminated string")),
         }
         let mut out = String::with_capacity(self.pos - start + 16);
         out.push_str(&self.text[start..self.pos]);
@@ -300,19 +389,19 @@ impl<'a> Parser<'a> {
             match self.peek() {
                 Some(b'"') => {
                     self.pos += 1;
-                    return Ok(Cow::Owned(out));
+                    return Ok(out);
                 }
                 Some(b'\\') => {
                     self.pos += 1;
                     self.escape(&mut out)?;
                 }
-                Some(_) => return Err(self.error("control character in string")),
-                None => return Err(self.error("unterminated string")),
+                Some(_) => return Err(self.fail("control character in string")),
+                None => return Err(self.fail("unterminated string")),
             }
         }
     }
 
-    fn escape(&mut self, out: &mut String) -> Result<(), RequestError> {
+    fn escape(&mut self, out: &mut String) -> Parsed<()> {
         let c = match self.peek() {
             Some(b'"') => '"',
             Some(b'\\') => '\\',
@@ -327,38 +416,41 @@ impl<'a> Parser<'a> {
                 let high = self.hex4()?;
                 let code = if (0xD800..0xDC00).contains(&high) {
                     if !self.bytes[self.pos..].starts_with(b"\\u") {
-                        return Err(self.error("lone surrogate in \\u escape"));
+                        return Err(self.fail("lone surrogate in \\u escape"));
                     }
                     self.pos += 2;
                     let low = self.hex4()?;
                     if !(0xDC00..0xE000).contains(&low) {
-                        return Err(self.error("lone surrogate in \\u escape"));
+                        return Err(self.fail("lone surrogate in \\u escape"));
                     }
                     0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00)
                 } else {
                     high
                 };
-                let c = char::from_u32(code)
-                    .ok_or_else(|| self.error("lone surrogate in \\u escape"))?;
+                let Some(c) = char::from_u32(code) else {
+                    return Err(self.fail("lone surrogate in \\u escape"));
+                };
                 out.push(c);
                 return Ok(());
             }
-            _ => return Err(self.error("invalid escape")),
+            _ => return Err(self.fail("invalid escape")),
         };
         self.pos += 1;
         out.push(c);
         Ok(())
     }
 
-    fn hex4(&mut self) -> Result<u32, RequestError> {
-        let digits = self
-            .bytes
+    fn hex4(&mut self) -> Parsed<u32> {
+        let bytes = self.bytes;
+        let digits = bytes
             .get(self.pos..self.pos + 4)
             .and_then(|d| std::str::from_utf8(d).ok())
-            .filter(|d| d.bytes().all(|b| b.is_ascii_hexdigit()))
-            .ok_or_else(|| self.error("invalid \\u escape"))?;
+            .filter(|d| d.bytes().all(|b| b.is_ascii_hexdigit()));
+        let Some(code) = digits.and_then(|d| u32::from_str_radix(d, 16).ok()) else {
+            return Err(self.fail("invalid \\u escape"));
+        };
         self.pos += 4;
-        u32::from_str_radix(digits, 16).map_err(|_| self.error("invalid \\u escape"))
+        Ok(code)
     }
 
     fn digits(&mut self) -> usize {
@@ -369,16 +461,16 @@ impl<'a> Parser<'a> {
         self.pos - start
     }
 
-    fn number(&mut self) -> Result<Node<'a>, RequestError> {
+    fn number(&mut self) -> Parsed<Num> {
         let start = self.pos;
         if self.peek() == Some(b'-') {
             self.pos += 1;
         }
         let int_start = self.pos;
         match self.digits() {
-            0 => return Err(self.error("invalid number")),
+            0 => return Err(self.fail("invalid number")),
             n if n > 1 && self.bytes[int_start] == b'0' => {
-                return Err(self.error("invalid number (leading zero)"))
+                return Err(self.fail("invalid number (leading zero)"))
             }
             _ => {}
         }
@@ -387,7 +479,7 @@ impl<'a> Parser<'a> {
             self.pos += 1;
             integral = false;
             if self.digits() == 0 {
-                return Err(self.error("invalid number"));
+                return Err(self.fail("invalid number"));
             }
         }
         if let Some(b'e' | b'E') = self.peek() {
@@ -397,23 +489,25 @@ impl<'a> Parser<'a> {
                 self.pos += 1;
             }
             if self.digits() == 0 {
-                return Err(self.error("invalid number"));
+                return Err(self.fail("invalid number"));
             }
         }
         let literal = &self.text[start..self.pos];
         if integral {
             if let Ok(i) = literal.parse::<i64>() {
-                return Ok(Node::Num(Num::Int(i)));
+                return Ok(Num::Int(i));
             }
             if let Ok(u) = literal.parse::<u64>() {
-                return Ok(Node::Num(Num::UInt(u)));
+                return Ok(Num::UInt(u));
             }
         }
-        let f: f64 = literal.parse().map_err(|_| self.error("invalid number"))?;
+        let Ok(f) = literal.parse::<f64>() else {
+            return Err(self.fail("invalid number"));
+        };
         if !f.is_finite() {
-            return Err(self.error("number out of range"));
+            return Err(self.fail("number out of range"));
         }
-        Ok(Node::Num(float_num(f)))
+        Ok(float_num(f))
     }
 }
 
@@ -429,73 +523,98 @@ fn float_num(f: f64) -> Num {
 }
 
 /// Append `value` as canonical JSON: sorted keys, no spaces, numbers as in [`write_num`],
-/// strings as in [`write_string`].
-pub fn write_value(value: &Node<'_>, out: &mut String) {
+/// strings as in [`write_string`]. Only whole UTF-8 sequences are written.
+pub fn write_value(value: &Node<'_>, out: &mut Vec<u8>) {
     match value {
-        Node::Null => out.push_str("null"),
-        Node::Bool(true) => out.push_str("true"),
-        Node::Bool(false) => out.push_str("false"),
+        Node::Null => out.extend_from_slice(b"null"),
+        Node::Bool(true) => out.extend_from_slice(b"true"),
+        Node::Bool(false) => out.extend_from_slice(b"false"),
         Node::Num(n) => write_num(*n, out),
-        Node::Str(s) => write_string(s, out),
+        Node::Str(s) => write_parsed(s, out),
         Node::Arr(items) => {
-            out.push('[');
+            out.push(b'[');
             for (i, item) in items.iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
                 write_value(item, out);
             }
-            out.push(']');
+            out.push(b']');
         }
         Node::Obj(entries) => {
-            out.push('{');
+            out.push(b'{');
             for (i, (k, v)) in entries.iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
-                write_string(k, out);
-                out.push(':');
+                write_parsed(k, out);
+                out.push(b':');
                 write_value(v, out);
             }
-            out.push('}');
+            out.push(b'}');
         }
+    }
+}
+
+/// Append a parsed string or key like [`write_string`]. Borrowed ones come straight from the
+/// body without escapes, so they hold nothing to escape and are copied without a scan.
+// Takes the `Cow` itself: which variant it is, is the point.
+#[allow(clippy::ptr_arg)]
+pub fn write_parsed(s: &Cow<'_, str>, out: &mut Vec<u8>) {
+    match s {
+        Cow::Borrowed(plain) => {
+            debug_assert_eq!(find_special(plain.as_bytes(), 0), plain.len());
+            out.reserve(plain.len() + 2);
+            out.push(b'"');
+            out.extend_from_slice(plain.as_bytes());
+            out.push(b'"');
+        }
+        Cow::Owned(text) => write_string(text, out),
     }
 }
 
 /// Append a JSON string escaped exactly like Python's `json.dumps(ensure_ascii=False)`.
-pub fn write_string(s: &str, out: &mut String) {
-    out.push('"');
+pub fn write_string(s: &str, out: &mut Vec<u8>) {
     let bytes = s.as_bytes();
+    out.reserve(bytes.len() + 2);
+    out.push(b'"');
     let mut start = 0;
     loop {
         let i = find_special(bytes, start);
+        out.extend_from_slice(&bytes[start..i]);
         if i == bytes.len() {
             break;
         }
-        let escape = match bytes[i] {
-            b'"' => "\\\"",
-            b'\\' => "\\\\",
-            b'\n' => "\\n",
-            b'\r' => "\\r",
-            b'\t' => "\\t",
-            0x08 => "\\b",
-            0x0c => "\\f",
-            _ => "",
-        };
-        out.push_str(&s[start..i]);
-        if escape.is_empty() {
-            let _ = write!(out, "\\u{:04x}", bytes[i]);
-        } else {
-            out.push_str(escape);
-        }
+        push_escape(bytes[i], out);
         start = i + 1;
     }
-    out.push_str(&s[start..]);
-    out.push('"');
+    out.push(b'"');
+}
+
+/// Append the JSON escape of `"`, `\\` or a control character.
+pub fn push_escape(b: u8, out: &mut Vec<u8>) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    match b {
+        b'"' => out.extend_from_slice(b"\\\""),
+        b'\\' => out.extend_from_slice(b"\\\\"),
+        b'\n' => out.extend_from_slice(b"\\n"),
+        b'\r' => out.extend_from_slice(b"\\r"),
+        b'\t' => out.extend_from_slice(b"\\t"),
+        0x08 => out.extend_from_slice(b"\\b"),
+        0x0c => out.extend_from_slice(b"\\f"),
+        _ => out.extend_from_slice(&[
+            b'\\',
+            b'u',
+            b'0',
+            b'0',
+            HEX[usize::from(b >> 4)],
+            HEX[usize::from(b & 0xf)],
+        ]),
+    }
 }
 
 /// Append a canonical number: integers as digits, other floats like Python's `repr(float)`.
-pub fn write_num(n: Num, out: &mut String) {
+pub fn write_num(n: Num, out: &mut Vec<u8>) {
     match n {
         Num::Int(i) => {
             let _ = write!(out, "{i}");
@@ -508,7 +627,7 @@ pub fn write_num(n: Num, out: &mut String) {
 }
 
 /// Append a finite float: integral and within i64 as an integer, else Python's `repr`.
-pub fn write_float(f: f64, out: &mut String) {
+pub fn write_float(f: f64, out: &mut Vec<u8>) {
     if let Num::Int(i) = float_num(f) {
         let _ = write!(out, "{i}");
         return;
@@ -523,32 +642,32 @@ pub fn write_float(f: f64, out: &mut String) {
     };
     let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
     let decpt = exp + 1;
-    out.push_str(sign);
+    out.extend_from_slice(sign.as_bytes());
     if -4 < decpt && decpt <= 16 {
         let len = i32::try_from(digits.len()).unwrap_or(i32::MAX);
         if decpt <= 0 {
-            out.push_str("0.");
+            out.extend_from_slice(b"0.");
             for _ in 0..-decpt {
-                out.push('0');
+                out.push(b'0');
             }
-            out.push_str(&digits);
+            out.extend_from_slice(digits.as_bytes());
         } else if decpt >= len {
-            out.push_str(&digits);
+            out.extend_from_slice(digits.as_bytes());
             for _ in 0..decpt - len {
-                out.push('0');
+                out.push(b'0');
             }
-            out.push_str(".0");
+            out.extend_from_slice(b".0");
         } else {
             let (int, frac) = digits.split_at(decpt.unsigned_abs() as usize);
-            out.push_str(int);
-            out.push('.');
-            out.push_str(frac);
+            out.extend_from_slice(int.as_bytes());
+            out.push(b'.');
+            out.extend_from_slice(frac.as_bytes());
         }
     } else {
-        out.push_str(&digits[..1]);
+        out.extend_from_slice(&digits.as_bytes()[..1]);
         if digits.len() > 1 {
-            out.push('.');
-            out.push_str(&digits[1..]);
+            out.push(b'.');
+            out.extend_from_slice(&digits.as_bytes()[1..]);
         }
         let _ = write!(
             out,
@@ -566,9 +685,9 @@ mod tests {
     fn canon(text: &str) -> String {
         let body = format!("{{\"v\":{text}}}");
         let value = parse_object(body.as_bytes()).unwrap();
-        let mut out = String::new();
+        let mut out = Vec::new();
         write_value(value.get("v").unwrap(), &mut out);
-        out
+        String::from_utf8(out).unwrap()
     }
 
     #[test]
@@ -584,9 +703,9 @@ mod tests {
             (123_456.789, "123456.789"),
             (1.797_693_134_862_315_7e308, "1.7976931348623157e+308"),
         ] {
-            let mut out = String::new();
+            let mut out = Vec::new();
             write_float(f, &mut out);
-            assert_eq!(out, expected);
+            assert_eq!(out, expected.as_bytes());
         }
     }
 
