@@ -5,7 +5,7 @@
 //! the transport-only ones in [`TRANSPORT_FIELDS`]. Absent and default-valued fields differ.
 
 use crate::json::{self, parse_object, write_parsed, write_string, Node, RequestError};
-use crate::normalize::{normalize, Options};
+use crate::normalize::{is_ascii_space, normalize, Options};
 use std::borrow::Cow;
 use std::io::Write as _;
 
@@ -247,11 +247,6 @@ fn write_texts(value: &Node<'_>, out: &mut Vec<u8>) {
         }
         other => json::write_value(other, out),
     }
-}
-
-/// Python's `str.isspace` on an ASCII byte.
-const fn is_ascii_space(b: u8) -> bool {
-    matches!(b, b'\t' | b'\n' | 0x0b | 0x0c | b'\r' | 0x1c..=0x1f | b' ')
 }
 
 /// Bit in [`ASCII_CLASS`]: Python whitespace.

@@ -592,7 +592,7 @@ pub fn write_string(s: &str, out: &mut Vec<u8>) {
 }
 
 /// Append the JSON escape of `"`, `\\` or a control character.
-pub fn push_escape(b: u8, out: &mut Vec<u8>) {
+fn push_escape(b: u8, out: &mut Vec<u8>) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     match b {
         b'"' => out.extend_from_slice(b"\\\""),

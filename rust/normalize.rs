@@ -54,13 +54,15 @@ pub fn normalize(text: &str, options: Options) -> String {
     out
 }
 
+/// Python's `str.isspace` on an ASCII byte.
+pub const fn is_ascii_space(b: u8) -> bool {
+    matches!(b, b'\t' | b'\n' | 0x0b | 0x0c | b'\r' | 0x1c..=0x1f | b' ')
+}
+
 /// True if Python's `str.isspace` holds for `c`.
 pub fn is_space(c: char) -> bool {
     if c.is_ascii() {
-        matches!(
-            c,
-            '\t' | '\n' | '\u{b}' | '\u{c}' | '\r' | '\u{1c}'..='\u{1f}' | ' '
-        )
+        is_ascii_space(c as u8)
     } else {
         WHITESPACE.binary_search(&u32::from(c)).is_ok()
     }
@@ -115,7 +117,7 @@ fn collapse_ascii(text: &str) -> String {
     let mut out = Vec::with_capacity(text.len());
     let mut pending_space = false;
     for &b in text.as_bytes() {
-        if matches!(b, b'\t' | b'\n' | 0x0b | 0x0c | b'\r' | 0x1c..=0x1f | b' ') {
+        if is_ascii_space(b) {
             pending_space = !out.is_empty();
         } else {
             if pending_space {

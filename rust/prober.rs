@@ -314,6 +314,16 @@ impl RegionState {
             use_fallback_path: false,
         }
     }
+
+    /// Not marked unhealthy by active probes (an unprobed region counts as healthy).
+    fn healthy(&self) -> bool {
+        self.health != Health::Unhealthy
+    }
+
+    /// Seconds since the last first-token observation, if any.
+    fn ttft_age_s(&self, now: Instant) -> Option<f64> {
+        self.last_ttft.map(|t| now.duration_since(t).as_secs_f64())
+    }
 }
 
 /// The per-request routing inputs of one region (see [`Table::routing_view`]).
@@ -615,11 +625,11 @@ impl Table {
             .iter()
             .map(|(name, r)| RoutingView {
                 name: name.clone(),
-                available: r.health != Health::Unhealthy && r.ejected_until.is_none(),
-                healthy: r.health != Health::Unhealthy,
+                available: r.healthy() && r.ejected_until.is_none(),
+                healthy: r.healthy(),
                 ewma_rtt_s: r.rtt.ewma(),
                 ewma_ttft_s: r.ttft.ewma(),
-                ttft_age_s: r.last_ttft.map(|t| now.duration_since(t).as_secs_f64()),
+                ttft_age_s: r.ttft_age_s(now),
             })
             .collect()
     }
@@ -636,7 +646,7 @@ impl Table {
                 RegionSnapshot {
                     name: name.clone(),
                     url: r.url.clone(),
-                    healthy: r.health != Health::Unhealthy,
+                    healthy: r.healthy(),
                     probed: r.health != Health::Unknown,
                     ejected: r.ejected_until.is_some(),
                     ejected_for_s: left.unwrap_or(0.0),
@@ -657,7 +667,7 @@ impl Table {
                     probe_failures: r.probe_failures,
                     passive_reports: r.passive_reports,
                     last_probe_age_s: r.last_probe.map(|t| now.duration_since(t).as_secs_f64()),
-                    ttft_age_s: r.last_ttft.map(|t| now.duration_since(t).as_secs_f64()),
+                    ttft_age_s: r.ttft_age_s(now),
                 }
             })
             .collect()
