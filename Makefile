@@ -3,12 +3,21 @@ PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps build build-runtime lint test test-rust test-python bench bench-scenarios demo clean
+.PHONY: setup system-deps vocab build build-runtime lint test test-rust test-python bench bench-scenarios demo clean
 
 system-deps:
 	@if ! command -v redis-server >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1 \
 		|| ! test -x /usr/sbin/nginx; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server chromium nginx >/dev/null; \
+	fi
+
+# tiktoken's cl100k/o200k vocabularies, offline: the tiktoken-rs crate ships them, and the tests
+# and benches compare token counts with tiktoken loaded from there (tests/reference.py).
+vocab:
+	@if ! ls $$HOME/.cargo/registry/src/*/tiktoken-rs-*/assets/o200k_base.tiktoken >/dev/null 2>&1; then \
+		d=$$(mktemp -d) && mkdir "$$d/src" && touch "$$d/src/lib.rs" && \
+		printf '[package]\nname = "vocab"\nversion = "0.0.0"\nedition = "2021"\n[dependencies]\ntiktoken-rs = "0.7"\n' > "$$d/Cargo.toml" && \
+		cargo fetch -q --manifest-path "$$d/Cargo.toml" && rm -rf "$$d"; \
 	fi
 
 build:
@@ -18,7 +27,7 @@ build:
 build-runtime:
 	$(PIP) install -q -e .
 
-setup: system-deps build
+setup: system-deps vocab build
 
 lint:
 	cargo fmt --check

@@ -14,6 +14,11 @@ their latencies include queueing once the CPU is saturated. The paced cells (`@ 
 loop: requests at a fixed rate, at most 32 in flight, latency counted from the scheduled send
 time) measure what each hop adds to a request while the machine is not saturated.
 
+Each cell runs every target `--rounds` times in rotating order (duration / rounds seconds each,
+one keep-alive client session per target across the rounds), and pools the samples: a burst of
+outside load on these shared cores then lands on all targets alike instead of on one target's
+whole cell.
+
     python -m bench.overhead                 # default: 2 s per cell plus paced cells, about 70 s
     python -m bench.overhead --rate 0        # closed-loop cells only
     python -m bench.overhead --duration 5 --concurrency 32 128 --json out.json
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -212,36 +218,43 @@ async def _exchange(
 
 
 async def _load(
-    url: str, stream: bool, concurrency: int, duration: float, expected: bytes
-) -> tuple[list[float], int, float]:
-    """Closed loop: `concurrency` workers for `duration` s; latencies (s), errors, elapsed."""
+    session: aiohttp.ClientSession,
+    url: str,
+    stream: bool,
+    concurrency: int,
+    duration: float,
+    expected: bytes,
+) -> tuple[list[float], int]:
+    """Closed loop: `concurrency` workers for `duration` s; latencies (s) and errors."""
     payload = json.dumps({**BODY, "stream": stream}).encode()
     latencies: list[float] = []
     errors = 0
-    connector = aiohttp.TCPConnector(limit=concurrency)
-    async with aiohttp.ClientSession(connector=connector) as session:
-        began = time.perf_counter()
-        deadline = began + duration
+    deadline = time.perf_counter() + duration
 
-        async def worker() -> None:
-            nonlocal errors
-            while time.perf_counter() < deadline:
-                ok, latency = await _exchange(
-                    session, url, payload, stream, time.perf_counter(), expected
-                )
-                if ok:
-                    latencies.append(latency)
-                else:
-                    errors += 1
+    async def worker() -> None:
+        nonlocal errors
+        while time.perf_counter() < deadline:
+            ok, latency = await _exchange(
+                session, url, payload, stream, time.perf_counter(), expected
+            )
+            if ok:
+                latencies.append(latency)
+            else:
+                errors += 1
 
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        elapsed = time.perf_counter() - began
-    return latencies, errors, elapsed
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return latencies, errors
 
 
 async def _paced(
-    url: str, stream: bool, rate: float, cap: int, duration: float, expected: bytes
-) -> tuple[list[float], int, float]:
+    session: aiohttp.ClientSession,
+    url: str,
+    stream: bool,
+    rate: float,
+    cap: int,
+    duration: float,
+    expected: bytes,
+) -> tuple[list[float], int]:
     """Open loop: a request every 1/rate s, at most `cap` in flight (more count as errors).
 
     Latency runs from the request's scheduled time, so a stalled client or server shows up
@@ -251,35 +264,32 @@ async def _paced(
     latencies: list[float] = []
     errors = 0
     in_flight = 0
-    connector = aiohttp.TCPConnector(limit=cap)
-    async with aiohttp.ClientSession(connector=connector) as session:
 
-        async def one(scheduled: float) -> None:
-            nonlocal errors, in_flight
-            try:
-                ok, latency = await _exchange(session, url, payload, stream, scheduled, expected)
-            finally:
-                in_flight -= 1
-            if ok:
-                latencies.append(latency)
-            else:
-                errors += 1
+    async def one(scheduled: float) -> None:
+        nonlocal errors, in_flight
+        try:
+            ok, latency = await _exchange(session, url, payload, stream, scheduled, expected)
+        finally:
+            in_flight -= 1
+        if ok:
+            latencies.append(latency)
+        else:
+            errors += 1
 
-        began = time.perf_counter()
-        tasks = []
-        for i in range(int(rate * duration)):
-            scheduled = began + i / rate
-            delay = scheduled - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            if in_flight >= cap:
-                errors += 1
-                continue
-            in_flight += 1
-            tasks.append(asyncio.create_task(one(scheduled)))
-        await asyncio.gather(*tasks)
-        elapsed = time.perf_counter() - began
-    return latencies, errors, elapsed
+    began = time.perf_counter()
+    tasks = []
+    for i in range(max(1, int(rate * duration))):
+        scheduled = began + i / rate
+        delay = scheduled - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if in_flight >= cap:
+            errors += 1
+            continue
+        in_flight += 1
+        tasks.append(asyncio.create_task(one(scheduled)))
+    await asyncio.gather(*tasks)
+    return latencies, errors
 
 
 async def _expected(url: str, stream: bool) -> bytes:
@@ -291,6 +301,65 @@ async def _expected(url: str, stream: bool) -> bytes:
         return await resp.read()
 
 
+@dataclass
+class _Tally:
+    """One target's samples in one cell, summed over the rounds."""
+
+    latencies: list[float]
+    errors: int = 0
+    elapsed: float = 0.0
+    cpu: float = 0.0
+
+
+async def _cell(
+    targets: dict[str, str],
+    pids: dict[str, int],
+    stream: bool,
+    concurrency: int,
+    paced: float | None,
+    duration: float,
+    warmup: float,
+    rounds: int,
+    expected: bytes,
+) -> dict[str, _Tally]:
+    """Every target under one load, `rounds` times in rotating order, `duration / rounds` s
+    each: a burst of outside load hits all targets alike instead of one target's whole cell."""
+    names = list(targets)
+    tallies = {name: _Tally([]) for name in names}
+    async with contextlib.AsyncExitStack() as stack:
+        sessions = {
+            name: await stack.enter_async_context(
+                aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency))
+            )
+            for name in names
+        }
+        for name in names:
+            await _load(sessions[name], targets[name], stream, concurrency, warmup, expected)
+        for turn in range(rounds):
+            for name in names[turn % len(names) :] + names[: turn % len(names)]:
+                url, tally = targets[name], tallies[name]
+                cpu_before, began = _cpu_s(pids[name]), time.perf_counter()
+                if paced is None:
+                    latencies, errors = await _load(
+                        sessions[name], url, stream, concurrency, duration / rounds, expected
+                    )
+                else:
+                    latencies, errors = await _paced(
+                        sessions[name],
+                        url,
+                        stream,
+                        paced,
+                        concurrency,
+                        duration / rounds,
+                        expected,
+                    )
+                tally.elapsed += time.perf_counter() - began
+                tally.cpu += _cpu_s(pids[name]) - cpu_before
+                tally.latencies += latencies
+                tally.errors += errors
+    return tallies
+
+
 async def measure(
     targets: dict[str, str],
     pids: dict[str, int],
@@ -298,6 +367,7 @@ async def measure(
     duration: float,
     warmup: float,
     rate: float,
+    rounds: int,
 ) -> list[Cell]:
     cells: list[Cell] = []
     # Closed loop at each concurrency (saturation: RPS), then paced below saturation (latency).
@@ -309,29 +379,21 @@ async def measure(
         expected = await _expected(targets["direct"], stream)
         for concurrency, paced in loads:
             mode = base_mode if paced is None else f"{base_mode} @{paced:g}/s"
-            for target, url in targets.items():
-                await _load(url, stream, concurrency, warmup, expected)
-                cpu_before = _cpu_s(pids[target])
-                if paced is None:
-                    latencies, errors, elapsed = await _load(
-                        url, stream, concurrency, duration, expected
-                    )
-                else:
-                    latencies, errors, elapsed = await _paced(
-                        url, stream, paced, concurrency, duration, expected
-                    )
-                cpu = _cpu_s(pids[target]) - cpu_before
+            tallies = await _cell(
+                targets, pids, stream, concurrency, paced, duration, warmup, rounds, expected
+            )
+            for target, t in tallies.items():
                 cells.append(
                     Cell(
                         target=target,
                         mode=mode,
                         concurrency=concurrency,
-                        requests=len(latencies),
-                        errors=errors,
-                        rps=len(latencies) / elapsed,
-                        p50_ms=1000 * _quantile(latencies, 0.5),
-                        p99_ms=1000 * _quantile(latencies, 0.99),
-                        cpu_us=1e6 * cpu / max(1, len(latencies)),
+                        requests=len(t.latencies),
+                        errors=t.errors,
+                        rps=len(t.latencies) / t.elapsed,
+                        p50_ms=1000 * _quantile(t.latencies, 0.5),
+                        p99_ms=1000 * _quantile(t.latencies, 0.99),
+                        cpu_us=1e6 * t.cpu / max(1, len(t.latencies)),
                     )
                 )
                 print(
@@ -406,6 +468,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=300.0,
         help="requests/s of the paced (open-loop) cells, at most 32 in flight; 0 skips them",
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=5,
+        help="each cell runs every target this many times in rotating order, duration/rounds "
+        "s each, so outside load hits all targets alike",
+    )
     parser.add_argument("--json", type=Path, help="also write the cells as JSON here")
     parser.add_argument(
         "--serve-passthrough", nargs=2, metavar=("PORT", "UPSTREAM"), help=argparse.SUPPRESS
@@ -420,6 +489,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.duration <= 0 or args.duration > 60:
         parser.error("--duration must be in (0, 60] seconds")
+    if not 1 <= args.rounds <= 100:
+        parser.error("--rounds must be in [1, 100]")
     with tempfile.TemporaryDirectory(prefix="router-overhead-") as tmp:
         procs = _start(Path(tmp))
         try:
@@ -438,7 +509,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "router-core": core.popen.pid,
             }
             cells = uvloop.run(
-                measure(targets, pids, args.concurrency, args.duration, args.warmup, args.rate)
+                measure(
+                    targets,
+                    pids,
+                    args.concurrency,
+                    args.duration,
+                    args.warmup,
+                    args.rate,
+                    args.rounds,
+                )
             )
         finally:
             for proc in procs:

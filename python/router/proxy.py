@@ -104,6 +104,7 @@ class StreamGuard(Protocol):
     """Holds back partial SSE events so a broken stream can be resumed cleanly."""
 
     def feed(self, chunk: bytes) -> bytes: ...
+    def settle(self) -> None: ...
     def flush(self) -> bytes: ...
 
 
@@ -344,6 +345,8 @@ async def relay_stream(
     try:
         await resp.prepare(request)
         await resp.write(opened.first if guard is None else guard.feed(opened.first))
+        if guard is not None:
+            guard.settle()
         if tap is not None:
             tap.chunk(opened.first)
         if meter is not None:
@@ -372,6 +375,8 @@ async def relay_stream(
                         raise _TooLarge
                     tail = chunk[-64:] if len(chunk) >= 64 else (tail + chunk)[-64:]
                     await resp.write(chunk if guard is None else guard.feed(chunk))
+                    if guard is not None:
+                        guard.settle()
                     if tap is not None:
                         tap.chunk(chunk)
                     if meter is not None:

@@ -17,6 +17,7 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
+from router import sse
 from router.context import RequestContext
 from router.proxy import CANDIDATES
 from router.request import CHAT
@@ -35,7 +36,7 @@ TRACKER = "routing.tracker"
 class StreamTracker:
     """Passes on whole SSE events only, and remembers the text and identity they carried."""
 
-    __slots__ = ("done", "events", "ident", "pieces", "tail")
+    __slots__ = ("_decoder", "_sent", "done", "events", "ident", "pieces", "tail")
 
     def __init__(self) -> None:
         self.tail = b""
@@ -45,9 +46,12 @@ class StreamTracker:
         self.done = False
         # id / created / model of the first stream, stamped on resumed events.
         self.ident: dict[str, Any] = {}
+        self._decoder = sse.Decoder()
+        self._sent = b""
 
     def flush(self) -> bytes:
         """Whatever is held back, at the end of a clean stream."""
+        self.settle()
         out, self.tail = self.tail, b""
         return out
 
@@ -57,21 +61,26 @@ class StreamTracker:
         return "".join(self.pieces)
 
     def feed(self, chunk: bytes) -> bytes:
-        """The complete events in tail + chunk (to send now); the rest waits for more bytes."""
+        """The complete events in tail + chunk (to send now); the rest waits for more bytes.
+
+        What they carry is read by `settle()`, once the caller has sent them: parsing them
+        first would delay every token by the parse.
+        """
+        self.settle()
         data = self.tail + chunk
-        cut = data.rfind(b"\n\n")
-        if cut < 0:
-            self.tail = data
-            return b""
-        out, self.tail = data[: cut + 2], data[cut + 2 :]
-        for event in out.split(b"\n\n"):
-            self._note(event)
+        cut = sse.last_boundary(data)
+        out, self.tail = data[:cut], data[cut:]
+        self._sent = out
         return out
 
-    def _note(self, event: bytes) -> None:
-        payload = _payload(event)
-        if payload is None:
-            return
+    def settle(self) -> None:
+        """Note the text, identity and end of the events the last feed() passed on."""
+        sent, self._sent = self._sent, b""
+        if sent:
+            for payload in self._decoder.feed(sent):
+                self._note(payload)
+
+    def _note(self, payload: bytes) -> None:
         if payload == _DONE:
             self.done = True
             return
@@ -178,6 +187,7 @@ class MidstreamPolicy:
         candidates = ctx.extra.get(CANDIDATES)
         if not isinstance(tracker, StreamTracker) or not isinstance(candidates, list):
             return False
+        tracker.settle()
         if tracker.done:
             return False
         failed = {ctx.region}
@@ -237,6 +247,7 @@ async def _continue_on(
                 idle.reschedule(loop.time() + idle_s)
                 chunk = await resp.content.readany()
                 idle.reschedule(None)
+        local.settle()
         return local.done
     except (aiohttp.ClientError, TimeoutError) as exc:
         log.warning("request %s: resume on %s failed: %s", ctx.request_id, upstream.name, exc)
@@ -251,9 +262,7 @@ async def _continue_on(
 
 async def _write_resumed(out: web.StreamResponse, whole: bytes, tracker: StreamTracker) -> None:
     parts = []
-    for event in whole.split(b"\n\n"):
-        if not event:
-            continue
+    for event in sse.split_events(whole):
         stamped = restamp(event, tracker.ident)
         if stamped is not None:
             parts.append(stamped + b"\n\n")
@@ -262,3 +271,4 @@ async def _write_resumed(out: web.StreamResponse, whole: bytes, tracker: StreamT
         # Through the tracker so a second break resumes from the right text.
         tracker.feed(data)
         await out.write(data)
+        tracker.settle()

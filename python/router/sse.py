@@ -2,7 +2,22 @@
 
 from __future__ import annotations
 
+import re
+
 DONE = b"[DONE]"
+# A blank line, the end of an event: LF LF, or CR LF CR LF (and the mixes) as the Decoder reads.
+_BLANK = re.compile(rb"\n\r?\n")
+
+
+def last_boundary(data: bytes) -> int:
+    """Index just past the last blank line in `data` (0 if none): the end of its whole events."""
+    lf, crlf = data.rfind(b"\n\n"), data.rfind(b"\n\r\n")
+    return max(lf + 2 if lf >= 0 else 0, crlf + 3 if crlf >= 0 else 0)
+
+
+def split_events(whole: bytes) -> list[bytes]:
+    """The raw events (their lines, without the blank line ending each) of whole events."""
+    return [event for event in _BLANK.split(whole) if event.strip(b"\r\n")]
 
 
 def encode(payload: bytes) -> bytes:
@@ -26,23 +41,44 @@ class Decoder:
 
     def feed(self, chunk: bytes) -> list[bytes]:
         """Consume bytes; the data payloads of the events completed by them, in order."""
+        data = self._buf + chunk if self._buf else chunk
+        if self._data or b"\r" in data:
+            return self._lines(data)
+        # The common shape (OpenAI, vLLM, llama.cpp): `data: ...` events ended by "\n\n", one
+        # split per chunk and one slice per event; anything else goes through the line parser.
+        blocks = data.split(b"\n\n")
+        rest = blocks.pop()
+        out: list[bytes] = []
+        for block in blocks:
+            if block.startswith(b"data:") and b"\n" not in block:
+                value = block[5:]
+                out.append(value[1:] if value.startswith(b" ") else value)
+            else:
+                out += self._lines(block + b"\n\n")
+        self._buf = b""
+        if rest:
+            out += self._lines(rest)
+        return out
+
+    def _lines(self, data: bytes) -> list[bytes]:
+        """The general parser: line by line, CR LF or LF, comments and other fields skipped."""
         # One split per chunk: re-slicing the buffer line by line was quadratic in the chunk.
-        lines = (self._buf + chunk if self._buf else chunk).split(b"\n")
+        lines = data.split(b"\n")
         self._buf = lines.pop()  # the unfinished last line, b"" when the chunk ended one
         out: list[bytes] = []
-        data = self._data
+        data_lines = self._data
         for line in lines:
             if line.endswith(b"\r"):
                 line = line[:-1]
             if not line:
-                if data:
-                    out.append(b"\n".join(data))
-                    data = []
+                if data_lines:
+                    out.append(b"\n".join(data_lines))
+                    data_lines = []
             elif line.startswith(b"data:"):
                 value = line[5:]
-                data.append(value[1:] if value.startswith(b" ") else value)
+                data_lines.append(value[1:] if value.startswith(b" ") else value)
             # Comments (":"), `event:`, `id:` and `retry:` lines carry nothing the cache replays.
-        self._data = data
+        self._data = data_lines
         return out
 
     @property

@@ -32,3 +32,15 @@ def test_events_split_mid_line_and_crlf() -> None:
     assert d.pending
     assert d.feed(b"\ndata: [DONE]\n\n") == [b'{"a":1}', b"[DONE]"]
     assert not d.pending
+
+
+@given(st.lists(_ATOMS | st.just(b"\n\n"), max_size=40).map(b"".join), st.integers(0, 400))
+def test_fast_path_matches_the_line_parser(stream: bytes, cut: int) -> None:
+    # The "\n\n" block fast path must decode exactly what the general line parser does.
+    fast, lines = sse.Decoder(), sse.Decoder()
+    head, tail = stream[:cut], stream[cut:]
+    got = fast.feed(head) + fast.feed(tail)
+    reference = lines._lines(head)
+    reference += lines._lines(lines._buf + tail)
+    assert got == reference
+    assert fast.pending == lines.pending

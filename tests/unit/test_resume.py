@@ -21,9 +21,12 @@ def test_tracker_passes_whole_events_only_and_collects_text() -> None:
     stream = delta("Hel") + delta("lo") + b"data: [DONE]\n\n"
     cut = len(delta("Hel")) + 7  # inside the second event
     assert t.feed(stream[:cut]) == delta("Hel")
+    assert t.text == ""  # read only once the caller has sent what feed() passed on
+    t.settle()
     assert t.text == "Hel"
     assert t.tail == stream[len(delta("Hel")) : cut]
     assert t.feed(stream[cut:]) == stream[len(delta("Hel")) :]
+    t.settle()
     assert (t.text, t.events, t.done) == ("Hello", 2, True)
     assert t.ident == {"id": "chatcmpl-1", "created": 5, "model": "m"}
     assert t.flush() == b""
@@ -35,6 +38,7 @@ def test_tracker_ignores_role_usage_and_garbage_events() -> None:
     usage = ev({"id": "x", "choices": [], "usage": {"total_tokens": 3}})
     out = t.feed(role + b": keep-alive comment\n\n" + b"data: {not json\n\n" + usage)
     assert out.endswith(usage)
+    t.settle()
     assert (t.text, t.events, t.done) == ("", 0, False)
     t.feed(b"data: [DO")
     assert t.flush() == b"data: [DO"
