@@ -2,7 +2,9 @@
 
 `router-core` is the router's own request path (validation, context, model lookup, attempt
 loop, relay) without the features build_app plugs in (auth, limits, admission, rollout, cache,
-routing/health, metrics and access log), to show which part of the cost is whose.
+routing/health, metrics and access log), to show which part of the cost is whose. `tcp-relay`
+(bench/relay.py) copies bytes between sockets on uvloop without parsing HTTP: the floor of
+what any Python hop adds on this machine.
 
 One zero-delay simulated region, three ways to reach it, non-stream and stream, at two
 concurrencies, each for a fixed bounded duration on loopback. Every response is checked
@@ -19,7 +21,7 @@ one keep-alive client session per target across the rounds), and pools the sampl
 outside load on these shared cores then lands on all targets alike instead of on one target's
 whole cell.
 
-    python -m bench.overhead                 # default: 2 s per cell plus paced cells, about 70 s
+    python -m bench.overhead                 # default: 2 s per cell plus paced cells, about 80 s
     python -m bench.overhead --rate 0        # closed-loop cells only
     python -m bench.overhead --duration 5 --concurrency 32 128 --json out.json
 """
@@ -430,7 +432,7 @@ def table(cells: Sequence[Cell]) -> str:
 
 def _start(tmp: Path) -> list[Proc]:
     upstream_port, pass_port, router_port = free_port(), free_port(), free_port()
-    core_port = free_port()
+    core_port, relay_port = free_port(), free_port()
     sim = spawn(
         router_cmd("sim-region", "--port", str(upstream_port), "--name", "sim"),
         upstream_port,
@@ -454,7 +456,12 @@ def _start(tmp: Path) -> list[Proc]:
         core_port,
         tmp / "core.log",
     )
-    return [sim, passthrough, router, core]
+    relay = spawn(
+        [sys.executable, "-m", "bench.relay", str(relay_port), str(upstream_port)],
+        relay_port,
+        tmp / "relay.log",
+    )
+    return [sim, passthrough, router, core, relay]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -494,16 +501,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="router-overhead-") as tmp:
         procs = _start(Path(tmp))
         try:
-            sim, passthrough, router, core = procs
+            sim, passthrough, router, core, relay = procs
             path = "/v1/chat/completions"
             targets = {
                 "direct": sim.url + path,
+                "tcp-relay": relay.url + path,
                 "passthrough": passthrough.url + path,
                 "router": router.url + path,
                 "router-core": core.url + path,
             }
             pids = {
                 "direct": sim.popen.pid,
+                "tcp-relay": relay.popen.pid,
                 "passthrough": passthrough.popen.pid,
                 "router": router.popen.pid,
                 "router-core": core.popen.pid,
