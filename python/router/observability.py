@@ -10,12 +10,8 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Protocol
 
-import aiohttp
 import msgspec
 from aiohttp import web
-from aiohttp.client_proto import ResponseHandler
-from aiohttp.client_reqrep import ClientRequest
-from aiohttp.tracing import Trace
 from aiohttp.typedefs import Middleware
 
 from router import metrics, status
@@ -239,34 +235,22 @@ def _middleware_factory(
     return observe
 
 
-# The running request's context, for aiohttp client trace callbacks: they run in the request's
-# task but are handed only the client session.
+# The running request's context, for the upstream pool's connect hook: it runs in the request's
+# task but is handed only the pool.
 _CURRENT: ContextVar[Callable[[], RequestContext | None] | None] = ContextVar(
     "router.obs.current", default=None
 )
 
 
-class TimedConnector(aiohttp.TCPConnector):
-    """A TCPConnector adding new-connection time (TCP + TLS) to the request's `connect` stage.
+def record_connect(ns: int) -> None:
+    """Add a new upstream connection's time (TCP + TLS) to the running request's `connect` stage.
 
-    A reused keep-alive connection costs nothing and records nothing. This replaces an aiohttp
-    TraceConfig, whose signals ran on every request and cost as much as the core path itself.
+    A reused keep-alive connection costs nothing and records nothing.
     """
-
-    # aiohttp's own signature (it calls this with the connect timeout).
-    async def _create_connection(
-        self,
-        req: ClientRequest,
-        traces: list[Trace],
-        timeout: aiohttp.ClientTimeout,  # noqa: ASYNC109
-    ) -> ResponseHandler:
-        began = time.perf_counter_ns()
-        proto = await super()._create_connection(req, traces, timeout)
-        current = _CURRENT.get()
-        ctx = current() if current is not None else None
-        if ctx is not None:
-            ctx.timer.record(CONNECT, time.perf_counter_ns() - began)
-        return proto
+    current = _CURRENT.get()
+    ctx = current() if current is not None else None
+    if ctx is not None:
+        ctx.timer.record(CONNECT, ns)
 
 
 def _answered_id(request: web.Request) -> str | None:

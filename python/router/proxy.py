@@ -13,6 +13,7 @@ import msgspec
 from aiohttp import web
 from multidict import CIMultiDict
 
+from router import http1
 from router.admission import ADMISSION, Slot, Spill
 from router.auth import TENANT
 from router.config import TimeoutsConfig
@@ -45,7 +46,7 @@ class Opened:
         headers: CIMultiDict[str],
         *,
         body: bytes | None = None,
-        response: aiohttp.ClientResponse | None = None,
+        response: http1.Response | None = None,
         first: bytes = b"",
     ) -> None:
         self.upstream = upstream
@@ -139,7 +140,7 @@ def _is_json(media: str) -> bool:
     return media == "application/json" or media.endswith("+json")
 
 
-async def _read_capped(resp: aiohttp.ClientResponse, region: str, max_bytes: int) -> bytes:
+async def _read_capped(resp: http1.Response, region: str, max_bytes: int) -> bytes:
     """The whole body, or an AttemptError once it passes `max_bytes`."""
     declared = resp.content_length
     if declared is not None and declared > max_bytes:
@@ -185,11 +186,11 @@ async def open_attempt(
 ) -> Opened:
     """Send the request to one region and read up to the point of no return (the first byte)."""
     parsed = ctx.request
-    resp: aiohttp.ClientResponse | None = None
+    resp: http1.Response | None = None
     try:
         async with asyncio.timeout(timeouts.first_byte) as deadline:
-            resp = await upstream.session.post(
-                upstream.url(ctx.endpoint), data=parsed.body, headers=headers
+            resp = await upstream.pool.post(
+                upstream.path(ctx.endpoint), parsed.body, headers.items()
             )
             status = resp.status
             if parsed.stream and status == 200:
@@ -202,7 +203,7 @@ async def open_attempt(
                 _check_stream_start(upstream.name, headers_out, first)
                 return Opened(upstream, status, headers_out, response=resp, first=first)
             # Nothing is sent to the client until the whole body is read, so a failure reading
-            # it can still go to another region; the session's total timeout bounds it.
+            # it can still go to another region; the pool's total timeout bounds it.
             deadline.reschedule(None)
             body = await _read_capped(resp, upstream.name, max_bytes)
             headers_out = response_headers(resp.headers)
@@ -225,9 +226,9 @@ async def open_attempt(
         if resp is not None:
             resp.close()
         raise AttemptError(upstream.name, "timeout", "no first byte in time") from None
-    except aiohttp.ClientConnectorError as exc:
+    except http1.ConnectError as exc:
         raise AttemptError(upstream.name, "connect", str(exc)) from None
-    except aiohttp.ClientError as exc:
+    except http1.ClientError as exc:
         if resp is not None:
             resp.close()
         raise AttemptError(upstream.name, "disconnect", str(exc) or type(exc).__name__) from None
@@ -382,7 +383,13 @@ async def relay_stream(
                     if meter is not None:
                         meter.feed(chunk)
             complete = True
-        except (aiohttp.ClientError, ConnectionResetError, TimeoutError, _Truncated) as exc:
+        except (
+            http1.ClientError,
+            aiohttp.ClientError,
+            ConnectionResetError,
+            TimeoutError,
+            _Truncated,
+        ) as exc:
             transport = request.transport
             if transport is None or transport.is_closing():
                 # A write to the client failed: it left, so there is nobody to tell.

@@ -53,7 +53,7 @@ class RegionPools:
 
 async def _close(upstreams: list[Upstream]) -> None:
     for u in upstreams:
-        await u.session.close()
+        await u.pool.close()
 
 
 def regions_preparer(pools: RegionPools, health: Health | None) -> Preparer:

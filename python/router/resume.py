@@ -17,7 +17,7 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
-from router import sse
+from router import http1, sse
 from router.context import RequestContext
 from router.proxy import CANDIDATES
 from router.request import CHAT
@@ -227,13 +227,11 @@ async def _continue_on(
     """Stream the continuation from `upstream` into `out`; True once it ended with [DONE]."""
     body = continuation_body(ctx.request.body, tracker.text, tracker.events)
     headers = upstream.request_headers(request.headers, ctx.request_id)
-    resp: aiohttp.ClientResponse | None = None
+    resp: http1.Response | None = None
     local = StreamTracker()
     try:
         async with asyncio.timeout(first_byte_s):
-            resp = await upstream.session.post(
-                upstream.url(ctx.endpoint), data=body, headers=headers
-            )
+            resp = await upstream.pool.post(upstream.path(ctx.endpoint), body, headers.items())
             if resp.status != 200:
                 return False
             first = await resp.content.readany()
@@ -249,7 +247,7 @@ async def _continue_on(
                 idle.reschedule(None)
         local.settle()
         return local.done
-    except (aiohttp.ClientError, TimeoutError) as exc:
+    except (http1.ClientError, aiohttp.ClientError, TimeoutError) as exc:
         log.warning("request %s: resume on %s failed: %s", ctx.request_id, upstream.name, exc)
         return False
     finally:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable, Iterator, Mapping
+from urllib.parse import urlsplit
 
-import aiohttp
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from router import observability
+from router import http1, observability
 from router.config import Config, RegionConfig
 
 log = logging.getLogger("router")
@@ -39,21 +39,30 @@ _RESPONSE_DROP = _HOP | {"date", "server"}
 class Upstream:
     """One region: its config, the credentials sent to it, and its connection pool."""
 
-    __slots__ = ("auth", "base", "config", "name", "session")
+    __slots__ = ("_base_path", "_paths", "auth", "base", "config", "name", "pool")
 
-    def __init__(self, config: RegionConfig, session: aiohttp.ClientSession, api_key: str | None):
+    def __init__(self, config: RegionConfig, pool: http1.Pool, api_key: str | None):
         self.config = config
         self.name = config.name
         self.base = config.base_url.rstrip("/")
-        self.session = session
+        self._base_path = urlsplit(self.base).path
+        self.pool = pool
         self.auth = f"Bearer {api_key}" if api_key else None
+        self._paths: dict[str, str] = {}
 
-    def url(self, endpoint: str) -> str:
-        """The region URL for a router path such as /v1/chat/completions."""
-        # Regions are configured like OpenAI's base_url (ending in /v1) or as bare hosts.
-        if self.base.endswith("/v1") and endpoint.startswith("/v1/"):
-            return self.base + endpoint[3:]
-        return self.base + endpoint
+    def path(self, endpoint: str) -> str:
+        """The region's request path for a router path such as /v1/chat/completions."""
+        path = self._paths.get(endpoint)
+        if path is None:
+            # Regions are configured like OpenAI's base_url (ending in /v1) or as bare hosts.
+            base = self._base_path
+            path = (
+                base + endpoint[3:]
+                if base.endswith("/v1") and endpoint.startswith("/v1/")
+                else base + endpoint
+            )
+            self._paths[endpoint] = path
+        return path
 
     def request_headers(self, client: Mapping[str, str], request_id: str) -> CIMultiDict[str]:
         """Client headers minus hop-by-hop and client credentials, plus the region key and id."""
@@ -105,11 +114,11 @@ class Upstreams:
     async def close(self) -> None:
         """Close every pool."""
         for u in self._all:
-            await u.session.close()
+            await u.pool.close()
 
 
 def open_upstreams(config: Config) -> Upstreams:
-    """A session per region; must run inside the event loop that will use them."""
+    """A connection pool per region; must run inside the event loop that will use them."""
     regions = []
     for region in config.regions:
         api_key = None
@@ -121,22 +130,15 @@ def open_upstreams(config: Config) -> Upstreams:
                     region.name,
                     region.api_key_env,
                 )
-        # New-connection time goes to the request's `connect` stage (Server-Timing, metrics).
-        connector = observability.TimedConnector(
+        # Bodies are relayed as the region sent them, and no header the client did not send is
+        # added; new-connection time goes to the request's `connect` stage (Server-Timing).
+        pool = http1.Pool(
+            region.base_url,
             limit=region.max_connections,
-            keepalive_timeout=region.keepalive_s,
-            ttl_dns_cache=300,
+            keepalive_s=region.keepalive_s,
+            connect_timeout=config.timeouts.connect,
+            total_timeout=config.timeouts.total,
+            on_connect=observability.record_connect,
         )
-        timeout = aiohttp.ClientTimeout(
-            total=config.timeouts.total, sock_connect=config.timeouts.connect
-        )
-        session = aiohttp.ClientSession(
-            connector=connector,
-            timeout=timeout,
-            # Relay bytes as the region sent them, and add no headers the client did not send.
-            auto_decompress=False,
-            skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept"),
-            cookie_jar=aiohttp.DummyCookieJar(),
-        )
-        regions.append(Upstream(region, session, api_key))
+        regions.append(Upstream(region, pool, api_key))
     return Upstreams(regions)

@@ -31,12 +31,12 @@ async def test_kept_opened_and_retired_pools() -> None:
     assert now["c"] is before["c"]
     assert now["b"] is not before["b"]
     assert now["b"].base == "http://127.0.0.1:9"
-    assert not before["b"].session.closed  # in-flight requests may still use it
+    assert not before["b"].pool.closed  # in-flight requests may still use it
     await asyncio.sleep(0.2)  # past timeouts.total
-    assert before["b"].session.closed
-    assert not now["b"].session.closed
+    assert before["b"].pool.closed
+    assert not now["b"].pool.closed
     await pools.close()
-    assert all(u.session.closed for u in now.values())
+    assert all(u.pool.closed for u in now.values())
 
 
 async def test_unchanged_regions_are_a_no_op() -> None:
@@ -57,6 +57,6 @@ async def test_close_at_cleanup_also_closes_pools_still_retiring() -> None:
         short, timeouts=msgspec.structs.replace(short.timeouts, total=600.0)
     )
     regions_preparer(pools, None)(old, new)()
-    assert not b.session.closed
+    assert not b.pool.closed
     await pools.close()
-    assert b.session.closed
+    assert b.pool.closed

@@ -1,0 +1,440 @@
+"""A lean HTTP/1.1 client for the upstream leg: one keep-alive pool per region, llhttp parsing.
+
+aiohttp's ClientSession cost about as much CPU per proxied request as the rest of the router's
+core path (URL parsing, header objects, timers and stream readers built per request). This
+client sends a request as one write on a pooled connection, parses the answer with httptools
+(llhttp, the parser Node.js uses; chunked bodies arrive de-chunked) and hands the body out as it
+arrives, with backpressure: a reader that falls behind pauses reading from the region.
+
+Semantics kept from the aiohttp session it replaces: a pool of at most `limit` connections per
+region (callers wait for a free one), idle connections dropped after `keepalive_s`, a connect
+timeout, and a total deadline per request after which its reads raise TimeoutError. Closing a
+response before its end closes the connection: that is what tells a region to stop generating.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import ssl
+import time
+from collections.abc import Callable, Iterable
+from urllib.parse import urlsplit
+
+import httptools
+from multidict import CIMultiDict, CIMultiDictProxy
+
+_NO_HEADERS: CIMultiDictProxy[str] = CIMultiDictProxy(CIMultiDict())
+# Body bytes buffered for a reader before reading from the region pauses (and resumes at 1/4).
+_HIGH_WATER = 256 * 1024
+
+
+class ClientError(Exception):
+    """The exchange with the region failed: connection lost, invalid HTTP, pool closed."""
+
+
+class ConnectError(ClientError):
+    """No connection to the region could be opened."""
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection; carries at most one exchange at a time."""
+
+    def __init__(self, pool: Pool) -> None:
+        self._pool = pool
+        self._parser = httptools.HttpResponseParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.response: Response | None = None
+        self.idle_since = 0.0
+        self.lost = False
+        # Whether the pool already stopped counting this connection (it frees its slot once).
+        self.forgotten = False
+        self._names: list[str] = []
+        self._values: list[str] = []
+
+    # -- asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        if self.response is None:
+            # Bytes nobody asked for: the connection cannot be trusted with another request.
+            self.abort()
+            return
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(ClientError(f"invalid HTTP from the region ({exc})"))
+            self.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        response = self.response
+        if response is not None and not response.complete:
+            if exc is None and response.status and response.ends_at_close():
+                response.finish(keep_alive=False)  # a body delimited by the end of the connection
+            else:
+                self._fail(ClientError(f"connection lost: {exc}" if exc else "connection lost"))
+        self._pool.forget(self)
+
+    def pause_writing(self) -> None:
+        pass
+
+    def resume_writing(self) -> None:
+        pass
+
+    # -- httptools callbacks
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._names.append(name.decode("latin-1"))
+        self._values.append(value.decode("latin-1"))
+
+    def on_headers_complete(self) -> None:
+        status = self._parser.get_status_code()
+        names, values = self._names, self._values
+        self._names, self._values = [], []
+        if status < 200:
+            return  # 1xx: an interim answer; the real one follows
+        response = self.response
+        if response is not None:
+            response.start(status, CIMultiDict(zip(names, values, strict=True)))
+
+    def on_body(self, body: bytes) -> None:
+        if self.response is not None:
+            self.response.feed(body)
+
+    def on_message_complete(self) -> None:
+        response = self.response
+        if response is not None and response.status:
+            response.finish(self._parser.should_keep_alive())
+
+    # --
+
+    def _fail(self, exc: Exception) -> None:
+        if self.response is not None:
+            self.response.fail(exc)
+
+    def abort(self) -> None:
+        """Close the connection now (no reuse)."""
+        self.lost = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def send(self, data: bytes, response: Response) -> None:
+        self.response = response
+        assert self.transport is not None
+        self.transport.write(data)
+
+
+class Body:
+    """The body as it arrives: `readany()` waits for bytes, b"" at the end (which also gives the
+    connection back to the pool, as aiohttp does once a body was read to its end)."""
+
+    __slots__ = ("_buffer", "_conn", "_on_end", "_paused", "_size", "_waiter", "complete", "error")
+
+    def __init__(self, conn: _Connection, on_end: Callable[[], None]) -> None:
+        self._conn = conn
+        # Called once the reader has seen the end: the connection can serve the next request.
+        self._on_end = on_end
+        self._buffer: collections.deque[bytes] = collections.deque()
+        self._size = 0
+        self._paused = False
+        self._waiter: asyncio.Future[None] | None = None
+        self.complete = False
+        self.error: BaseException | None = None
+
+    def feed(self, data: bytes) -> None:
+        self._buffer.append(data)
+        self._size += len(data)
+        if self._size > _HIGH_WATER and not self._paused and self._conn.transport is not None:
+            self._paused = True
+            self._conn.transport.pause_reading()
+        self._wake()
+
+    def end(self, error: BaseException | None = None) -> None:
+        if error is not None and self.error is None:
+            self.error = error
+        self.complete = self.complete or error is None
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def read_nowait(self) -> bytes:
+        """Whatever is buffered now (b"" if nothing)."""
+        if not self._buffer:
+            return b""
+        data = self._buffer[0] if len(self._buffer) == 1 else b"".join(self._buffer)
+        self._buffer.clear()
+        self._size = 0
+        self.unpause()
+        return data
+
+    def unpause(self) -> None:
+        """Read from the region again (the buffer was drained, or the exchange is over)."""
+        if self._paused and self._conn.transport is not None:
+            self._paused = False
+            self._conn.transport.resume_reading()
+
+    async def readany(self) -> bytes:
+        """The next bytes of the body; b"" once it ended; raises if it broke."""
+        while not self._buffer:
+            if self.error is not None:
+                raise self.error
+            if self.complete:
+                self._on_end()
+                return b""
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self.read_nowait()
+
+
+class Response:
+    """One exchange: status and headers once they arrived, then the body."""
+
+    __slots__ = (
+        "_conn",
+        "_deadline",
+        "_head",
+        "_keep_alive",
+        "_pool",
+        "content",
+        "headers",
+        "status",
+    )
+
+    def __init__(self, pool: Pool, conn: _Connection, deadline: float | None) -> None:
+        self._pool = pool
+        self._conn = conn
+        self._keep_alive = False
+        self.status = 0
+        self.headers: CIMultiDictProxy[str] = _NO_HEADERS
+        self.content = Body(conn, self.release)
+        self._head: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._deadline = (
+            None if deadline is None else asyncio.get_running_loop().call_at(deadline, self._expire)
+        )
+
+    @property
+    def complete(self) -> bool:
+        return self.content.complete
+
+    def ends_at_close(self) -> bool:
+        """Whether the body is delimited by the connection closing (no length, not chunked)."""
+        headers = self.headers
+        return (
+            "Content-Length" not in headers
+            and "chunked" not in headers.get("Transfer-Encoding", "").lower()
+        )
+
+    @property
+    def content_length(self) -> int | None:
+        value = self.headers.get("Content-Length")
+        return int(value) if value is not None and value.isdigit() else None
+
+    def start(self, status: int, headers: CIMultiDict[str]) -> None:
+        self.status = status
+        self.headers = CIMultiDictProxy(headers)
+        if not self._head.done():
+            self._head.set_result(None)
+
+    def feed(self, data: bytes) -> None:
+        self.content.feed(data)
+
+    def finish(self, keep_alive: bool) -> None:
+        self._keep_alive = keep_alive
+        self.content.end()
+        self._cancel_deadline()
+
+    def fail(self, exc: BaseException) -> None:
+        if not self._head.done():
+            self._head.set_exception(exc)
+            # Nobody may be waiting on it (the request was abandoned): don't log it.
+            self._head.exception()
+        self.content.end(exc)
+        self._cancel_deadline()
+
+    def _expire(self) -> None:
+        self._deadline = None
+        self.fail(TimeoutError("the request's total deadline passed"))
+        self._conn.abort()
+
+    def _cancel_deadline(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    async def wait_head(self) -> None:
+        await self._head
+
+    def release(self) -> None:
+        """Done with it: the connection goes back to the pool if the answer ended cleanly."""
+        self._cancel_deadline()
+        conn = self._conn
+        if conn.response is not self:
+            return
+        conn.response = None
+        if self.complete and self._keep_alive and not conn.lost and not self.content.error:
+            self.content.unpause()
+            self._pool.put_back(conn)
+        else:
+            conn.abort()
+            self._pool.forget(conn)
+
+    def close(self) -> None:
+        """Abandon the exchange: the connection is closed, the region sees the disconnect."""
+        self._cancel_deadline()
+        conn = self._conn
+        if conn.response is self:
+            conn.response = None
+            conn.abort()
+            self._pool.forget(conn)
+
+
+class Pool:
+    """Keep-alive connections to one origin (scheme://host:port), at most `limit` at once."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        limit: int,
+        keepalive_s: float,
+        connect_timeout: float | None,
+        total_timeout: float | None,
+        on_connect: Callable[[int], None] | None = None,
+    ) -> None:
+        url = urlsplit(base_url)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ValueError(f"expected an http:// or https:// URL, got {base_url!r}")
+        self.host = url.hostname
+        self.port = url.port or (443 if url.scheme == "https" else 80)
+        default_port = url.port is None or url.port == (443 if url.scheme == "https" else 80)
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        self._host_header = (host if default_port else f"{host}:{self.port}").encode("ascii")
+        self._ssl: ssl.SSLContext | None = (
+            ssl.create_default_context() if url.scheme == "https" else None
+        )
+        self.limit = limit
+        self.keepalive_s = keepalive_s
+        self.connect_timeout = connect_timeout
+        self.total_timeout = total_timeout
+        self.on_connect = on_connect
+        self._idle: list[_Connection] = []
+        self._open = 0
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self.closed = False
+
+    async def post(self, path: str, body: bytes, headers: Iterable[tuple[str, str]]) -> Response:
+        """Send `body` to `path` and return once the answer's status and headers arrived."""
+        loop = asyncio.get_running_loop()
+        deadline = None if self.total_timeout is None else loop.time() + self.total_timeout
+        conn = await self._acquire()
+        response = Response(self, conn, deadline)
+        head = [b"POST ", path.encode("utf-8", "surrogateescape"), b" HTTP/1.1\r\nHost: "]
+        head.append(self._host_header)
+        for name, value in headers:
+            head += (b"\r\n", name.encode("latin-1"), b": ")
+            head.append(value.encode("utf-8", "surrogateescape"))
+        head.append(b"\r\nContent-Length: %d\r\n\r\n" % len(body))
+        head.append(body)
+        try:
+            conn.send(b"".join(head), response)
+            await response.wait_head()
+        except BaseException:
+            response.close()
+            raise
+        return response
+
+    async def _acquire(self) -> _Connection:
+        if self.closed:
+            raise ClientError("the region's connection pool is closed")
+        now = time.monotonic()
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.lost and now - conn.idle_since < self.keepalive_s:
+                return conn
+            conn.abort()
+            self.forget(conn)
+        while self._open >= self.limit:
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+            if self._idle:
+                return await self._acquire()
+        self._open += 1
+        try:
+            return await self._connect()
+        except BaseException:
+            self._open -= 1
+            self._wake_one()
+            raise
+
+    async def _connect(self) -> _Connection:
+        loop = asyncio.get_running_loop()
+        began = time.perf_counter_ns()
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                _, conn = await loop.create_connection(
+                    lambda: _Connection(self),
+                    self.host,
+                    self.port,
+                    ssl=self._ssl,
+                    server_hostname=self.host if self._ssl is not None else None,
+                )
+        except TimeoutError:
+            raise ConnectError(f"connect to {self.host}:{self.port} timed out") from None
+        except OSError as exc:
+            raise ConnectError(f"cannot connect to {self.host}:{self.port}: {exc}") from None
+        if self.on_connect is not None:
+            self.on_connect(time.perf_counter_ns() - began)
+        return conn
+
+    def put_back(self, conn: _Connection) -> None:
+        """A connection whose exchange ended cleanly, for the next request."""
+        if self.closed:
+            conn.abort()
+            self.forget(conn)
+            return
+        conn.idle_since = time.monotonic()
+        self._idle.append(conn)
+        self._wake_one()
+
+    def forget(self, conn: _Connection) -> None:
+        """A connection that is gone (closed by either side); frees its slot once."""
+        if conn.forgotten:
+            return
+        conn.forgotten = True
+        if conn in self._idle:
+            self._idle.remove(conn)
+        self._open -= 1
+        self._wake_one()
+
+    def _wake_one(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    async def close(self) -> None:
+        """Close idle connections; in-flight ones close when their exchange ends."""
+        self.closed = True
+        for conn in list(self._idle):
+            conn.abort()
+            self.forget(conn)
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_exception(ClientError("the region's connection pool is closed"))
+                waiter.exception()
+        self._waiters.clear()

@@ -1,0 +1,261 @@
+"""router.http1, the upstream client, against scripted servers on 127.0.0.1 (real sockets)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from router import http1
+from tests.support import free_port
+
+# A scripted server: gets the request (head and body) and the stream to answer on.
+Script = Callable[[bytes, asyncio.StreamWriter], Awaitable[None]]
+
+
+class Server:
+    """Answers each request on a connection with `script`; counts connections and requests."""
+
+    def __init__(self, script: Script) -> None:
+        self.script = script
+        self.connections = 0
+        self.requests: list[bytes] = []
+        self.closed = asyncio.Event()
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                request = head + await reader.readexactly(length)
+                self.requests.append(request)
+                await self.script(request, writer)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            self.closed.set()
+        finally:
+            writer.close()
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Callable[[Script], Awaitable[tuple[Server, str]]]]:
+    servers: list[asyncio.Server] = []
+
+    async def start(script: Script) -> tuple[Server, str]:
+        server = Server(script)
+        port = free_port()
+        servers.append(await asyncio.start_server(server.handle, "127.0.0.1", port))
+        return server, f"http://127.0.0.1:{port}/v1"
+
+    yield start
+    for s in servers:
+        s.close()
+
+
+def _pool(url: str, **kw: float) -> http1.Pool:
+    args: dict[str, float] = {"limit": 4, "keepalive_s": 5.0, "connect_timeout": 2.0}
+    args.update(kw)
+    return http1.Pool(
+        url,
+        limit=int(args["limit"]),
+        keepalive_s=args["keepalive_s"],
+        connect_timeout=args["connect_timeout"],
+        total_timeout=kw.get("total_timeout"),
+    )
+
+
+async def _read_all(resp: http1.Response) -> bytes:
+    parts = []
+    while chunk := await resp.content.readany():
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def _answer(body: bytes, *headers: bytes) -> bytes:
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n" + b"".join(
+        h + b"\r\n" for h in headers
+    )
+    return head + b"Content-Length: %d\r\n\r\n" % len(body) + body
+
+
+async def test_request_bytes_keep_alive_and_content_length(serve) -> None:  # type: ignore[no-untyped-def]
+    async def script(request: bytes, writer: asyncio.StreamWriter) -> None:
+        writer.write(_answer(b'{"ok":1}', b"X-Region: a"))
+
+    server, url = await serve(script)
+    pool = _pool(url)
+    for _ in range(3):
+        resp = await pool.post("/v1/chat/completions", b'{"q":1}', [("Authorization", "Bearer k")])
+        assert (resp.status, resp.headers["x-region"], resp.content_length) == (200, "a", 8)
+        assert await _read_all(resp) == b'{"ok":1}'
+        resp.release()
+    assert server.connections == 1  # one keep-alive connection for all three
+    port = url.split(":")[2].split("/")[0]
+    assert server.requests[0] == (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:"
+        + port.encode()
+        + b"\r\nAuthorization: Bearer k\r\nContent-Length: 7\r\n\r\n"
+        + b'{"q":1}'
+    )
+    await pool.close()
+    assert pool.closed
+    with pytest.raises(http1.ClientError, match="closed"):
+        await pool.post("/x", b"", [])
+
+
+async def test_chunked_body_arrives_dechunked_and_interim_1xx_is_skipped(serve) -> None:  # type: ignore[no-untyped-def]
+    async def script(request: bytes, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for piece in (b"data: a\n\n", b"data: [DONE]\n\n"):
+            writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            await writer.drain()
+            await asyncio.sleep(0.01)
+        writer.write(b"0\r\n\r\n")
+
+    server, url = await serve(script)
+    pool = _pool(url)
+    resp = await pool.post("/v1/x", b"{}", [])
+    assert resp.status == 200
+    assert resp.content_length is None
+    assert await _read_all(resp) == b"data: a\n\ndata: [DONE]\n\n"
+    resp.release()
+    resp = await pool.post("/v1/x", b"{}", [])
+    assert await _read_all(resp) == b"data: a\n\ndata: [DONE]\n\n"
+    resp.release()
+    assert server.connections == 1
+
+
+async def test_body_ended_by_close_and_connection_close_header(serve) -> None:  # type: ignore[no-untyped-def]
+    async def script(request: bytes, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nuntil the end")
+        await writer.drain()
+        writer.close()
+
+    server, url = await serve(script)
+    pool = _pool(url)
+    for _ in range(2):
+        resp = await pool.post("/v1/x", b"{}", [])
+        assert await _read_all(resp) == b"until the end"
+        resp.release()
+    assert server.connections == 2  # not reused after Connection: close
+
+
+async def test_connection_lost_mid_body_is_an_error(serve) -> None:  # type: ignore[no-untyped-def]
+    async def script(request: bytes, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly part")
+        await writer.drain()
+        writer.transport.abort()
+
+    _, url = await serve(script)
+    pool = _pool(url)
+    resp = await pool.post("/v1/x", b"{}", [])
+    assert await resp.content.readany() == b"only part"
+    with pytest.raises(http1.ClientError, match="connection lost"):
+        await resp.content.readany()
+    resp.close()
+
+
+async def test_invalid_http_and_refused_connection(serve) -> None:  # type: ignore[no-untyped-def]
+    async def script(request: bytes, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"SMTP ready\r\n\r\n")
+
+    _, url = await serve(script)
+    with pytest.raises(http1.ClientError, match="invalid HTTP"):
+        await _pool(url).post("/v1/x", b"{}", [])
+    dead = _pool(f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(http1.ConnectError, match="cannot connect"):
+        await dead.post("/v1/x", b"{}", [])
+    # The failed connect gave its slot back: the pool is not stuck at its limit.
+    assert dead._open == 0
+
+
+async def test_total_deadline_and_close_tells_the_server(serve) -> None:  # type: ignore[no-untyped-def]
+    async def script(request: bytes, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n")
+        await writer.drain()
+
+    server, url = await serve(script)
+    pool = _pool(url, total_timeout=0.2)
+    resp = await pool.post("/v1/x", b"{}", [])
+    assert await resp.content.readany() == b"first"
+    with pytest.raises(TimeoutError):
+        await resp.content.readany()
+    resp.close()
+    await asyncio.wait_for(server.closed.wait(), 5)
+
+    server2, url2 = await serve(script)
+    pool2 = _pool(url2)
+    resp = await pool2.post("/v1/x", b"{}", [])
+    resp.close()  # abandoned mid-body: the region sees the disconnect
+    await asyncio.wait_for(server2.closed.wait(), 5)
+    assert pool2._open == 0
+
+
+async def test_limit_makes_callers_wait_for_a_connection(serve) -> None:  # type: ignore[no-untyped-def]
+    gate = asyncio.Event()
+
+    async def script(request: bytes, writer: asyncio.StreamWriter) -> None:
+        await gate.wait()
+        writer.write(_answer(b"{}"))
+
+    server, url = await serve(script)
+    pool = _pool(url, limit=1)
+
+    async def one() -> bytes:
+        resp = await pool.post("/v1/x", b"{}", [])
+        body = await _read_all(resp)
+        resp.release()
+        return body
+
+    tasks = [asyncio.create_task(one()) for _ in range(3)]
+    await asyncio.sleep(0.1)
+    assert server.connections == 1
+    assert len(server.requests) == 1  # the others wait for the one connection
+    gate.set()
+    assert await asyncio.gather(*tasks) == [b"{}"] * 3
+    assert server.connections == 1
+
+
+async def test_a_slow_reader_pauses_the_region(serve) -> None:  # type: ignore[no-untyped-def]
+    size = 4 << 20
+    sent = asyncio.Event()
+
+    async def script(request: bytes, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % size)
+        writer.write(b"x" * size)
+        await writer.drain()
+        sent.set()
+
+    _, url = await serve(script)
+    pool = _pool(url)
+    resp = await pool.post("/v1/x", b"{}", [])
+    await asyncio.sleep(0.3)
+    # Nothing read: the client buffered about its high-water mark and stopped reading, so the
+    # rest sits in socket buffers and the region's write is still waiting.
+    assert not sent.is_set()
+    assert len(await _read_all(resp)) == size
+    await asyncio.wait_for(sent.wait(), 5)
+    resp.release()
+
+
+def test_urls() -> None:
+    assert _pool("https://api.example.com/v1").port == 443
+    with pytest.raises(ValueError, match="http"):
+        _pool("ftp://x")
+
+
+async def test_a_body_read_to_its_end_frees_the_connection(serve) -> None:  # type: ignore[no-untyped-def]
+    async def script(request: bytes, writer: asyncio.StreamWriter) -> None:
+        writer.write(_answer(b"{}"))
+
+    server, url = await serve(script)
+    pool = _pool(url, limit=1)
+    for _ in range(5):  # no release(): reading to the end is enough, as with aiohttp
+        resp = await asyncio.wait_for(pool.post("/v1/x", b"{}", []), 5)
+        assert await _read_all(resp) == b"{}"
+    assert (server.connections, pool._open) == (1, 1)
