@@ -107,6 +107,18 @@ def _request_id(request: web.Request) -> str:
     return ctx.request_id if ctx is not None else request_id(request.headers.get("X-Request-Id"))
 
 
+async def _send_whole(request: web.Request, answer: web.StreamResponse) -> None:
+    """Send a whole answer now, so the middlewares' bookkeeping on the way out (usage, limits,
+    metrics, access log) runs after the client has it instead of before."""
+    if answer.prepared:
+        return
+    try:
+        await answer.prepare(request)
+        await answer.write_eof()
+    except ConnectionError:
+        pass  # the client left; aiohttp's own send of the answer finds that out too
+
+
 def _proxy_handler(
     endpoint: str, config: Config
 ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
@@ -150,9 +162,9 @@ def _proxy_handler(
 
         # The cache wraps selection + forward: it may answer, or tee the origin's answer.
         around = app.get(AROUND)
-        if around is not None:
-            return await around(request, ctx, origin)
-        return await origin(None)
+        answer = await (around(request, ctx, origin) if around is not None else origin(None))
+        await _send_whole(request, answer)
+        return answer
 
     return handle
 

@@ -89,9 +89,12 @@ def _stamp_factory(context_of: ContextOf) -> Callable[..., Awaitable[None]]:
         ctx = context_of(request) if isinstance(request, web.Request) else None
         durations = request.get(_AT_HEADERS)
         if durations is None:
-            # A stream: the body follows the headers, so TTFT is now and the total is not known.
+            # Sent before the middleware saw it. A whole body leaves with its headers, so first
+            # byte and total are now; a stream's body follows, so its total is not known yet.
             durations = totals(ctx.timer.stages) if ctx is not None else {}
             durations[TTFT] = time.perf_counter_ns() - start
+            if isinstance(response, web.Response):
+                durations[TOTAL] = durations[TTFT]
             request[_AT_HEADERS] = durations
         response.headers["Server-Timing"] = server_timing(durations)
         if ctx is not None and "X-Request-Id" not in response.headers:
@@ -187,13 +190,11 @@ def _middleware_factory(
         request[_START] = start
         token = _CURRENT.set(lambda: context_of(request))
         code = 500
-        tokens: tuple[int | None, int | None] = (None, None)
         try:
             resp = await handler(request)
             request[_RESPONSE] = resp
             code = resp.status
             if not resp.prepared:
-                tokens = usage(resp)
                 # A whole body: it leaves right after this, so first byte and total are now.
                 now = time.perf_counter_ns() - start
                 ctx = context_of(request)
@@ -225,6 +226,8 @@ def _middleware_factory(
                     if TTFT in at_headers:
                         durations[TTFT] = at_headers[TTFT]
                     durations[TOTAL] = time.perf_counter_ns() - start
+                answer = request.get(_RESPONSE)
+                tokens = usage(answer) if answer is not None else (None, None)
                 try:
                     record = _record(request, ctx, code, durations, cache_of(request), tokens)
                     telemetry.finish(record)
