@@ -309,6 +309,7 @@ class Pool:
         connect_timeout: float | None,
         total_timeout: float | None,
         on_connect: Callable[[int], None] | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         url = urlsplit(base_url)
         if url.scheme not in ("http", "https") or not url.hostname:
@@ -318,9 +319,10 @@ class Pool:
         default_port = url.port is None or url.port == (443 if url.scheme == "https" else 80)
         host = f"[{self.host}]" if ":" in self.host else self.host
         self._host_header = (host if default_port else f"{host}:{self.port}").encode("ascii")
-        self._ssl: ssl.SSLContext | None = (
-            ssl.create_default_context() if url.scheme == "https" else None
-        )
+        # https: the system's trust store and hostname checks, unless a context is given.
+        self._ssl: ssl.SSLContext | None = None
+        if url.scheme == "https":
+            self._ssl = ssl_context or ssl.create_default_context()
         self.limit = limit
         self.keepalive_s = keepalive_s
         self.connect_timeout = connect_timeout

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
+import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 import pytest
 
@@ -259,3 +262,55 @@ async def test_a_body_read_to_its_end_frees_the_connection(serve) -> None:  # ty
         resp = await asyncio.wait_for(pool.post("/v1/x", b"{}", []), 5)
         assert await _read_all(resp) == b"{}"
     assert (server.connections, pool._open) == (1, 1)
+
+
+@pytest.fixture
+def certificate(tmp_path: Path) -> tuple[Path, Path]:
+    """A self-signed (key, certificate) for 127.0.0.1."""
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    args = ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"]
+    args += ["-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1"]
+    subprocess.run(
+        [*args, "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True
+    )
+    return key, cert
+
+
+async def test_https_with_certificate_checks(certificate: tuple[Path, Path]) -> None:
+    key, cert = certificate
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(cert, key)
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        await reader.readexactly(2)
+        writer.write(_answer(b'{"tls":1}'))
+        await writer.drain()
+        writer.close()
+
+    port = free_port()
+    server = await asyncio.start_server(handle, "127.0.0.1", port, ssl=server_ctx)
+    try:
+        trusting = ssl.create_default_context(cafile=str(cert))
+        pool = http1.Pool(
+            f"https://127.0.0.1:{port}/v1",
+            limit=2,
+            keepalive_s=5,
+            connect_timeout=5,
+            total_timeout=10,
+            ssl_context=trusting,
+        )
+        resp = await pool.post("/v1/x", b"{}", [])
+        assert await _read_all(resp) == b'{"tls":1}'
+        # The system trust store does not know this certificate: refused, as a connect error.
+        strict = http1.Pool(
+            f"https://127.0.0.1:{port}",
+            limit=2,
+            keepalive_s=5,
+            connect_timeout=5,
+            total_timeout=10,
+        )
+        with pytest.raises(http1.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+            await strict.post("/v1/x", b"{}", [])
+    finally:
+        server.close()
