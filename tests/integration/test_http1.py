@@ -291,26 +291,14 @@ async def test_https_with_certificate_checks(certificate: tuple[Path, Path]) -> 
     port = free_port()
     server = await asyncio.start_server(handle, "127.0.0.1", port, ssl=server_ctx)
     try:
+        url = f"https://127.0.0.1:{port}/v1"
         trusting = ssl.create_default_context(cafile=str(cert))
-        pool = http1.Pool(
-            f"https://127.0.0.1:{port}/v1",
-            limit=2,
-            keepalive_s=5,
-            connect_timeout=5,
-            total_timeout=10,
-            ssl_context=trusting,
-        )
+        opts: dict[str, float] = {"keepalive_s": 5, "connect_timeout": 5, "total_timeout": 10}
+        # The system trust store does not know this certificate: refused, as a connect error.
+        with pytest.raises(http1.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+            await http1.Pool(url, limit=2, **opts).post("/v1/x", b"{}", [])
+        pool = http1.Pool(url, limit=2, **opts, ssl_context=trusting)
         resp = await pool.post("/v1/x", b"{}", [])
         assert await _read_all(resp) == b'{"tls":1}'
-        # The system trust store does not know this certificate: refused, as a connect error.
-        strict = http1.Pool(
-            f"https://127.0.0.1:{port}",
-            limit=2,
-            keepalive_s=5,
-            connect_timeout=5,
-            total_timeout=10,
-        )
-        with pytest.raises(http1.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
-            await strict.post("/v1/x", b"{}", [])
     finally:
         server.close()
