@@ -7,8 +7,8 @@ PYTEST_ARGS ?=
 
 system-deps:
 	@if ! command -v redis-server >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1 \
-		|| ! test -x /usr/sbin/nginx; then \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server chromium nginx >/dev/null; \
+		|| ! test -x /usr/sbin/nginx || ! command -v openssl >/dev/null 2>&1; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server chromium nginx openssl >/dev/null; \
 	fi
 
 # tiktoken's cl100k/o200k vocabularies, offline: the tiktoken-rs crate ships them, and the tests
