@@ -78,12 +78,6 @@ class _Connection(asyncio.Protocol):
                 self._fail(ClientError(f"connection lost: {exc}" if exc else "connection lost"))
         self._pool.forget(self)
 
-    def pause_writing(self) -> None:
-        pass
-
-    def resume_writing(self) -> None:
-        pass
-
     # -- httptools callbacks
 
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -102,7 +96,7 @@ class _Connection(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         if self.response is not None:
-            self.response.feed(body)
+            self.response.content.feed(body)
 
     def on_message_complete(self) -> None:
         response = self.response
@@ -244,9 +238,6 @@ class Response:
         if not self._head.done():
             self._head.set_result(None)
 
-    def feed(self, data: bytes) -> None:
-        self.content.feed(data)
-
     def finish(self, keep_alive: bool) -> None:
         self._keep_alive = keep_alive
         self.content.end()
@@ -314,11 +305,13 @@ class Pool:
         url = urlsplit(base_url)
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ValueError(f"expected an http:// or https:// URL, got {base_url!r}")
+        default_port = 443 if url.scheme == "https" else 80
         self.host = url.hostname
-        self.port = url.port or (443 if url.scheme == "https" else 80)
-        default_port = url.port is None or url.port == (443 if url.scheme == "https" else 80)
+        self.port = url.port or default_port
         host = f"[{self.host}]" if ":" in self.host else self.host
-        self._host_header = (host if default_port else f"{host}:{self.port}").encode("ascii")
+        if self.port != default_port:
+            host = f"{host}:{self.port}"
+        self._host_header = host.encode("ascii")
         # https: the system's trust store and hostname checks, unless a context is given.
         self._ssl: ssl.SSLContext | None = None
         if url.scheme == "https":

@@ -8,7 +8,6 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
-import aiohttp
 import msgspec
 from aiohttp import web
 from multidict import CIMultiDict
@@ -383,13 +382,8 @@ async def relay_stream(
                     if meter is not None:
                         meter.feed(chunk)
             complete = True
-        except (
-            http1.ClientError,
-            aiohttp.ClientError,
-            ConnectionResetError,
-            TimeoutError,
-            _Truncated,
-        ) as exc:
+        # A failed write to the client is a ConnectionResetError (aiohttp's own subclasses it).
+        except (http1.ClientError, ConnectionResetError, TimeoutError, _Truncated) as exc:
             transport = request.transport
             if transport is None or transport.is_closing():
                 # A write to the client failed: it left, so there is nobody to tell.

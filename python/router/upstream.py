@@ -39,7 +39,7 @@ _RESPONSE_DROP = _HOP | {"date", "server"}
 class Upstream:
     """One region: its config, the credentials sent to it, and its connection pool."""
 
-    __slots__ = ("_base_path", "_paths", "auth", "base", "config", "name", "pool")
+    __slots__ = ("_base_path", "auth", "base", "config", "name", "pool")
 
     def __init__(self, config: RegionConfig, pool: http1.Pool, api_key: str | None):
         self.config = config
@@ -48,21 +48,14 @@ class Upstream:
         self._base_path = urlsplit(self.base).path
         self.pool = pool
         self.auth = f"Bearer {api_key}" if api_key else None
-        self._paths: dict[str, str] = {}
 
     def path(self, endpoint: str) -> str:
         """The region's request path for a router path such as /v1/chat/completions."""
-        path = self._paths.get(endpoint)
-        if path is None:
-            # Regions are configured like OpenAI's base_url (ending in /v1) or as bare hosts.
-            base = self._base_path
-            path = (
-                base + endpoint[3:]
-                if base.endswith("/v1") and endpoint.startswith("/v1/")
-                else base + endpoint
-            )
-            self._paths[endpoint] = path
-        return path
+        # Regions are configured like OpenAI's base_url (ending in /v1) or as bare hosts.
+        base = self._base_path
+        if base.endswith("/v1") and endpoint.startswith("/v1/"):
+            return base + endpoint[3:]
+        return base + endpoint
 
     def request_headers(self, client: Mapping[str, str], request_id: str) -> CIMultiDict[str]:
         """Client headers minus hop-by-hop and client credentials, plus the region key and id."""
