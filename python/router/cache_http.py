@@ -32,6 +32,7 @@ from router.errors import UpstreamError
 from router.native import NativeError
 from router.request import EMBEDDINGS
 from router.singleflight import Flight, FlightFailed
+from router.stream_response import StreamResponse
 from router.timing import CACHE as CACHE_STAGE
 
 log = logging.getLogger("router")
@@ -268,10 +269,10 @@ async def _replay(
     if not entry.stream:
         headers = {"Content-Type": entry.content_type, "X-Request-Id": ctx.request_id}
         return web.Response(status=entry.status, body=entry.body, headers=headers)
-    resp = web.StreamResponse(headers={**SSE_HEADERS, "X-Request-Id": ctx.request_id})
+    resp = StreamResponse(headers={**SSE_HEADERS, "X-Request-Id": ctx.request_id})
     await resp.prepare(request)
-    await resp.write(b"".join(sse.encode(c) for c in entry.chunks) + sse.encode_done())
-    await resp.write_eof()
+    # Headers, events and the chunked terminator in one write.
+    await resp.write_eof(b"".join(sse.encode(c) for c in entry.chunks) + sse.encode_done())
     return resp
 
 
@@ -296,7 +297,7 @@ async def _follow(
                 ctx.timer.end(CACHE_STAGE)
                 cache.count(XCache.HIT)
                 request[MARK] = Mark(XCache.HIT, 0)
-                resp = web.StreamResponse(headers={**SSE_HEADERS, "X-Request-Id": ctx.request_id})
+                resp = StreamResponse(headers={**SSE_HEADERS, "X-Request-Id": ctx.request_id})
                 await resp.prepare(request)
             await resp.write(sse.encode(payload))
     except FlightFailed as exc:

@@ -18,7 +18,9 @@ from router.auth import TENANT
 from router.config import TimeoutsConfig
 from router.context import RequestContext
 from router.errors import ApiError, UpstreamError
+from router.idle import IdleWatch
 from router.limits import METER
+from router.stream_response import StreamResponse
 from router.timing import QUEUE
 from router.upstream import Upstream, response_headers
 
@@ -333,7 +335,7 @@ async def relay_stream(
     upstream = opened.response
     assert upstream is not None
     opened.headers["X-Request-Id"] = ctx.request_id
-    resp = web.StreamResponse(status=opened.status, headers=opened.headers)
+    resp = StreamResponse(status=opened.status, headers=opened.headers)
     # The usage an OpenAI stream reports last settles the request's token reservation.
     meter = request.get(METER)
     midstream = request.app.get(MIDSTREAM)
@@ -352,14 +354,13 @@ async def relay_stream(
         if meter is not None:
             meter.feed(opened.first)
         content = upstream.content
-        loop = asyncio.get_running_loop()
         try:
-            async with asyncio.timeout(None) as idle:
+            async with IdleWatch(idle_timeout) as idle:
                 while True:
-                    idle.reschedule(loop.time() + idle_timeout)
+                    idle.waiting()
                     chunk = await content.readany()
                     # A slow client is backpressure, not an idle upstream.
-                    idle.reschedule(None)
+                    idle.busy()
                     # Under load several events are already buffered: one write, not one each.
                     more = content.read_nowait()
                     if more:

@@ -19,6 +19,7 @@ from aiohttp import web
 
 from router import http1, sse
 from router.context import RequestContext
+from router.idle import IdleWatch
 from router.proxy import CANDIDATES
 from router.request import CHAT
 from router.upstream import Upstream
@@ -236,15 +237,14 @@ async def _continue_on(
                 return False
             first = await resp.content.readany()
         chunk = first
-        loop = asyncio.get_running_loop()
-        async with asyncio.timeout(None) as idle:
+        async with IdleWatch(idle_s) as idle:
             while chunk:
                 whole = local.feed(chunk)
                 if whole:
                     await _write_resumed(out, whole, tracker)
-                idle.reschedule(loop.time() + idle_s)
+                idle.waiting()
                 chunk = await resp.content.readany()
-                idle.reschedule(None)
+                idle.busy()
         local.settle()
         return local.done
     except (http1.ClientError, aiohttp.ClientError, TimeoutError) as exc:

@@ -1,0 +1,70 @@
+"""router.stream_response: a stream's headers leave with its first bytes, over a real socket."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from aiohttp import web
+
+from router.stream_response import StreamResponse
+from tests.support import free_port
+
+PAUSE = 0.3
+EVENT = b"data: first\n\n"
+
+
+async def first_read(response_class: type[web.StreamResponse]) -> tuple[float, bytes, bytes]:
+    """Serve one stream that pauses between prepare() and its first write; (seconds until the
+    client's first read returned, what that read got, the whole response)."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        resp = response_class(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await asyncio.sleep(PAUSE)
+        await resp.write(EVENT)
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        data = await reader.read(65536)
+        waited = loop.time() - began
+        whole = data + await reader.read()
+        writer.close()
+        return waited, data, whole
+    finally:
+        await runner.cleanup()
+
+
+async def test_headers_wait_for_the_first_write_and_leave_with_it() -> None:
+    waited, data, _ = await first_read(StreamResponse)
+    assert waited >= PAUSE * 0.9
+    assert data.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert b"text/event-stream" in data
+    assert EVENT in data
+
+
+async def test_aiohttps_own_stream_response_sends_headers_at_prepare() -> None:
+    # The contrast that makes the test above meaningful: without the subclass the client's
+    # first read is the headers alone, before the pause ends.
+    waited, data, _ = await first_read(web.StreamResponse)
+    assert waited < PAUSE
+    assert data.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert EVENT not in data
+
+
+@pytest.mark.parametrize("response_class", [StreamResponse, web.StreamResponse])
+async def test_body_is_the_same_either_way(response_class: type[web.StreamResponse]) -> None:
+    _, _, whole = await first_read(response_class)
+    # Chunked framing of the one event and the terminator, whatever the packets were.
+    assert whole.endswith(f"\r\n\r\n{len(EVENT):x}\r\n".encode() + EVENT + b"\r\n0\r\n\r\n")

@@ -1,0 +1,80 @@
+"""IdleWatch: one wait longer than the limit times out; busy time and many short waits do not."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from router.idle import IdleWatch
+
+LIMIT = 0.05
+
+
+async def wait_once(busy_first: float = 0.0) -> float:
+    """Be busy for `busy_first` s, then wait for bytes that never come; when the wait began."""
+    loop = asyncio.get_running_loop()
+    async with IdleWatch(LIMIT) as watch:
+        await asyncio.sleep(busy_first)
+        began = loop.time()
+        watch.waiting()
+        await asyncio.sleep(10)
+    return began
+
+
+async def test_a_wait_longer_than_the_limit_times_out() -> None:
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    with pytest.raises(TimeoutError):
+        await wait_once()
+    # It fired at the wait's deadline, not at some later multiple of it.
+    assert LIMIT <= loop.time() - began < 10 * LIMIT
+
+
+async def test_short_waits_adding_up_past_the_limit_do_not() -> None:
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    async with IdleWatch(LIMIT) as watch:
+        while loop.time() - began < 6 * LIMIT:
+            watch.waiting()
+            await asyncio.sleep(LIMIT / 5)
+            watch.busy()
+
+
+async def test_busy_time_is_not_idle_time() -> None:
+    async with IdleWatch(LIMIT) as watch:
+        watch.waiting()
+        await asyncio.sleep(LIMIT / 5)
+        watch.busy()
+        await asyncio.sleep(4 * LIMIT)  # e.g. a write waiting for a slow client
+        watch.waiting()
+        await asyncio.sleep(LIMIT / 5)
+        watch.busy()
+
+
+async def test_a_wait_after_busy_time_gets_its_full_limit() -> None:
+    # The timer set at entry fires while busy; the next wait still gets all of LIMIT.
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    with pytest.raises(TimeoutError):
+        await wait_once(busy_first=1.5 * LIMIT)
+    assert loop.time() - began >= 2.5 * LIMIT
+
+
+async def test_an_outside_cancel_stays_a_cancel() -> None:
+    async def wait() -> None:
+        async with IdleWatch(10.0) as watch:
+            watch.waiting()
+            await asyncio.sleep(10)
+
+    task = asyncio.create_task(wait())
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_no_limit_never_times_out() -> None:
+    async with IdleWatch(float("inf")) as watch:
+        watch.waiting()
+        await asyncio.sleep(LIMIT)
