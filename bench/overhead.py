@@ -21,8 +21,19 @@ one keep-alive client session per target across the rounds), and pools the sampl
 outside load on these shared cores then lands on all targets alike instead of on one target's
 whole cell.
 
+CPU placement (`--placement`): by default (`split`) the hop under test (tcp-relay, pass-through,
+router, router-core) runs on the first CPU and the simulated region and the load generator on
+the others, as in a deployment where the router has its own cores and the region is another
+machine. With everything sharing the cores (`shared`), a request's write to the region wakes
+the region on the proxy's own core (the kernel's wake-affine placement of the reader of a
+socket), so a zero-delay region generates its whole answer there before the proxy may relay the
+first chunk: stream TTFT through any hop then includes the region's CPU time, which no remote
+region would cost. Direct requests are measured under the same placement (client and region on
+the same CPUs).
+
     python -m bench.overhead                 # default: 2 s per cell plus paced cells, about 80 s
     python -m bench.overhead --rate 0        # closed-loop cells only
+    python -m bench.overhead --placement shared   # every process on every CPU
     python -m bench.overhead --duration 5 --concurrency 32 128 --json out.json
 """
 
@@ -33,10 +44,11 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -430,34 +442,84 @@ def table(cells: Sequence[Cell]) -> str:
     return "\n".join(lines)
 
 
-def _start(tmp: Path) -> list[Proc]:
+@dataclass(frozen=True)
+class Placement:
+    """The CPUs the hops under test run on, and those of the region and the load generator."""
+
+    proxies: frozenset[int]
+    rest: frozenset[int]
+
+    def describe(self) -> str:
+        return (
+            f"hops under test on CPU {_cpu_list(self.proxies)}; "
+            f"region and load generator on CPU {_cpu_list(self.rest)}"
+        )
+
+
+def _cpu_list(cpus: frozenset[int]) -> str:
+    return ",".join(str(c) for c in sorted(cpus))
+
+
+def split_placement(cpus: Iterable[int]) -> Placement | None:
+    """The first CPU for the hops under test, the others for the region and the load generator;
+    None with fewer than two CPUs (nothing to separate)."""
+    ordered = sorted(cpus)
+    if len(ordered) < 2:
+        return None
+    return Placement(frozenset(ordered[:1]), frozenset(ordered[1:]))
+
+
+def on_cpus(cmd: Sequence[str], cpus: frozenset[int] | None) -> list[str]:
+    """`cmd` confined to `cpus` (every thread it starts included), or as is for None."""
+    return list(cmd) if cpus is None else ["taskset", "-c", _cpu_list(cpus), *cmd]
+
+
+def _start(tmp: Path, place: Placement | None) -> list[Proc]:
     upstream_port, pass_port, router_port = free_port(), free_port(), free_port()
     core_port, relay_port = free_port(), free_port()
+    hops = place.proxies if place is not None else None
     sim = spawn(
-        router_cmd("sim-region", "--port", str(upstream_port), "--name", "sim"),
+        on_cpus(
+            router_cmd("sim-region", "--port", str(upstream_port), "--name", "sim"),
+            place.rest if place is not None else None,
+        ),
         upstream_port,
         tmp / "sim.log",
     )
     upstream = f"http://127.0.0.1:{upstream_port}"
     passthrough = spawn(
-        [sys.executable, "-m", "bench.overhead", "--serve-passthrough", str(pass_port), upstream],
+        on_cpus(
+            [
+                sys.executable,
+                "-m",
+                "bench.overhead",
+                "--serve-passthrough",
+                str(pass_port),
+                upstream,
+            ],
+            hops,
+        ),
         pass_port,
         tmp / "passthrough.log",
     )
     config = tmp / "router.toml"
     config.write_text(ROUTER_CONFIG.format(port=router_port, upstream=upstream_port, model=MODEL))
-    router = spawn(router_cmd("serve", "--config", str(config)), router_port, tmp / "router.log")
+    router = spawn(
+        on_cpus(router_cmd("serve", "--config", str(config)), hops),
+        router_port,
+        tmp / "router.log",
+    )
     core_config = tmp / "core.toml"
     core_config.write_text(
         ROUTER_CONFIG.format(port=core_port, upstream=upstream_port, model=MODEL)
     )
     core = spawn(
-        [sys.executable, "-m", "bench.overhead", "--serve-core", str(core_config)],
+        on_cpus([sys.executable, "-m", "bench.overhead", "--serve-core", str(core_config)], hops),
         core_port,
         tmp / "core.log",
     )
     relay = spawn(
-        [sys.executable, "-m", "bench.relay", str(relay_port), str(upstream_port)],
+        on_cpus([sys.executable, "-m", "bench.relay", str(relay_port), str(upstream_port)], hops),
         relay_port,
         tmp / "relay.log",
     )
@@ -482,6 +544,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="each cell runs every target this many times in rotating order, duration/rounds "
         "s each, so outside load hits all targets alike",
     )
+    parser.add_argument(
+        "--placement",
+        choices=("split", "shared"),
+        default="split",
+        help="split: hops under test on the first CPU, region and load generator on the others "
+        "(needs 2+ CPUs and taskset); shared: every process on every CPU",
+    )
     parser.add_argument("--json", type=Path, help="also write the cells as JSON here")
     parser.add_argument(
         "--serve-passthrough", nargs=2, metavar=("PORT", "UPSTREAM"), help=argparse.SUPPRESS
@@ -498,8 +567,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--duration must be in (0, 60] seconds")
     if not 1 <= args.rounds <= 100:
         parser.error("--rounds must be in [1, 100]")
+    place = None
+    if args.placement == "split":
+        place = split_placement(os.sched_getaffinity(0))
+        if place is None or shutil.which("taskset") is None:
+            print("placement: shared (split needs 2+ CPUs and taskset)", file=sys.stderr)
+            place = None
+    placement = place.describe() if place is not None else "every process on every CPU"
+    print(f"placement: {placement}", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="router-overhead-") as tmp:
-        procs = _start(Path(tmp))
+        procs = _start(Path(tmp), place)
+        if place is not None:
+            # The load generator (this process) shares the region's CPUs.
+            os.sched_setaffinity(0, place.rest)
         try:
             sim, passthrough, router, core, relay = procs
             path = "/v1/chat/completions"
@@ -531,9 +611,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         finally:
             for proc in procs:
                 proc.kill()
+    print(f"placement: {placement}")
     print(table(cells))
     if args.json:
-        args.json.write_text(json.dumps([asdict(c) for c in cells], indent=2))
+        report = {"placement": placement, "cells": [asdict(c) for c in cells]}
+        args.json.write_text(json.dumps(report, indent=2))
     bad = sum(c.errors for c in cells)
     if bad:
         print(f"{bad} responses did not match the region's own answer", file=sys.stderr)

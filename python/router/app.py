@@ -247,6 +247,7 @@ def build_app(config: Config, config_path: Path | None = None) -> web.Applicatio
         hooks=app[ATTEMPT_HOOKS],
         region_names=[region.name for region in config.regions],
         models=config.served_models(),
+        cache_of=observability.cache_result if config.cache.enabled else observability.no_cache,
     )
     # One authenticator: the auth middleware's, whose admin check guards every admin route.
     auth = Authenticator.from_config(config.auth)

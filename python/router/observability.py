@@ -32,10 +32,21 @@ ContextOf = Callable[[web.Request], RequestContext | None]
 CacheOf = Callable[[web.Request], CacheResult]
 
 TELEMETRY: web.AppKey[Telemetry] = web.AppKey("telemetry", Telemetry)
-_START: web.RequestKey[int] = web.RequestKey("router.obs.start")
-# Stage durations fixed when the headers went out, so the header and the log agree.
-_AT_HEADERS: web.RequestKey[dict[str, int]] = web.RequestKey("router.obs.at_headers")
-_RESPONSE: web.RequestKey[web.StreamResponse] = web.RequestKey("router.obs.response")
+
+
+class _Exchange:
+    """What the timing middleware keeps of one request (one request key, no lookups that miss)."""
+
+    __slots__ = ("answer", "at_headers", "start")
+
+    def __init__(self, start: int) -> None:
+        self.start = start
+        # Stage durations fixed when the headers went out, so the header and the log agree.
+        self.at_headers: dict[str, int] | None = None
+        self.answer: web.StreamResponse | None = None
+
+
+_EXCHANGE: web.RequestKey[_Exchange] = web.RequestKey("router.obs.exchange")
 _ATTEMPTS = "obs.regions"  # ctx.extra: region names tried, in order
 _TENANT = "tenant"  # ctx.extra key the auth stage fills (an auth.Tenant)
 # ctx.extra key the hedger (hedge.HEDGED) sets to the region a hedged request went to; not
@@ -83,19 +94,19 @@ class PassiveHealth:
 def _stamp_factory(context_of: ContextOf) -> Callable[..., Awaitable[None]]:
     async def stamp(request: web.BaseRequest, response: web.StreamResponse) -> None:
         """on_response_prepare: Server-Timing with the stages known when the headers go out."""
-        start = request.get(_START)
-        if start is None:
+        exchange = request.get(_EXCHANGE)
+        if exchange is None:
             return
         ctx = context_of(request) if isinstance(request, web.Request) else None
-        durations = request.get(_AT_HEADERS)
+        durations = exchange.at_headers
         if durations is None:
             # Sent before the middleware saw it. A whole body leaves with its headers, so first
             # byte and total are now; a stream's body follows, so its total is not known yet.
             durations = totals(ctx.timer.stages) if ctx is not None else {}
-            durations[TTFT] = time.perf_counter_ns() - start
+            durations[TTFT] = time.perf_counter_ns() - exchange.start
             if isinstance(response, web.Response):
                 durations[TOTAL] = durations[TTFT]
-            request[_AT_HEADERS] = durations
+            exchange.at_headers = durations
         response.headers["Server-Timing"] = server_timing(durations)
         if ctx is not None and "X-Request-Id" not in response.headers:
             response.headers["X-Request-Id"] = ctx.request_id
@@ -187,12 +198,13 @@ def _middleware_factory(
     async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
         """Times the whole request; one access record per proxied request once it is done."""
         start = time.perf_counter_ns()
-        request[_START] = start
+        exchange = _Exchange(start)
+        request[_EXCHANGE] = exchange
         token = _CURRENT.set(lambda: context_of(request))
         code = 500
         try:
             resp = await handler(request)
-            request[_RESPONSE] = resp
+            exchange.answer = resp
             code = resp.status
             if not resp.prepared:
                 # A whole body: it leaves right after this, so first byte and total are now.
@@ -200,7 +212,7 @@ def _middleware_factory(
                 ctx = context_of(request)
                 durations = totals(ctx.timer.stages) if ctx is not None else {}
                 durations[TTFT] = durations[TOTAL] = now
-                request[_AT_HEADERS] = durations
+                exchange.at_headers = durations
             return resp
         except asyncio.CancelledError:
             code = CLIENT_CLOSED
@@ -213,10 +225,14 @@ def _middleware_factory(
             ctx = context_of(request)
             if ctx is None and request.method == "POST" and request.path.startswith("/v1/"):
                 # Refused before the handler made a context (auth): still a request to count.
-                rid = _answered_id(request) or request_id(request.headers.get("X-Request-Id"))
-                ctx = RequestContext(rid, request.path)
+                # The id an error answer already carries, else the client's or a new one.
+                answer = exchange.answer
+                rid = answer.headers.get("X-Request-Id") if answer is not None else None
+                ctx = RequestContext(
+                    rid or request_id(request.headers.get("X-Request-Id")), request.path
+                )
             if ctx is not None:
-                at_headers = request.get(_AT_HEADERS) or {}
+                at_headers = exchange.at_headers or {}
                 if TOTAL in at_headers:
                     # A whole body: everything was fixed with its headers, which showed the same.
                     durations = at_headers
@@ -226,7 +242,7 @@ def _middleware_factory(
                     if TTFT in at_headers:
                         durations[TTFT] = at_headers[TTFT]
                     durations[TOTAL] = time.perf_counter_ns() - start
-                answer = request.get(_RESPONSE)
+                answer = exchange.answer
                 tokens = usage(answer) if answer is not None else (None, None)
                 try:
                     record = _record(request, ctx, code, durations, cache_of(request), tokens)
@@ -254,12 +270,6 @@ def record_connect(ns: int) -> None:
     ctx = current() if current is not None else None
     if ctx is not None:
         ctx.timer.record(CONNECT, ns)
-
-
-def _answered_id(request: web.Request) -> str | None:
-    """The request id the answer already carries (error responses stamp one)."""
-    resp = request.get(_RESPONSE)
-    return resp.headers.get("X-Request-Id") if resp is not None else None
 
 
 def attempt_hook(
@@ -370,6 +380,11 @@ def telemetry_from_config(
     )
     slo = SloTracker(targets, alpha=config.quantile_accuracy)
     return Telemetry(slo=slo, regions=regions, log=log, models=models)
+
+
+def no_cache(request: web.Request) -> CacheResult:
+    """The cache outcome when the response cache is not installed."""
+    return "none"
 
 
 def cache_result(request: web.Request) -> CacheResult:
