@@ -477,12 +477,9 @@ def on_cpus(cmd: Sequence[str], cpus: frozenset[int] | None) -> list[str]:
 def _start(tmp: Path, place: Placement | None) -> list[Proc]:
     upstream_port, pass_port, router_port = free_port(), free_port(), free_port()
     core_port, relay_port = free_port(), free_port()
-    hops = place.proxies if place is not None else None
+    hops, others = (place.proxies, place.rest) if place is not None else (None, None)
     sim = spawn(
-        on_cpus(
-            router_cmd("sim-region", "--port", str(upstream_port), "--name", "sim"),
-            place.rest if place is not None else None,
-        ),
+        on_cpus(router_cmd("sim-region", "--port", str(upstream_port), "--name", "sim"), others),
         upstream_port,
         tmp / "sim.log",
     )
@@ -571,7 +568,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.placement == "split":
         place = split_placement(os.sched_getaffinity(0))
         if place is None or shutil.which("taskset") is None:
-            print("placement: shared (split needs 2+ CPUs and taskset)", file=sys.stderr)
+            print("split placement needs 2+ CPUs and taskset: sharing them", file=sys.stderr)
             place = None
     placement = place.describe() if place is not None else "every process on every CPU"
     print(f"placement: {placement}", file=sys.stderr)

@@ -223,10 +223,10 @@ def _middleware_factory(
         finally:
             _CURRENT.reset(token)
             ctx = context_of(request)
+            answer = exchange.answer
             if ctx is None and request.method == "POST" and request.path.startswith("/v1/"):
                 # Refused before the handler made a context (auth): still a request to count.
                 # The id an error answer already carries, else the client's or a new one.
-                answer = exchange.answer
                 rid = answer.headers.get("X-Request-Id") if answer is not None else None
                 ctx = RequestContext(
                     rid or request_id(request.headers.get("X-Request-Id")), request.path
@@ -242,7 +242,6 @@ def _middleware_factory(
                     if TTFT in at_headers:
                         durations[TTFT] = at_headers[TTFT]
                     durations[TOTAL] = time.perf_counter_ns() - start
-                answer = exchange.answer
                 tokens = usage(answer) if answer is not None else (None, None)
                 try:
                     record = _record(request, ctx, code, durations, cache_of(request), tokens)
