@@ -195,13 +195,13 @@ class Cell:
     cpu_us: float
 
 
-def _cpu_s(pid: int) -> float:
+def cpu_s(pid: int) -> float:
     """utime + stime of a process, in seconds (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _quantile(values: Sequence[float], q: float) -> float:
+def quantile(values: Sequence[float], q: float) -> float:
     if not values:
         return float("nan")
     ordered = sorted(values)
@@ -260,7 +260,7 @@ async def _load(
     return latencies, errors
 
 
-async def _paced(
+async def paced_load(
     session: aiohttp.ClientSession,
     url: str,
     stream: bool,
@@ -352,13 +352,13 @@ async def _cell(
         for turn in range(rounds):
             for name in names[turn % len(names) :] + names[: turn % len(names)]:
                 url, tally = targets[name], tallies[name]
-                cpu_before, began = _cpu_s(pids[name]), time.perf_counter()
+                cpu_before, began = cpu_s(pids[name]), time.perf_counter()
                 if paced is None:
                     latencies, errors = await _load(
                         sessions[name], url, stream, concurrency, duration / rounds, expected
                     )
                 else:
-                    latencies, errors = await _paced(
+                    latencies, errors = await paced_load(
                         sessions[name],
                         url,
                         stream,
@@ -368,7 +368,7 @@ async def _cell(
                         expected,
                     )
                 tally.elapsed += time.perf_counter() - began
-                tally.cpu += _cpu_s(pids[name]) - cpu_before
+                tally.cpu += cpu_s(pids[name]) - cpu_before
                 tally.latencies += latencies
                 tally.errors += errors
     return tallies
@@ -405,8 +405,8 @@ async def measure(
                         requests=len(t.latencies),
                         errors=t.errors,
                         rps=len(t.latencies) / t.elapsed,
-                        p50_ms=1000 * _quantile(t.latencies, 0.5),
-                        p99_ms=1000 * _quantile(t.latencies, 0.99),
+                        p50_ms=1000 * quantile(t.latencies, 0.5),
+                        p99_ms=1000 * quantile(t.latencies, 0.99),
                         cpu_us=1e6 * t.cpu / max(1, len(t.latencies)),
                     )
                 )
