@@ -12,7 +12,7 @@ others (`--placement split`), in rotating rounds so outside load hits all alike.
 The difference between `aiohttp-app` and `raw` is the framework's own share of any aiohttp
 proxy's added latency; bench/overhead's `tcp-relay` row is the share of the extra hop itself.
 
-    python -m bench.frontends                      # 300 requests/s, 3 s per server, about 15 s
+    python -m bench.frontends                      # 300 requests/s, 6 s per server, about 20 s
     python -m bench.frontends --rate 100 --duration 5 --json out.json
 """
 
@@ -167,8 +167,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--rate", type=float, default=300.0, help="requests/s, at most 32 in flight"
     )
-    parser.add_argument("--duration", type=float, default=3.0, help="seconds per server")
-    parser.add_argument("--rounds", type=int, default=3, help="rotations of the servers")
+    parser.add_argument("--duration", type=float, default=6.0, help="seconds per server")
+    parser.add_argument("--rounds", type=int, default=6, help="rotations of the servers")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
     parser.add_argument("--serve", nargs=2, metavar=("KIND", "PORT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

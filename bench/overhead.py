@@ -419,25 +419,35 @@ async def measure(
 
 
 def table(cells: Sequence[Cell]) -> str:
-    """Markdown table; added latency is relative to direct in the same mode and concurrency."""
+    """Markdown table; added latency is relative to direct in the same mode and concurrency.
+
+    Paced rows also give p50 over the byte relay's: the part of the added latency that is the
+    hop's own work rather than what any extra hop costs on this machine.
+    """
     direct = {(c.mode, c.concurrency): c for c in cells if c.target == "direct"}
     passthrough = {(c.mode, c.concurrency): c for c in cells if c.target == "passthrough"}
+    relay = {(c.mode, c.concurrency): c for c in cells if c.target == "tcp-relay"}
     lines = [
         "| mode | c | target | RPS | p50 ms | p99 ms | added p50 ms | added p99 ms "
-        "| RPS vs pass-through | CPU us/req | errors |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| p50 over tcp-relay ms | RPS vs pass-through | CPU us/req | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in cells:
-        base = direct[(c.mode, c.concurrency)]
+        key = (c.mode, c.concurrency)
+        base = direct[key]
         added = "" if c.target == "direct" else f"{c.p50_ms - base.p50_ms:+.2f}"
         added99 = "" if c.target == "direct" else f"{c.p99_ms - base.p99_ms:+.2f}"
+        over = ""
+        if "/s" in c.mode and key in relay and c.target not in ("direct", "tcp-relay"):
+            over = f"{c.p50_ms - relay[key].p50_ms:+.2f}"
         ratio = ""
         if c.target.startswith("router") and "/s" not in c.mode:
-            ratio = f"{100 * c.rps / passthrough[(c.mode, c.concurrency)].rps:.0f}%"
+            ratio = f"{100 * c.rps / passthrough[key].rps:.0f}%"
         metric = " (TTFT)" if c.mode.startswith("stream") else ""
         lines.append(
             f"| {c.mode}{metric} | {c.concurrency} | {c.target} | {c.rps:.0f} | {c.p50_ms:.2f} "
-            f"| {c.p99_ms:.2f} | {added} | {added99} | {ratio} | {c.cpu_us:.0f} | {c.errors} |"
+            f"| {c.p99_ms:.2f} | {added} | {added99} | {over} | {ratio} | {c.cpu_us:.0f} "
+            f"| {c.errors} |"
         )
     return "\n".join(lines)
 

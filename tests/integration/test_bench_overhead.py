@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.overhead import on_cpus, split_placement
+from bench.overhead import Cell, on_cpus, split_placement, table
 
 from tests.support import REPO
 
@@ -24,6 +24,34 @@ def test_split_gives_the_first_cpu_to_the_hops_under_test() -> None:
 def test_commands_are_confined_with_taskset() -> None:
     assert on_cpus(["router", "serve"], None) == ["router", "serve"]
     assert on_cpus(["router"], frozenset({2, 0})) == ["taskset", "-c", "0,2", "router"]
+
+
+def _cell(target: str, mode: str, p50: float, rps: float = 100.0) -> Cell:
+    return Cell(target, mode, 32, 10, 0, rps, p50, 2 * p50, 100.0)
+
+
+def test_table_gives_added_latency_over_direct_and_over_the_byte_relay() -> None:
+    cells = [
+        _cell("direct", "stream", 4.0, rps=1000),
+        _cell("tcp-relay", "stream", 5.0, rps=800),
+        _cell("passthrough", "stream", 6.0, rps=500),
+        _cell("router", "stream", 5.5, rps=400),
+        _cell("direct", "stream @300/s", 0.5),
+        _cell("tcp-relay", "stream @300/s", 0.75),
+        _cell("passthrough", "stream @300/s", 1.0),
+        _cell("router", "stream @300/s", 1.0),
+    ]
+    lines = table(cells).splitlines()[2:]
+    rows = {
+        (cols[0], cols[2]): cols
+        for cols in ([c.strip() for c in line.strip("|").split("|")] for line in lines)
+    }
+    # mode, c, target, RPS, p50, p99, added p50, added p99, over relay, vs pass-through, ...
+    closed = rows[("stream (TTFT)", "router")]
+    assert closed[6:10] == ["+1.50", "+3.00", "", "80%"]
+    paced = rows[("stream @300/s (TTFT)", "router")]
+    assert paced[6:10] == ["+0.50", "+1.00", "+0.25", ""]
+    assert rows[("stream @300/s (TTFT)", "tcp-relay")][8] == ""
 
 
 def test_a_short_run_measures_every_target_without_mismatches(tmp_path: Path) -> None:
