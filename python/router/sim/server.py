@@ -100,8 +100,15 @@ class _Dropped(Exception):
 
 
 async def _pause(seconds: float) -> None:
-    if seconds > 0:
-        await asyncio.sleep(seconds)
+    """Wait at least `seconds`: an injected delay is a lower bound the tests rely on, and the
+    event loop's timers (whole milliseconds, from a clock read at the start of the loop's
+    iteration) may fire up to a millisecond early."""
+    if seconds <= 0:
+        return
+    until = time.monotonic() + seconds
+    # A deadline, not a condition to poll: no Event could say when the time is up.
+    while (left := until - time.monotonic()) > 0:  # noqa: ASYNC110
+        await asyncio.sleep(left)
 
 
 class SimRegion:
