@@ -115,6 +115,20 @@ def router_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "router", *args]
 
 
+def run_bench(module: str, *args: str, timeout: float = 120) -> str:
+    """Run `python -m bench.MODULE ARGS` from the repository root; its stdout, or fail with its
+    stderr when it exits non-zero."""
+    done = subprocess.run(
+        [sys.executable, "-m", f"bench.{module}", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
 def redis_server_binary() -> str | None:
     return shutil.which("redis-server")
 

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import aiohttp
 import pytest
 from bench.frontends import ANSWER, SERVERS, RawHttp
 
-from tests.support import REPO
+from tests.support import run_bench
 
 
 async def test_raw_protocol_answers_keep_alive_requests_and_split_bodies() -> None:
@@ -45,15 +43,7 @@ async def test_raw_protocol_answers_keep_alive_requests_and_split_bodies() -> No
 def test_a_short_run_measures_every_server(tmp_path: Path) -> None:
     out = tmp_path / "rows.json"
     args = ["--rate", "50", "--duration", "0.4", "--rounds", "2", "--json", str(out)]
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.frontends", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("placement: ")
+    assert run_bench("frontends", *args).startswith("placement: ")
     rows = json.loads(out.read_text())["rows"]
     assert [r["server"] for r in rows] == list(SERVERS)
     assert all(r["errors"] == 0 and r["requests"] > 0 for r in rows)

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 from bench.overhead import Cell, on_cpus, split_placement, table
 
-from tests.support import REPO
+from tests.support import run_bench
 
 
 def test_split_gives_the_first_cpu_to_the_hops_under_test() -> None:
@@ -57,15 +55,8 @@ def test_table_gives_added_latency_over_direct_and_over_the_byte_relay() -> None
 def test_a_short_run_measures_every_target_without_mismatches(tmp_path: Path) -> None:
     out = tmp_path / "cells.json"
     args = ["--duration", "0.4", "--warmup", "0.1", "--rounds", "2", "--concurrency", "4"]
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.overhead", *args, "--rate", "50", "--json", str(out)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("placement: ")
+    stdout = run_bench("overhead", *args, "--rate", "50", "--json", str(out))
+    assert stdout.startswith("placement: ")
     report = json.loads(out.read_text())
     cells = report["cells"]
     targets = {"direct", "tcp-relay", "passthrough", "router", "router-core"}
