@@ -57,6 +57,7 @@ import uvloop
 from aiohttp import web
 from tests.support import Proc, free_port, router_cmd, spawn
 
+from router import gctune
 from router.config import Config, load
 from router.context import RequestContext, request_id
 from router.proxy import forward
@@ -169,8 +170,13 @@ def serve_core(config_path: str) -> None:
     """Run the core-only router (a subprocess of the bench)."""
     config = load(config_path)
 
+    async def started() -> None:
+        # The router's own GC settings, so the two differ only in their request paths.
+        gctune.tune(config.server.gc_gen0_threshold)
+
     async def run() -> None:
-        await run_until_signal(make_runner(core_app(config), config), config.server.listen)
+        runner = make_runner(core_app(config), config)
+        await run_until_signal(runner, config.server.listen, extra=started)
 
     uvloop.run(run())
 
