@@ -1,15 +1,17 @@
-"""Proxy overhead: direct-to-upstream vs a minimal aiohttp pass-through vs the router.
+"""Proxy overhead: direct-to-upstream vs a byte relay, nginx, a minimal aiohttp pass-through and
+the router.
 
 `router-core` is the router's own request path (validation, context, model lookup, attempt
 loop, relay) without the features build_app plugs in (auth, limits, admission, rollout, cache,
 routing/health, metrics and access log), to show which part of the cost is whose. `tcp-relay`
 (bench/relay.py) copies bytes between sockets on uvloop without parsing HTTP: the floor of
-what any Python hop adds on this machine.
+what any Python hop adds on this machine. `nginx` (Debian's, one worker, keep-alive upstream
+pool, no buffering; left out when not installed) is what a mature native proxy adds here.
 
-One zero-delay simulated region, three ways to reach it, non-stream and stream, at two
-concurrencies, each for a fixed bounded duration on loopback. Every response is checked
-against the bytes the region itself returns. Prints a table of RPS, p50/p99 latency (TTFT for
-streams) and the latency the router and the pass-through add over direct.
+One zero-delay simulated region, reached directly and through each hop, non-stream and
+stream, at two concurrencies, each for a fixed bounded duration on loopback. Every response is
+checked against the bytes the region itself returns. Prints a table of RPS, p50/p99 latency
+(TTFT for streams) and the latency each hop adds over direct.
 
 Closed-loop cells (c clients, each sending as soon as its last answer came) measure throughput;
 their latencies include queueing once the CPU is saturated. The paced cells (`@ R/s`, open
@@ -21,17 +23,17 @@ one keep-alive client session per target across the rounds), and pools the sampl
 outside load on these shared cores then lands on all targets alike instead of on one target's
 whole cell.
 
-CPU placement (`--placement`): by default (`split`) the hop under test (tcp-relay, pass-through,
-router, router-core) runs on the first CPU and the simulated region and the load generator on
-the others, as in a deployment where the router has its own cores and the region is another
-machine. With everything sharing the cores (`shared`), a request's write to the region wakes
-the region on the proxy's own core (the kernel's wake-affine placement of the reader of a
-socket), so a zero-delay region generates its whole answer there before the proxy may relay the
-first chunk: stream TTFT through any hop then includes the region's CPU time, which no remote
-region would cost. Direct requests are measured under the same placement (client and region on
-the same CPUs).
+CPU placement (`--placement`): by default (`split`) the hop under test (tcp-relay, nginx,
+pass-through, router, router-core) runs on the first CPU and the simulated region and the load
+generator on the others, as in a deployment where the router has its own cores and the region
+is another machine. With everything sharing the cores (`shared`), a request's write to the
+region wakes the region on the proxy's own core (the kernel's wake-affine placement of the
+reader of a socket), so a zero-delay region generates its whole answer there before the proxy
+may relay the first chunk: stream TTFT through any hop then includes the region's CPU time,
+which no remote region would cost. Direct requests are measured under the same placement
+(client and region on the same CPUs).
 
-    python -m bench.overhead                 # default: 2 s per cell plus paced cells, about 80 s
+    python -m bench.overhead                 # default: 2 s per cell plus paced cells, about 95 s
     python -m bench.overhead --rate 0        # closed-loop cells only
     python -m bench.overhead --placement shared   # every process on every CPU
     python -m bench.overhead --duration 5 --concurrency 32 128 --json out.json
@@ -45,6 +47,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -55,6 +58,7 @@ from pathlib import Path
 import aiohttp
 import uvloop
 from aiohttp import web
+from bench.procs import NGINX, nginx_config
 from tests.support import Proc, free_port, router_cmd, spawn
 
 from router import gctune
@@ -490,53 +494,66 @@ def on_cpus(cmd: Sequence[str], cpus: frozenset[int] | None) -> list[str]:
     return list(cmd) if cpus is None else ["taskset", "-c", _cpu_list(cpus), *cmd]
 
 
-def _start(tmp: Path, place: Placement | None) -> list[Proc]:
-    upstream_port, pass_port, router_port = free_port(), free_port(), free_port()
-    core_port, relay_port = free_port(), free_port()
+def _start(tmp: Path, place: Placement | None, started: dict[str, Proc]) -> None:
+    """The region and every hop in front of it, under the names the table gives them; `started`
+    fills as they come up, so the caller stops whatever did when one fails to."""
+    upstream_port = free_port()
     hops, others = (place.proxies, place.rest) if place is not None else (None, None)
-    sim = spawn(
+    started["direct"] = spawn(
         on_cpus(router_cmd("sim-region", "--port", str(upstream_port), "--name", "sim"), others),
         upstream_port,
         tmp / "sim.log",
     )
-    upstream = f"http://127.0.0.1:{upstream_port}"
-    passthrough = spawn(
-        on_cpus(
-            [
-                sys.executable,
-                "-m",
-                "bench.overhead",
-                "--serve-passthrough",
-                str(pass_port),
-                upstream,
-            ],
-            hops,
-        ),
-        pass_port,
-        tmp / "passthrough.log",
-    )
-    config = tmp / "router.toml"
-    config.write_text(ROUTER_CONFIG.format(port=router_port, upstream=upstream_port, model=MODEL))
-    router = spawn(
-        on_cpus(router_cmd("serve", "--config", str(config)), hops),
-        router_port,
-        tmp / "router.log",
-    )
-    core_config = tmp / "core.toml"
-    core_config.write_text(
-        ROUTER_CONFIG.format(port=core_port, upstream=upstream_port, model=MODEL)
-    )
-    core = spawn(
-        on_cpus([sys.executable, "-m", "bench.overhead", "--serve-core", str(core_config)], hops),
-        core_port,
-        tmp / "core.log",
-    )
-    relay = spawn(
-        on_cpus([sys.executable, "-m", "bench.relay", str(relay_port), str(upstream_port)], hops),
-        relay_port,
+    port = free_port()
+    started["tcp-relay"] = spawn(
+        on_cpus([sys.executable, "-m", "bench.relay", str(port), str(upstream_port)], hops),
+        port,
         tmp / "relay.log",
     )
-    return [sim, passthrough, router, core, relay]
+    if shutil.which(NGINX) is not None:
+        port = free_port()
+        prefix = tmp / "nginx"
+        prefix.mkdir()
+        conf = prefix / "nginx.conf"
+        conf.write_text(nginx_config(prefix, port, upstream_port))
+        cmd = [NGINX, "-p", str(prefix), "-c", str(conf), "-e", str(prefix / "error.log")]
+        started["nginx"] = spawn(on_cpus(cmd, hops), port, tmp / "nginx.log")
+    else:
+        print(f"{NGINX} not installed: no nginx row (apt-get install nginx)", file=sys.stderr)
+    port = free_port()
+    upstream = f"http://127.0.0.1:{upstream_port}"
+    started["passthrough"] = spawn(
+        on_cpus(
+            [sys.executable, "-m", "bench.overhead", "--serve-passthrough", str(port), upstream],
+            hops,
+        ),
+        port,
+        tmp / "passthrough.log",
+    )
+    port = free_port()
+    config = tmp / "router.toml"
+    config.write_text(ROUTER_CONFIG.format(port=port, upstream=upstream_port, model=MODEL))
+    started["router"] = spawn(
+        on_cpus(router_cmd("serve", "--config", str(config)), hops), port, tmp / "router.log"
+    )
+    port = free_port()
+    core_config = tmp / "core.toml"
+    core_config.write_text(ROUTER_CONFIG.format(port=port, upstream=upstream_port, model=MODEL))
+    started["router-core"] = spawn(
+        on_cpus([sys.executable, "-m", "bench.overhead", "--serve-core", str(core_config)], hops),
+        port,
+        tmp / "core.log",
+    )
+
+
+def _serving_pid(name: str, proc: Proc) -> int:
+    """The process that does the work: nginx's (only) worker rather than its master."""
+    pid = proc.popen.pid
+    if name != "nginx":
+        return pid
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    workers = children.read_text().split() if children.exists() else []
+    return int(workers[0]) if workers else pid
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -589,27 +606,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     placement = place.describe() if place is not None else "every process on every CPU"
     print(f"placement: {placement}", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="router-overhead-") as tmp:
-        procs = _start(Path(tmp), place)
-        if place is not None:
-            # The load generator (this process) shares the region's CPUs.
-            os.sched_setaffinity(0, place.rest)
+        procs: dict[str, Proc] = {}
         try:
-            sim, passthrough, router, core, relay = procs
+            _start(Path(tmp), place, procs)
+            if place is not None:
+                # The load generator (this process) shares the region's CPUs.
+                os.sched_setaffinity(0, place.rest)
             path = "/v1/chat/completions"
-            targets = {
-                "direct": sim.url + path,
-                "tcp-relay": relay.url + path,
-                "passthrough": passthrough.url + path,
-                "router": router.url + path,
-                "router-core": core.url + path,
-            }
-            pids = {
-                "direct": sim.popen.pid,
-                "tcp-relay": relay.popen.pid,
-                "passthrough": passthrough.popen.pid,
-                "router": router.popen.pid,
-                "router-core": core.popen.pid,
-            }
+            targets = {name: proc.url + path for name, proc in procs.items()}
+            pids = {name: _serving_pid(name, proc) for name, proc in procs.items()}
             cells = uvloop.run(
                 measure(
                     targets,
@@ -622,8 +627,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
             )
         finally:
-            for proc in procs:
-                proc.kill()
+            for name, proc in procs.items():
+                # nginx's master stops its worker on SIGTERM; a SIGKILL would orphan it.
+                proc.kill(signal.SIGTERM if name == "nginx" else signal.SIGKILL)
     print(f"placement: {placement}")
     print(table(cells))
     if args.json:

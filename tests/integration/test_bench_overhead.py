@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from bench.overhead import Cell, on_cpus, split_placement, table
+from bench.procs import NGINX
 
 from tests.support import run_bench
 
@@ -60,6 +62,8 @@ def test_a_short_run_measures_every_target_without_mismatches(tmp_path: Path) ->
     report = json.loads(out.read_text())
     cells = report["cells"]
     targets = {"direct", "tcp-relay", "passthrough", "router", "router-core"}
+    if shutil.which(NGINX) is not None:  # make setup and CI install it
+        targets.add("nginx")
     modes = {"non-stream", "non-stream @50/s", "stream", "stream @50/s"}
     assert {(c["target"], c["mode"]) for c in cells} == {(t, m) for t in targets for m in modes}
     assert all(c["errors"] == 0 and c["requests"] > 0 for c in cells)
