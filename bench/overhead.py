@@ -552,8 +552,14 @@ def _serving_pid(name: str, proc: Proc) -> int:
     if name != "nginx":
         return pid
     children = Path(f"/proc/{pid}/task/{pid}/children")
-    workers = children.read_text().split() if children.exists() else []
-    return int(workers[0]) if workers else pid
+    deadline = time.monotonic() + 5.0
+    # The master listens before it forks its worker: give the worker a moment to appear.
+    while time.monotonic() < deadline:
+        workers = children.read_text().split() if children.exists() else []
+        if workers:
+            return int(workers[0])
+        time.sleep(0.05)
+    raise RuntimeError(f"nginx (pid {pid}) started no worker")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
