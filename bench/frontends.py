@@ -30,10 +30,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import aiohttp
 import uvloop
 from aiohttp import web
-from bench.overhead import PACED_CAP, cpu_s, on_cpus, paced_load, quantile, split_placement
+from bench.overhead import PACED_CAP, cpu_list, on_cpus, quantile, run_cell, split_placement
 from tests.support import free_port, spawn
 
 ANSWER = b'{"object":"static","ok":true}'
@@ -111,33 +110,17 @@ async def measure(
     urls: dict[str, str], pids: dict[str, int], rate: float, duration: float, rounds: int
 ) -> list[Row]:
     """Every server paced at `rate`, `rounds` times in rotating order, `duration / rounds` s."""
-    names = list(urls)
-    latencies: dict[str, list[float]] = {n: [] for n in names}
-    errors = dict.fromkeys(names, 0)
-    cpu = dict.fromkeys(names, 0.0)
-    connector = aiohttp.TCPConnector(limit=PACED_CAP)
-    async with aiohttp.ClientSession(connector=connector) as session:
-        for name in names:  # warm up: connections open, code paths taken once
-            await paced_load(session, urls[name], False, rate, PACED_CAP, 0.3, ANSWER)
-        for turn in range(rounds):
-            for name in names[turn % len(names) :] + names[: turn % len(names)]:
-                before = cpu_s(pids[name])
-                got, bad = await paced_load(
-                    session, urls[name], False, rate, PACED_CAP, duration / rounds, ANSWER
-                )
-                cpu[name] += cpu_s(pids[name]) - before
-                latencies[name] += got
-                errors[name] += bad
+    tallies = await run_cell(urls, pids, False, PACED_CAP, rate, duration, 0.3, rounds, ANSWER)
     return [
         Row(
-            server=n,
-            requests=len(latencies[n]),
-            errors=errors[n],
-            p50_ms=1000 * quantile(latencies[n], 0.5),
-            p99_ms=1000 * quantile(latencies[n], 0.99),
-            cpu_us=1e6 * cpu[n] / max(1, len(latencies[n])),
+            server=name,
+            requests=len(t.latencies),
+            errors=t.errors,
+            p50_ms=1000 * quantile(t.latencies, 0.5),
+            p99_ms=1000 * quantile(t.latencies, 0.99),
+            cpu_us=1e6 * t.cpu / max(1, len(t.latencies)),
         )
-        for n in names
+        for name, t in tallies.items()
     ]
 
 
@@ -156,10 +139,6 @@ def table(rows: Sequence[Row], rate: float) -> str:
             f"| {r.cpu_us:.0f} | {r.errors} |"
         )
     return "\n".join(lines)
-
-
-def _cpus(cpus: frozenset[int]) -> str:
-    return ",".join(str(c) for c in sorted(cpus))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -181,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     hops = place.proxies if place is not None else None
     placement = "every process on every CPU"
     if place is not None:
-        servers, others = _cpus(place.proxies), _cpus(place.rest)
+        servers, others = cpu_list(place.proxies), cpu_list(place.rest)
         placement = f"servers on CPU {servers}; load generator on CPU {others}"
     with tempfile.TemporaryDirectory(prefix="router-frontends-") as tmp:
         procs = []

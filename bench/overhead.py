@@ -58,7 +58,7 @@ from pathlib import Path
 import aiohttp
 import uvloop
 from aiohttp import web
-from bench.procs import NGINX, nginx_config
+from bench.procs import NGINX, nginx_cmd
 from tests.support import Proc, free_port, router_cmd, spawn
 
 from router import gctune
@@ -205,7 +205,7 @@ class Cell:
     cpu_us: float
 
 
-def cpu_s(pid: int) -> float:
+def _cpu_s(pid: int) -> float:
     """utime + stime of a process, in seconds (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -270,7 +270,7 @@ async def _load(
     return latencies, errors
 
 
-async def paced_load(
+async def _paced(
     session: aiohttp.ClientSession,
     url: str,
     stream: bool,
@@ -326,7 +326,7 @@ async def _expected(url: str, stream: bool) -> bytes:
 
 
 @dataclass
-class _Tally:
+class Tally:
     """One target's samples in one cell, summed over the rounds."""
 
     latencies: list[float]
@@ -335,7 +335,7 @@ class _Tally:
     cpu: float = 0.0
 
 
-async def _cell(
+async def run_cell(
     targets: dict[str, str],
     pids: dict[str, int],
     stream: bool,
@@ -345,11 +345,11 @@ async def _cell(
     warmup: float,
     rounds: int,
     expected: bytes,
-) -> dict[str, _Tally]:
+) -> dict[str, Tally]:
     """Every target under one load, `rounds` times in rotating order, `duration / rounds` s
     each: a burst of outside load hits all targets alike instead of one target's whole cell."""
     names = list(targets)
-    tallies = {name: _Tally([]) for name in names}
+    tallies = {name: Tally([]) for name in names}
     async with contextlib.AsyncExitStack() as stack:
         sessions = {
             name: await stack.enter_async_context(
@@ -362,13 +362,13 @@ async def _cell(
         for turn in range(rounds):
             for name in names[turn % len(names) :] + names[: turn % len(names)]:
                 url, tally = targets[name], tallies[name]
-                cpu_before, began = cpu_s(pids[name]), time.perf_counter()
+                cpu_before, began = _cpu_s(pids[name]), time.perf_counter()
                 if paced is None:
                     latencies, errors = await _load(
                         sessions[name], url, stream, concurrency, duration / rounds, expected
                     )
                 else:
-                    latencies, errors = await paced_load(
+                    latencies, errors = await _paced(
                         sessions[name],
                         url,
                         stream,
@@ -378,7 +378,7 @@ async def _cell(
                         expected,
                     )
                 tally.elapsed += time.perf_counter() - began
-                tally.cpu += cpu_s(pids[name]) - cpu_before
+                tally.cpu += _cpu_s(pids[name]) - cpu_before
                 tally.latencies += latencies
                 tally.errors += errors
     return tallies
@@ -403,7 +403,7 @@ async def measure(
         expected = await _expected(targets["direct"], stream)
         for concurrency, paced in loads:
             mode = base_mode if paced is None else f"{base_mode} @{paced:g}/s"
-            tallies = await _cell(
+            tallies = await run_cell(
                 targets, pids, stream, concurrency, paced, duration, warmup, rounds, expected
             )
             for target, t in tallies.items():
@@ -471,12 +471,12 @@ class Placement:
 
     def describe(self) -> str:
         return (
-            f"hops under test on CPU {_cpu_list(self.proxies)}; "
-            f"region and load generator on CPU {_cpu_list(self.rest)}"
+            f"hops under test on CPU {cpu_list(self.proxies)}; "
+            f"region and load generator on CPU {cpu_list(self.rest)}"
         )
 
 
-def _cpu_list(cpus: frozenset[int]) -> str:
+def cpu_list(cpus: frozenset[int]) -> str:
     return ",".join(str(c) for c in sorted(cpus))
 
 
@@ -491,7 +491,7 @@ def split_placement(cpus: Iterable[int]) -> Placement | None:
 
 def on_cpus(cmd: Sequence[str], cpus: frozenset[int] | None) -> list[str]:
     """`cmd` confined to `cpus` (every thread it starts included), or as is for None."""
-    return list(cmd) if cpus is None else ["taskset", "-c", _cpu_list(cpus), *cmd]
+    return list(cmd) if cpus is None else ["taskset", "-c", cpu_list(cpus), *cmd]
 
 
 def _start(tmp: Path, place: Placement | None, started: dict[str, Proc]) -> None:
@@ -512,11 +512,7 @@ def _start(tmp: Path, place: Placement | None, started: dict[str, Proc]) -> None
     )
     if shutil.which(NGINX) is not None:
         port = free_port()
-        prefix = tmp / "nginx"
-        prefix.mkdir()
-        conf = prefix / "nginx.conf"
-        conf.write_text(nginx_config(prefix, port, upstream_port))
-        cmd = [NGINX, "-p", str(prefix), "-c", str(conf), "-e", str(prefix / "error.log")]
+        cmd = nginx_cmd(tmp / "nginx", port, upstream_port)
         started["nginx"] = spawn(on_cpus(cmd, hops), port, tmp / "nginx.log")
     else:
         print(f"{NGINX} not installed: no nginx row (apt-get install nginx)", file=sys.stderr)

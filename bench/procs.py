@@ -113,11 +113,7 @@ class Procs:
         if shutil.which(NGINX) is None:
             raise RuntimeError(f"{NGINX} is not installed (apt-get install nginx)")
         port = free_port()
-        prefix = self.folder / f"nginx-{port}"
-        prefix.mkdir()
-        conf = prefix / "nginx.conf"
-        conf.write_text(nginx_config(prefix, port, upstream_port))
-        args = [NGINX, "-p", str(prefix), "-c", str(conf), "-e", str(prefix / "error.log")]
+        args = nginx_cmd(self.folder / f"nginx-{port}", port, upstream_port)
         return self._spawn(args, f"nginx-{port}", port, stop=signal.SIGTERM)
 
     def close(self) -> None:
@@ -144,6 +140,14 @@ def procs(folder: Path) -> Iterator[Procs]:
         yield p
     finally:
         p.close()
+
+
+def nginx_cmd(prefix: Path, port: int, upstream_port: int) -> list[str]:
+    """Create `prefix` with nginx's config for port -> upstream_port; the command that runs it."""
+    prefix.mkdir()
+    conf = prefix / "nginx.conf"
+    conf.write_text(nginx_config(prefix, port, upstream_port))
+    return [NGINX, "-p", str(prefix), "-c", str(conf), "-e", str(prefix / "error.log")]
 
 
 def nginx_config(prefix: Path, port: int, upstream_port: int) -> str:
