@@ -128,7 +128,9 @@ class Health:
 
     def candidates(self, names: Iterable[str]) -> list[Candidate]:
         """Selection input for the regions `names` (those serving the requested model)."""
-        view = {v[0]: v for v in self.prober.routing_view()}
+        view = {}
+        for row in self.prober.routing_view():
+            view[row[0]] = row
         stale_s = self.config.ttft_stale_s
         out = []
         for name in names:

@@ -107,7 +107,10 @@ def selector(health: Health, live: LiveRouting) -> Selector:
     def select(ctx: RequestContext, upstreams: Upstreams) -> Sequence[Upstream]:
         nonlocal panicking
         serving = upstreams.serving(ctx.request.upstream_model)
-        chosen = health.select([u.name for u in serving], live.config)
+        by_name: dict[str, Upstream] = {}
+        for u in serving:
+            by_name[u.name] = u
+        chosen = health.select(by_name, live.config)
         ctx.extra[SELECTION] = chosen
         if chosen.panic != panicking:
             # Once per change, not per request: an outage must not flood the log.
@@ -116,8 +119,10 @@ def selector(health: Health, live: LiveRouting) -> Selector:
                 log.warning("no region available: trying unavailable ones anyway (panic mode)")
             else:
                 log.warning("a region is available again: panic mode over")
-        by_name = {u.name: u for u in serving}
-        return [by_name[name] for name in chosen.names]
+        ordered: list[Upstream] = []
+        for ranked in chosen.order:
+            ordered.append(by_name[ranked.name])
+        return ordered
 
     return select
 

@@ -53,18 +53,49 @@ class Selection(msgspec.Struct, frozen=True):
         return [r.name for r in self.order]
 
 
-def _filled(values: Sequence[float | None]) -> list[float]:
+def _fill(values: list[float | None]) -> list[float]:
     """Unmeasured latencies take the best measured one: unknown is neither a bonus nor a penalty."""
-    known = [v for v in values if v is not None]
-    fill = min(known) if known else 0.0
-    return [fill if v is None else v for v in values]
+    fill: float | None = None
+    for v in values:
+        if v is not None and (fill is None or v < fill):
+            fill = v
+    if fill is None:
+        fill = 0.0
+    out: list[float] = []
+    for v in values:
+        out.append(fill if v is None else v)
+    return out
 
 
 def scores(candidates: Sequence[Candidate]) -> list[float]:
     """Score per candidate: EWMA probe RTT + EWMA TTFT + static bias (lower is nearer)."""
-    rtts = _filled([c.ewma_rtt_s for c in candidates])
-    ttfts = _filled([c.ewma_ttft_s for c in candidates])
-    return [r + t + c.bias_s for r, t, c in zip(rtts, ttfts, candidates, strict=True)]
+    # Loops rather than comprehensions: this runs on every request, and each comprehension is a
+    # function call of its own on CPython 3.11.
+    rtts: list[float | None] = []
+    ttfts: list[float | None] = []
+    for c in candidates:
+        rtts.append(c.ewma_rtt_s)
+        ttfts.append(c.ewma_ttft_s)
+    rtt = _fill(rtts)
+    ttft = _fill(ttfts)
+    out: list[float] = []
+    for i, c in enumerate(candidates):
+        out.append(rtt[i] + ttft[i] + c.bias_s)
+    return out
+
+
+def _rank_key(sc: tuple[float, Candidate]) -> tuple[float, str]:
+    return sc[0], sc[1].name
+
+
+def _panic_key(sc: tuple[float, Candidate]) -> tuple[bool, float, str]:
+    # Ejected-but-probing-fine regions before probe-unhealthy ones, then by score.
+    return not sc[1].healthy, sc[0], sc[1].name
+
+
+def _load_key(sc: tuple[float, Candidate]) -> tuple[int, float, str]:
+    # Fewer in-flight wins; a tie goes to the nearer one.
+    return sc[1].in_flight, sc[0], sc[1].name
 
 
 def select(
@@ -81,27 +112,31 @@ def select(
     caller's attempt limit and retry budget) instead of an instant 503.
     """
     score = scores(candidates)
-    active = [
-        (s, c) for s, c in zip(score, candidates, strict=True) if c.admin is AdminState.ACTIVE
-    ]
-    usable = [(s, c) for s, c in active if c.available]
+    active: list[tuple[float, Candidate]] = []
+    usable: list[tuple[float, Candidate]] = []
+    for i, c in enumerate(candidates):
+        if c.admin is AdminState.ACTIVE:
+            active.append((score[i], c))
+            if c.available:
+                usable.append((score[i], c))
     in_panic = False
     if not usable:
         if not panic or not active:
             return Selection(())
         in_panic = True
-        # Ejected-but-probing-fine regions before probe-unhealthy ones, then by score.
-        usable = sorted(active, key=lambda sc: (not sc[1].healthy, sc[0], sc[1].name))
-    else:
-        usable.sort(key=lambda sc: (sc[0], sc[1].name))
-    best = usable[0][0]
-    # In panic mode the order is a last resort, not load to spread.
-    band = [] if in_panic else [sc for sc in usable if sc[0] <= best + tolerance_s]
+        usable = sorted(active, key=_panic_key)
+    elif len(usable) > 1:
+        usable.sort(key=_rank_key)
     first = usable[0]
-    if len(band) >= 2:
-        a, b = rng.sample(band, 2)
-        # Fewer in-flight wins; a tie goes to the nearer one.
-        first = min(a, b, key=lambda sc: (sc[1].in_flight, sc[0], sc[1].name))
-    rest = [sc for sc in usable if sc is not first]
-    order = tuple(Ranked(c.name, s) for s, c in [first, *rest])
-    return Selection(order, panic=in_panic)
+    if not in_panic and len(usable) > 1:
+        # In panic mode the order is a last resort, not load to spread.
+        limit = first[0] + tolerance_s
+        band = [sc for sc in usable if sc[0] <= limit]
+        if len(band) >= 2:
+            a, b = rng.sample(band, 2)
+            first = min(a, b, key=_load_key)
+    order = [Ranked(first[1].name, first[0])]
+    for sc in usable:
+        if sc is not first:
+            order.append(Ranked(sc[1].name, sc[0]))
+    return Selection(tuple(order), panic=in_panic)
