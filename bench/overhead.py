@@ -316,7 +316,7 @@ async def _paced(
     return latencies, errors
 
 
-async def _expected(url: str, stream: bool) -> bytes:
+async def expected_answer(url: str, stream: bool) -> bytes:
     """The region's own answer: every measured response must equal it byte for byte."""
     async with (
         aiohttp.ClientSession() as session,
@@ -400,7 +400,7 @@ async def measure(
         loads.append((PACED_CAP, rate))
     for base_mode in ("non-stream", "stream"):
         stream = base_mode == "stream"
-        expected = await _expected(targets["direct"], stream)
+        expected = await expected_answer(targets["direct"], stream)
         for concurrency, paced in loads:
             mode = base_mode if paced is None else f"{base_mode} @{paced:g}/s"
             tallies = await run_cell(

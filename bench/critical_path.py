@@ -1,0 +1,285 @@
+"""Where one proxied request's time goes inside the router, on its critical path.
+
+The router runs with a clock read at seven points of each request (aiohttp's read of the request
+head, the app's dispatch, the write to the region and its return, the region's answer, the write
+to the client and its return, the end of the request), in front of one zero-delay simulated
+region, under paced requests as in bench/overhead's paced cells (open loop, at most 32 in
+flight, the router on the first CPU and the region and load generator on the others). It
+prints the median and p90 of each segment, over the requests that had the router to themselves
+(a request that overlapped another is left out: its segments would include the other's work),
+next to the direct and routed latency the load generator saw in the same run.
+
+    python -m bench.critical_path                  # 300 requests/s, about 15 s
+    python -m bench.critical_path --stream --json out.json
+
+The stamps cost about 1 us each; the router under test is otherwise `router serve` with auth
+and cache off, as in bench/overhead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import functools
+import itertools
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import uvloop
+from aiohttp import http_writer, web_app, web_protocol
+from bench.overhead import (
+    MODEL,
+    PACED_CAP,
+    ROUTER_CONFIG,
+    expected_answer,
+    on_cpus,
+    quantile,
+    run_cell,
+    split_placement,
+)
+from tests.support import Proc, free_port, router_cmd, spawn
+
+from router import http1
+
+# (segment, what it holds), in request order; each runs from its stamp to the next one's.
+SEGMENTS = (
+    ("front", "aiohttp: request head parsed, request objects, handler task"),
+    ("to-region", "router: dispatch, middlewares, body, validation, features, request bytes"),
+    ("region-write", "write syscall to the region"),
+    ("region", "the region's answer, as the router waits for it (not router work)"),
+    ("from-region", "router: answer parsed, handler woken, checks, hooks, response headers"),
+    ("client-write", "write syscall to the client (headers and body or first chunk)"),
+    ("after", "after the first byte left: bookkeeping (streams: the rest of the stream)"),
+)
+# The router's own Python on the critical path, and the kernel's share of it.
+OWN = ("front", "to-region", "from-region")
+SYSCALLS = ("region-write", "client-write")
+_METHODS = (b"POST ", b"GET ", b"PUT ", b"HEAD ", b"DELETE ")
+
+
+class _Stamps:
+    """One request at a time: the clock at each point, or the request dropped on overlap."""
+
+    def __init__(self) -> None:
+        self.open: list[int] | None = None
+        self.overlapped = False
+        self.done: list[list[int]] = []
+        self.dropped = 0
+
+    def begin(self) -> None:
+        if self.open is not None:
+            self.overlapped = True
+            return
+        self.open, self.overlapped = [time.perf_counter_ns()], False
+
+    def point(self, index: int) -> None:
+        # Only the first time a request reaches each point, in order.
+        if self.open is not None and len(self.open) == index:
+            self.open.append(time.perf_counter_ns())
+
+    def end(self) -> None:
+        if self.open is None:
+            return
+        if self.overlapped or len(self.open) != len(SEGMENTS):
+            self.dropped += 1
+        else:
+            self.open.append(time.perf_counter_ns())
+            self.done.append(self.open)
+        self.open = None
+
+
+def _instrument(stamps: _Stamps, stream: bool) -> None:
+    """Wrap the seven points; each wrapper calls through unchanged. The region's answer starts
+    at its first bytes, or for a stream at its first body bytes (a region may send its headers
+    before it has a token)."""
+    read = web_protocol.RequestHandler.data_received
+
+    def data_received(self: web_protocol.RequestHandler, data: bytes) -> None:
+        if data.startswith(_METHODS):
+            stamps.begin()
+        read(self, data)
+
+    handle = web_app.Application._handle
+
+    async def _handle(self: web_app.Application, request: Any) -> Any:
+        stamps.point(1)
+        try:
+            return await handle(self, request)
+        finally:
+            stamps.end()
+
+    def around(fn: Callable[..., Any], before: int, after: int | None) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapped(*args: Any) -> Any:
+            stamps.point(before)
+            try:
+                return fn(*args)
+            finally:
+                if after is not None:
+                    stamps.point(after)
+
+        return wrapped
+
+    web_protocol.RequestHandler.data_received = data_received  # type: ignore[method-assign]
+    web_app.Application._handle = _handle  # type: ignore[method-assign]
+    http1._Connection.send = around(http1._Connection.send, 2, 3)  # type: ignore[method-assign]
+    if stream:
+        http1.Body.feed = around(http1.Body.feed, 4, None)  # type: ignore[method-assign]
+    else:
+        conn_read = http1._Connection.data_received
+        http1._Connection.data_received = around(conn_read, 4, None)  # type: ignore[method-assign]
+    for name in ("_write", "_writelines"):
+        write = getattr(http_writer.StreamWriter, name)
+        setattr(http_writer.StreamWriter, name, around(write, 5, 6))
+
+
+def serve(config: str, out: Path, stream: bool) -> None:
+    """`router serve --config CONFIG` with stamps; at exit the stamps go to `out` as JSON."""
+    from router.cli import main as router_main
+
+    stamps = _Stamps()
+    _instrument(stamps, stream)
+
+    def dump() -> None:
+        names = [name for name, _ in SEGMENTS]
+        rows = [[b - a for a, b in itertools.pairwise(r)] for r in stamps.done]
+        out.write_text(json.dumps({"segments": names, "ns": rows, "dropped": stamps.dropped}))
+
+    atexit.register(dump)
+    router_main(["serve", "--config", config])
+
+
+@dataclass
+class Report:
+    """Per-segment medians and p90s (us), and the load generator's view of the same run."""
+
+    stream: bool
+    requests: int
+    dropped: int
+    p50_us: dict[str, float]
+    p90_us: dict[str, float]
+    direct_p50_ms: float
+    router_p50_ms: float
+
+
+def summarize(data: dict[str, Any], stream: bool, direct: float, routed: float) -> Report:
+    names: list[str] = data["segments"]
+    rows: list[list[int]] = data["ns"]
+    columns = {name: [row[i] / 1000 for row in rows] for i, name in enumerate(names)}
+    return Report(
+        stream=stream,
+        requests=len(rows),
+        dropped=data["dropped"],
+        p50_us={name: quantile(v, 0.5) for name, v in columns.items()},
+        p90_us={name: quantile(v, 0.9) for name, v in columns.items()},
+        direct_p50_ms=1000 * direct,
+        router_p50_ms=1000 * routed,
+    )
+
+
+def table(report: Report) -> str:
+    """Markdown: each segment, then the router's own share and the syscalls' share."""
+    mode = "stream (to the first chunk)" if report.stream else "non-stream"
+    lines = [
+        f"| {mode}: segment | p50 us | p90 us | what |",
+        "|---|---|---|---|",
+    ]
+    for name, what in SEGMENTS:
+        lines.append(f"| {name} | {report.p50_us[name]:.0f} | {report.p90_us[name]:.0f} | {what} |")
+    own = sum(report.p50_us[n] for n in OWN)
+    calls = sum(report.p50_us[n] for n in SYSCALLS)
+    lines.append(f"| router's own (sum of p50s) | {own:.0f} | | {' + '.join(OWN)} |")
+    lines.append(f"| write syscalls (sum of p50s) | {calls:.0f} | | {' + '.join(SYSCALLS)} |")
+    added = report.router_p50_ms - report.direct_p50_ms
+    lines.append(
+        f"\nload generator, same run: direct p50 {report.direct_p50_ms:.2f} ms, through the "
+        f"router {report.router_p50_ms:.2f} ms (added {added:+.2f} ms); "
+        f"{report.requests} requests stamped, {report.dropped} left out (overlapped)"
+    )
+    return "\n".join(lines)
+
+
+async def _drive(
+    urls: dict[str, str],
+    pids: dict[str, int],
+    stream: bool,
+    rate: float,
+    duration: float,
+    rounds: int,
+) -> tuple[float, float]:
+    expected = await expected_answer(urls["direct"], stream)
+    tallies = await run_cell(urls, pids, stream, PACED_CAP, rate, duration, 0.5, rounds, expected)
+    bad = sum(t.errors for t in tallies.values())
+    if bad:
+        raise RuntimeError(f"{bad} answers differed from the region's own")
+    return quantile(tallies["direct"].latencies, 0.5), quantile(tallies["router"].latencies, 0.5)
+
+
+def measure(stream: bool, rate: float, duration: float, rounds: int, tmp: Path) -> Report:
+    """Start the region and the stamped router, drive both, stop the router, read its stamps."""
+    place = split_placement(os.sched_getaffinity(0)) if shutil.which("taskset") else None
+    hops, others = (place.proxies, place.rest) if place is not None else (None, None)
+    procs: dict[str, Proc] = {}
+    try:
+        region_port = free_port()
+        procs["direct"] = spawn(
+            on_cpus(router_cmd("sim-region", "--port", str(region_port), "--name", "sim"), others),
+            region_port,
+            tmp / "sim.log",
+        )
+        port = free_port()
+        config = tmp / "router.toml"
+        config.write_text(ROUTER_CONFIG.format(port=port, upstream=region_port, model=MODEL))
+        stamps = tmp / "stamps.json"
+        cmd = [sys.executable, "-m", "bench.critical_path", "--serve", str(config), str(stamps)]
+        cmd += ["--stream"] if stream else []
+        procs["router"] = spawn(on_cpus(cmd, hops), port, tmp / "router.log")
+        if others is not None:
+            os.sched_setaffinity(0, others)
+        path = "/v1/chat/completions"
+        urls = {name: proc.url + path for name, proc in procs.items()}
+        pids = {name: proc.popen.pid for name, proc in procs.items()}
+        direct, routed = uvloop.run(_drive(urls, pids, stream, rate, duration, rounds))
+        # SIGTERM: the router drains and exits normally, which writes the stamps.
+        procs.pop("router").kill(signal.SIGTERM)
+        return summarize(json.loads(stamps.read_text()), stream, direct, routed)
+    finally:
+        for proc in procs.values():
+            proc.kill()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--stream", action="store_true", help="stream: up to the first chunk")
+    parser.add_argument(
+        "--rate", type=float, default=300.0, help="requests/s, at most 32 in flight"
+    )
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds per target")
+    parser.add_argument("--rounds", type=int, default=4, help="rotations of direct and router")
+    parser.add_argument("--json", type=Path, help="also write the report as JSON here")
+    parser.add_argument("--serve", nargs=2, metavar=("CONFIG", "OUT"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve:
+        serve(args.serve[0], Path(args.serve[1]), args.stream)
+        return 0
+    if not 0 < args.duration <= 60 or not 1 <= args.rounds <= 100 or not 0 < args.rate <= 2000:
+        parser.error("--duration in (0, 60], --rounds in [1, 100], --rate in (0, 2000]")
+    with tempfile.TemporaryDirectory(prefix="router-critical-path-") as tmp:
+        report = measure(args.stream, args.rate, args.duration, args.rounds, Path(tmp))
+    print(table(report))
+    if args.json:
+        args.json.write_text(json.dumps(asdict(report), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

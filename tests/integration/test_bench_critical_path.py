@@ -1,0 +1,73 @@
+"""bench/critical_path.py: the stamps keep requests apart, and a short real run stamps every
+segment of real requests through a real router."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from bench.critical_path import SEGMENTS, _Stamps
+
+from tests.support import run_bench
+
+
+def _walk(stamps: _Stamps, points: int) -> None:
+    stamps.begin()
+    for index in range(1, points):
+        stamps.point(index)
+    stamps.end()
+
+
+def test_a_whole_request_is_kept_and_an_incomplete_one_is_not() -> None:
+    stamps = _Stamps()
+    _walk(stamps, len(SEGMENTS))
+    _walk(stamps, 3)  # ended before it reached the region (an error answer, say)
+    assert stamps.dropped == 1
+    (kept,) = stamps.done
+    assert len(kept) == len(SEGMENTS) + 1
+    assert kept == sorted(kept)
+
+
+def test_overlapping_requests_are_left_out() -> None:
+    stamps = _Stamps()
+    stamps.begin()
+    stamps.point(1)
+    stamps.begin()  # a second request arrives while the first is open
+    for index in range(2, len(SEGMENTS)):
+        stamps.point(index)
+    stamps.end()
+    stamps.end()
+    assert stamps.done == []
+    assert stamps.dropped == 1
+    _walk(stamps, len(SEGMENTS))  # the next lone request is kept
+    assert len(stamps.done) == 1
+
+
+def test_points_out_of_order_are_ignored() -> None:
+    stamps = _Stamps()
+    stamps.begin()
+    stamps.point(2)  # not reached point 1 yet: ignored
+    stamps.point(1)
+    stamps.point(1)  # reached again (a second write): the first time counts
+    assert stamps.open is not None
+    assert len(stamps.open) == 2
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_short_run_stamps_every_segment(tmp_path: Path, stream: bool) -> None:
+    out = tmp_path / "report.json"
+    args = ["--rate", "50", "--duration", "1", "--rounds", "1", "--json", str(out)]
+    text = run_bench("critical_path", *args, *(["--stream"] if stream else []))
+    report = json.loads(out.read_text())
+    assert report["stream"] is stream
+    assert report["requests"] > 10
+    names = [name for name, _ in SEGMENTS]
+    assert list(report["p50_us"]) == names
+    # Every segment took some time.
+    assert all(report["p50_us"][name] > 0 for name in names)
+    assert report["direct_p50_ms"] > 0
+    assert report["router_p50_ms"] > 0
+    for name in names:
+        assert f"| {name} |" in text
