@@ -1,19 +1,21 @@
 """Where one proxied request's time goes inside the router, on its critical path.
 
-The router runs with a clock read at seven points of each request (aiohttp's read of the request
+The router runs with a clock read at eight points of each request (aiohttp's read of the request
 head, the app's dispatch, the write to the region and its return, the region's answer, the write
-to the client and its return, the end of the request), in front of one zero-delay simulated
+to the client and its return, aiohttp's end of the request), in front of one zero-delay simulated
 region, under paced requests as in bench/overhead's paced cells (open loop, at most 32 in
-flight, the router on the first CPU and the region and load generator on the others). It
-prints the median and p90 of each segment, over the requests that had the router to themselves
-(a request that overlapped another is left out: its segments would include the other's work),
-next to the direct and routed latency the load generator saw in the same run.
+flight, the hops on the first CPU and the region and load generator on the others). Two hops
+are stamped in the same run, in rotating rounds: the router (`router serve`, auth and cache off,
+as in bench/overhead) and `router-core` (bench/overhead's core-only router: the same request
+path without the features), so the features' share of each segment shows directly. It prints
+the median and p90 of each segment, over the requests that had their hop to themselves (a
+request that overlapped another is left out: its segments would include the other's work),
+next to the direct and routed latency the load generator saw.
 
-    python -m bench.critical_path                  # 300 requests/s, about 15 s
+    python -m bench.critical_path                  # 300 requests/s, about 30 s
     python -m bench.critical_path --stream --json out.json
 
-The stamps cost about 1 us each; the router under test is otherwise `router serve` with auth
-and cache off, as in bench/overhead.
+The stamps cost about 1 us each.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from bench.overhead import (
     on_cpus,
     quantile,
     run_cell,
+    serve_core,
     split_placement,
 )
 from tests.support import Proc, free_port, router_cmd, spawn
@@ -60,7 +63,8 @@ SEGMENTS = (
     ("client-write", "write syscall to the client (headers and body or first chunk)"),
     ("after", "after the first byte left: bookkeeping (streams: the rest of the stream)"),
 )
-# The router's own Python on the critical path, and the kernel's share of it.
+HOPS = ("router", "router-core")
+# The hop's own Python on the critical path, and the kernel's share of it.
 OWN = ("front", "to-region", "from-region")
 SYSCALLS = ("region-write", "client-write")
 _METHODS = (b"POST ", b"GET ", b"PUT ", b"HEAD ", b"DELETE ")
@@ -98,7 +102,7 @@ class _Stamps:
 
 
 def _instrument(stamps: _Stamps, stream: bool) -> None:
-    """Wrap the seven points; each wrapper calls through unchanged. The region's answer starts
+    """Wrap the eight points; each wrapper calls through unchanged. The region's answer starts
     at its first bytes, or for a stream at its first body bytes (a region may send its headers
     before it has a token)."""
     read = web_protocol.RequestHandler.data_received
@@ -112,8 +116,15 @@ def _instrument(stamps: _Stamps, stream: bool) -> None:
 
     async def _handle(self: web_app.Application, request: Any) -> Any:
         stamps.point(1)
+        return await handle(self, request)
+
+    # The end: aiohttp has sent the handler's answer (the router sends a whole one itself
+    # before its bookkeeping; router-core leaves that to aiohttp).
+    finish = web_protocol.RequestHandler.finish_response
+
+    async def finish_response(self: web_protocol.RequestHandler, *args: Any) -> Any:
         try:
-            return await handle(self, request)
+            return await finish(self, *args)
         finally:
             stamps.end()
 
@@ -131,6 +142,7 @@ def _instrument(stamps: _Stamps, stream: bool) -> None:
 
     web_protocol.RequestHandler.data_received = data_received  # type: ignore[method-assign]
     web_app.Application._handle = _handle  # type: ignore[method-assign]
+    web_protocol.RequestHandler.finish_response = finish_response  # type: ignore[method-assign,assignment]
     http1._Connection.send = around(http1._Connection.send, 2, 3)  # type: ignore[method-assign]
     if stream:
         http1.Body.feed = around(http1.Body.feed, 4, None)  # type: ignore[method-assign]
@@ -142,8 +154,9 @@ def _instrument(stamps: _Stamps, stream: bool) -> None:
         setattr(http_writer.StreamWriter, name, around(write, 5, 6))
 
 
-def serve(config: str, out: Path, stream: bool) -> None:
-    """`router serve --config CONFIG` with stamps; at exit the stamps go to `out` as JSON."""
+def serve(config: str, out: Path, stream: bool, core: bool) -> None:
+    """`router serve --config CONFIG` (or the core-only router) with stamps; at exit the stamps
+    go to `out` as JSON."""
     from router.cli import main as router_main
 
     stamps = _Stamps()
@@ -155,56 +168,67 @@ def serve(config: str, out: Path, stream: bool) -> None:
         out.write_text(json.dumps({"segments": names, "ns": rows, "dropped": stamps.dropped}))
 
     atexit.register(dump)
-    router_main(["serve", "--config", config])
+    if core:
+        serve_core(config)
+    else:
+        router_main(["serve", "--config", config])
 
 
 @dataclass
-class Report:
-    """Per-segment medians and p90s (us), and the load generator's view of the same run."""
+class HopReport:
+    """One hop's per-segment medians and p90s (us) and its p50 as the load generator saw it."""
 
-    stream: bool
     requests: int
     dropped: int
     p50_us: dict[str, float]
     p90_us: dict[str, float]
+    p50_ms: float
+
+
+@dataclass
+class Report:
+    """One mode's run: the direct p50 and each stamped hop's report."""
+
+    stream: bool
     direct_p50_ms: float
-    router_p50_ms: float
+    hops: dict[str, HopReport]
 
 
-def summarize(data: dict[str, Any], stream: bool, direct: float, routed: float) -> Report:
+def summarize(data: dict[str, Any], p50_s: float) -> HopReport:
     names: list[str] = data["segments"]
     rows: list[list[int]] = data["ns"]
     columns = {name: [row[i] / 1000 for row in rows] for i, name in enumerate(names)}
-    return Report(
-        stream=stream,
+    return HopReport(
         requests=len(rows),
         dropped=data["dropped"],
         p50_us={name: quantile(v, 0.5) for name, v in columns.items()},
         p90_us={name: quantile(v, 0.9) for name, v in columns.items()},
-        direct_p50_ms=1000 * direct,
-        router_p50_ms=1000 * routed,
+        p50_ms=1000 * p50_s,
     )
 
 
 def table(report: Report) -> str:
-    """Markdown: each segment, then the router's own share and the syscalls' share."""
+    """Markdown: each segment per hop (p50 / p90 us), then the hops' own and syscall shares."""
     mode = "stream (to the first chunk)" if report.stream else "non-stream"
+    hops = list(report.hops.items())
     lines = [
-        f"| {mode}: segment | p50 us | p90 us | what |",
-        "|---|---|---|---|",
+        f"| {mode}: segment | "
+        + " | ".join(f"{name} p50 / p90 us" for name, _ in hops)
+        + " | what |",
+        "|---|" + "---|" * len(hops) + "---|",
     ]
     for name, what in SEGMENTS:
-        lines.append(f"| {name} | {report.p50_us[name]:.0f} | {report.p90_us[name]:.0f} | {what} |")
-    own = sum(report.p50_us[n] for n in OWN)
-    calls = sum(report.p50_us[n] for n in SYSCALLS)
-    lines.append(f"| router's own (sum of p50s) | {own:.0f} | | {' + '.join(OWN)} |")
-    lines.append(f"| write syscalls (sum of p50s) | {calls:.0f} | | {' + '.join(SYSCALLS)} |")
-    added = report.router_p50_ms - report.direct_p50_ms
-    lines.append(
-        f"\nload generator, same run: direct p50 {report.direct_p50_ms:.2f} ms, through the "
-        f"router {report.router_p50_ms:.2f} ms (added {added:+.2f} ms); "
-        f"{report.requests} requests stamped, {report.dropped} left out (overlapped)"
+        cells = [f"{h.p50_us[name]:.0f} / {h.p90_us[name]:.0f}" for _, h in hops]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {what} |")
+    for label, parts in (("own (sum of p50s)", OWN), ("write syscalls (sum of p50s)", SYSCALLS)):
+        sums = [f"{sum(h.p50_us[n] for n in parts):.0f}" for _, h in hops]
+        lines.append(f"| {label} | " + " | ".join(sums) + f" | {' + '.join(parts)} |")
+    seen = ", ".join(
+        f"{name} {h.p50_ms:.2f} ms (added {h.p50_ms - report.direct_p50_ms:+.2f}; "
+        f"{h.requests} requests stamped, {h.dropped} left out as overlapped)"
+        for name, h in hops
     )
+    lines.append(f"\nload generator, same run, p50: direct {report.direct_p50_ms:.2f} ms, {seen}")
     return "\n".join(lines)
 
 
@@ -215,17 +239,17 @@ async def _drive(
     rate: float,
     duration: float,
     rounds: int,
-) -> tuple[float, float]:
+) -> dict[str, float]:
     expected = await expected_answer(urls["direct"], stream)
     tallies = await run_cell(urls, pids, stream, PACED_CAP, rate, duration, 0.5, rounds, expected)
     bad = sum(t.errors for t in tallies.values())
     if bad:
         raise RuntimeError(f"{bad} answers differed from the region's own")
-    return quantile(tallies["direct"].latencies, 0.5), quantile(tallies["router"].latencies, 0.5)
+    return {name: quantile(t.latencies, 0.5) for name, t in tallies.items()}
 
 
 def measure(stream: bool, rate: float, duration: float, rounds: int, tmp: Path) -> Report:
-    """Start the region and the stamped router, drive both, stop the router, read its stamps."""
+    """Start the region and the stamped hops, drive all three, stop the hops, read the stamps."""
     place = split_placement(os.sched_getaffinity(0)) if shutil.which("taskset") else None
     hops, others = (place.proxies, place.rest) if place is not None else (None, None)
     procs: dict[str, Proc] = {}
@@ -236,22 +260,27 @@ def measure(stream: bool, rate: float, duration: float, rounds: int, tmp: Path) 
             region_port,
             tmp / "sim.log",
         )
-        port = free_port()
-        config = tmp / "router.toml"
-        config.write_text(ROUTER_CONFIG.format(port=port, upstream=region_port, model=MODEL))
-        stamps = tmp / "stamps.json"
-        cmd = [sys.executable, "-m", "bench.critical_path", "--serve", str(config), str(stamps)]
-        cmd += ["--stream"] if stream else []
-        procs["router"] = spawn(on_cpus(cmd, hops), port, tmp / "router.log")
+        for hop in HOPS:
+            port = free_port()
+            config = tmp / f"{hop}.toml"
+            config.write_text(ROUTER_CONFIG.format(port=port, upstream=region_port, model=MODEL))
+            out = tmp / f"{hop}.json"
+            cmd = [sys.executable, "-m", "bench.critical_path", "--serve", str(config), str(out)]
+            cmd += ["--stream"] if stream else []
+            cmd += ["--core"] if hop == "router-core" else []
+            procs[hop] = spawn(on_cpus(cmd, hops), port, tmp / f"{hop}.log")
         if others is not None:
             os.sched_setaffinity(0, others)
         path = "/v1/chat/completions"
         urls = {name: proc.url + path for name, proc in procs.items()}
         pids = {name: proc.popen.pid for name, proc in procs.items()}
-        direct, routed = uvloop.run(_drive(urls, pids, stream, rate, duration, rounds))
-        # SIGTERM: the router drains and exits normally, which writes the stamps.
-        procs.pop("router").kill(signal.SIGTERM)
-        return summarize(json.loads(stamps.read_text()), stream, direct, routed)
+        p50s = uvloop.run(_drive(urls, pids, stream, rate, duration, rounds))
+        reports = {}
+        for hop in HOPS:
+            # SIGTERM: the hop drains and exits normally, which writes its stamps.
+            procs.pop(hop).kill(signal.SIGTERM)
+            reports[hop] = summarize(json.loads((tmp / f"{hop}.json").read_text()), p50s[hop])
+        return Report(stream, 1000 * p50s["direct"], reports)
     finally:
         for proc in procs.values():
             proc.kill()
@@ -264,12 +293,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--rate", type=float, default=300.0, help="requests/s, at most 32 in flight"
     )
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per target")
-    parser.add_argument("--rounds", type=int, default=4, help="rotations of direct and router")
+    parser.add_argument("--rounds", type=int, default=4, help="rotations of the targets")
     parser.add_argument("--json", type=Path, help="also write the report as JSON here")
     parser.add_argument("--serve", nargs=2, metavar=("CONFIG", "OUT"), help=argparse.SUPPRESS)
+    parser.add_argument("--core", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
-        serve(args.serve[0], Path(args.serve[1]), args.stream)
+        serve(args.serve[0], Path(args.serve[1]), args.stream, args.core)
         return 0
     if not 0 < args.duration <= 60 or not 1 <= args.rounds <= 100 or not 0 < args.rate <= 2000:
         parser.error("--duration in (0, 60], --rounds in [1, 100], --rate in (0, 2000]")
