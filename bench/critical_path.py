@@ -26,7 +26,6 @@ import functools
 import itertools
 import json
 import os
-import shutil
 import signal
 import sys
 import tempfile
@@ -39,17 +38,19 @@ from typing import Any
 import uvloop
 from aiohttp import http_writer, web_app, web_protocol
 from bench.overhead import (
-    MODEL,
     PACED_CAP,
-    ROUTER_CONFIG,
+    check_paced,
     expected_answer,
     on_cpus,
+    paced_options,
     quantile,
+    router_config,
     run_cell,
     serve_core,
-    split_placement,
+    split_here,
+    start_region,
 )
-from tests.support import Proc, free_port, router_cmd, spawn
+from tests.support import Proc, spawn
 
 from router import http1
 
@@ -250,20 +251,14 @@ async def _drive(
 
 def measure(stream: bool, rate: float, duration: float, rounds: int, tmp: Path) -> Report:
     """Start the region and the stamped hops, drive all three, stop the hops, read the stamps."""
-    place = split_placement(os.sched_getaffinity(0)) if shutil.which("taskset") else None
+    place = split_here()
     hops, others = (place.proxies, place.rest) if place is not None else (None, None)
     procs: dict[str, Proc] = {}
     try:
-        region_port = free_port()
-        procs["direct"] = spawn(
-            on_cpus(router_cmd("sim-region", "--port", str(region_port), "--name", "sim"), others),
-            region_port,
-            tmp / "sim.log",
-        )
+        procs["direct"] = start_region(tmp, others)
         for hop in HOPS:
-            port = free_port()
             config = tmp / f"{hop}.toml"
-            config.write_text(ROUTER_CONFIG.format(port=port, upstream=region_port, model=MODEL))
+            port = router_config(config, procs["direct"].port)
             out = tmp / f"{hop}.json"
             cmd = [sys.executable, "-m", "bench.critical_path", "--serve", str(config), str(out)]
             cmd += ["--stream"] if stream else []
@@ -289,20 +284,14 @@ def measure(stream: bool, rate: float, duration: float, rounds: int, tmp: Path) 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--stream", action="store_true", help="stream: up to the first chunk")
-    parser.add_argument(
-        "--rate", type=float, default=300.0, help="requests/s, at most 32 in flight"
-    )
-    parser.add_argument("--duration", type=float, default=10.0, help="seconds per target")
-    parser.add_argument("--rounds", type=int, default=4, help="rotations of the targets")
-    parser.add_argument("--json", type=Path, help="also write the report as JSON here")
+    paced_options(parser, duration=10.0, rounds=4, of="targets")
     parser.add_argument("--serve", nargs=2, metavar=("CONFIG", "OUT"), help=argparse.SUPPRESS)
     parser.add_argument("--core", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
         serve(args.serve[0], Path(args.serve[1]), args.stream, args.core)
         return 0
-    if not 0 < args.duration <= 60 or not 1 <= args.rounds <= 100 or not 0 < args.rate <= 2000:
-        parser.error("--duration in (0, 60], --rounds in [1, 100], --rate in (0, 2000]")
+    check_paced(parser, args, max_rate=2000)
     with tempfile.TemporaryDirectory(prefix="router-critical-path-") as tmp:
         report = measure(args.stream, args.rate, args.duration, args.rounds, Path(tmp))
     print(table(report))

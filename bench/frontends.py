@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -32,7 +31,16 @@ from pathlib import Path
 
 import uvloop
 from aiohttp import web
-from bench.overhead import PACED_CAP, cpu_list, on_cpus, quantile, run_cell, split_placement
+from bench.overhead import (
+    PACED_CAP,
+    check_paced,
+    cpu_list,
+    on_cpus,
+    paced_options,
+    quantile,
+    run_cell,
+    split_here,
+)
 from tests.support import free_port, spawn
 
 ANSWER = b'{"object":"static","ok":true}'
@@ -143,20 +151,14 @@ def table(rows: Sequence[Row], rate: float) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--rate", type=float, default=300.0, help="requests/s, at most 32 in flight"
-    )
-    parser.add_argument("--duration", type=float, default=6.0, help="seconds per server")
-    parser.add_argument("--rounds", type=int, default=6, help="rotations of the servers")
-    parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    paced_options(parser, duration=6.0, rounds=6, of="servers")
     parser.add_argument("--serve", nargs=2, metavar=("KIND", "PORT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
         uvloop.run(_serve(args.serve[0], int(args.serve[1])))
         return 0
-    if not 0 < args.duration <= 60 or not 1 <= args.rounds <= 100 or not 0 < args.rate <= 5000:
-        parser.error("--duration in (0, 60], --rounds in [1, 100], --rate in (0, 5000]")
-    place = split_placement(os.sched_getaffinity(0)) if shutil.which("taskset") else None
+    check_paced(parser, args, max_rate=5000)
+    place = split_here()
     hops = place.proxies if place is not None else None
     placement = "every process on every CPU"
     if place is not None:

@@ -494,16 +494,49 @@ def on_cpus(cmd: Sequence[str], cpus: frozenset[int] | None) -> list[str]:
     return list(cmd) if cpus is None else ["taskset", "-c", cpu_list(cpus), *cmd]
 
 
+def split_here() -> Placement | None:
+    """Split placement on this machine's CPUs; None without two of them or without taskset."""
+    place = split_placement(os.sched_getaffinity(0))
+    return place if place is not None and shutil.which("taskset") is not None else None
+
+
+def start_region(tmp: Path, cpus: frozenset[int] | None) -> Proc:
+    """The zero-delay simulated region every bench of proxy overhead measures against."""
+    port = free_port()
+    cmd = router_cmd("sim-region", "--port", str(port), "--name", "sim")
+    return spawn(on_cpus(cmd, cpus), port, tmp / "sim.log")
+
+
+def router_config(path: Path, upstream_port: int) -> int:
+    """Write a router config (auth and cache off) in front of the region at `upstream_port` to
+    `path`; the port it listens on."""
+    port = free_port()
+    path.write_text(ROUTER_CONFIG.format(port=port, upstream=upstream_port, model=MODEL))
+    return port
+
+
+def paced_options(parser: argparse.ArgumentParser, duration: float, rounds: int, of: str) -> None:
+    """--rate, --duration, --rounds and --json of a paced bench that rotates its `of`."""
+    parser.add_argument(
+        "--rate", type=float, default=300.0, help="requests/s, at most 32 in flight"
+    )
+    parser.add_argument("--duration", type=float, default=duration, help=f"seconds per {of[:-1]}")
+    parser.add_argument("--rounds", type=int, default=rounds, help=f"rotations of the {of}")
+    parser.add_argument("--json", type=Path, help="also write the report as JSON here")
+
+
+def check_paced(parser: argparse.ArgumentParser, args: argparse.Namespace, max_rate: float) -> None:
+    """Exit with a usage error unless the paced options are in bounds."""
+    if not 0 < args.duration <= 60 or not 1 <= args.rounds <= 100 or not 0 < args.rate <= max_rate:
+        parser.error(f"--duration in (0, 60], --rounds in [1, 100], --rate in (0, {max_rate:g}]")
+
+
 def _start(tmp: Path, place: Placement | None, started: dict[str, Proc]) -> None:
     """The region and every hop in front of it, under the names the table gives them; `started`
     fills as they come up, so the caller stops whatever did when one fails to."""
-    upstream_port = free_port()
     hops, others = (place.proxies, place.rest) if place is not None else (None, None)
-    started["direct"] = spawn(
-        on_cpus(router_cmd("sim-region", "--port", str(upstream_port), "--name", "sim"), others),
-        upstream_port,
-        tmp / "sim.log",
-    )
+    started["direct"] = start_region(tmp, others)
+    upstream_port = started["direct"].port
     port = free_port()
     started["tcp-relay"] = spawn(
         on_cpus([sys.executable, "-m", "bench.relay", str(port), str(upstream_port)], hops),
@@ -526,15 +559,13 @@ def _start(tmp: Path, place: Placement | None, started: dict[str, Proc]) -> None
         port,
         tmp / "passthrough.log",
     )
-    port = free_port()
     config = tmp / "router.toml"
-    config.write_text(ROUTER_CONFIG.format(port=port, upstream=upstream_port, model=MODEL))
+    port = router_config(config, upstream_port)
     started["router"] = spawn(
         on_cpus(router_cmd("serve", "--config", str(config)), hops), port, tmp / "router.log"
     )
-    port = free_port()
     core_config = tmp / "core.toml"
-    core_config.write_text(ROUTER_CONFIG.format(port=port, upstream=upstream_port, model=MODEL))
+    port = router_config(core_config, upstream_port)
     started["router-core"] = spawn(
         on_cpus([sys.executable, "-m", "bench.overhead", "--serve-core", str(core_config)], hops),
         port,
@@ -601,8 +632,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--rounds must be in [1, 100]")
     place = None
     if args.placement == "split":
-        place = split_placement(os.sched_getaffinity(0))
-        if place is None or shutil.which("taskset") is None:
+        place = split_here()
+        if place is None:
             print("split placement needs 2+ CPUs and taskset: sharing them", file=sys.stderr)
             place = None
     placement = place.describe() if place is not None else "every process on every CPU"
