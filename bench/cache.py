@@ -25,8 +25,8 @@ import aiohttp
 import msgspec
 from tests.support import Proc, free_port, router_cmd, spawn
 
+from router.observability.timing import parse_server_timing
 from router.sim.text import full_chat_text
-from router.timing import parse_server_timing
 
 LEVELS = {"exact": "bench-exact", "normalized": "bench-normalized"}
 JSON = {"Content-Type": "application/json"}

@@ -52,7 +52,7 @@ from bench.overhead import (
 )
 from tests.support import Proc, spawn
 
-from router import http1
+from router.net import http1
 
 # (segment, what it holds), in request order; each runs from its stamp to the next one's.
 SEGMENTS = (

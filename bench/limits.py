@@ -25,11 +25,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.support import start_redis
 
-from router.auth import Authenticator, Tenant, hash_key
-from router.global_limits import Rates, RedisBuckets
-from router.limits import Limiter
+from router.access.auth import Authenticator, Tenant, hash_key
+from router.access.global_limits import Rates, RedisBuckets
+from router.access.limits import Limiter
+from router.core.request import parse_body
 from router.native import BucketTable
-from router.request import parse_body
 
 KEY = "sk-bench-0123456789abcdef"
 BODY = (

@@ -61,13 +61,13 @@ from aiohttp import web
 from bench.procs import NGINX, nginx_cmd
 from tests.support import Proc, free_port, router_cmd, spawn
 
-from router import gctune
 from router.config import Config, load
-from router.context import RequestContext, request_id
-from router.proxy import forward
-from router.request import CHAT, check_content_type, parse_body, read_body, resolve_model
-from router.server import make_runner, run_until_signal
-from router.upstream import Upstreams, open_upstreams
+from router.core.context import RequestContext, request_id
+from router.core.proxy import forward
+from router.core.request import CHAT, check_content_type, parse_body, read_body, resolve_model
+from router.core.upstream import Upstreams, open_upstreams
+from router.server import gctune
+from router.server.run import make_runner, run_until_signal
 
 MODEL = "sim-1"
 # In-flight cap of the paced cells: the c=32, below saturation.

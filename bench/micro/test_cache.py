@@ -5,11 +5,11 @@ from __future__ import annotations
 import msgspec
 from pytest_benchmark.fixture import BenchmarkFixture
 
-from router import sse
-from router.cache import CacheControl, MemoryStore, decide, storage_key
-from router.cache_http import knobs, native_key_fn
-from router.cache_tiers import ResponseCache
+from router.cache.policy import CacheControl, MemoryStore, decide, storage_key
+from router.cache.serving import knobs, native_key_fn
+from router.cache.tiers import ResponseCache
 from router.config import CacheConfig
+from router.net import sse
 
 BODY = msgspec.json.encode(
     {

@@ -5,12 +5,12 @@ from __future__ import annotations
 import msgspec
 from pytest_benchmark.fixture import BenchmarkFixture
 
-from router.canary import CanaryMonitor
 from router.config import CanaryConfig, loads
-from router.context import RequestContext
-from router.request import CHAT, parse_body
-from router.rollout import Alias, Deployment, Rollout, RoutingTable
-from router.rollout_web import RolloutRuntime
+from router.core.context import RequestContext
+from router.core.request import CHAT, parse_body
+from router.rollout.canary import CanaryMonitor
+from router.rollout.runtime import RolloutRuntime
+from router.rollout.table import Alias, Deployment, Rollout, RoutingTable
 
 CONFIG = """
 [[regions]]

@@ -7,7 +7,7 @@ import random
 import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
 
-from router.selection import Candidate, select
+from router.routing.selection import Candidate, select
 
 
 def _regions(n: int) -> list[Candidate]:

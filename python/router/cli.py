@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_top(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """`router top`: a terminal view of a running router's /status.json."""
-    from router import top
+    from router.observability import top
 
     view = commands.add_parser("top", help="watch a running router's status in the terminal")
     top.add_arguments(view)
@@ -55,7 +55,7 @@ def _add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def _hash_key(args: argparse.Namespace) -> int:
     """`router hash-key [KEY]`: the hash to put in config instead of the key itself."""
-    from router.auth import hash_key
+    from router.access.auth import hash_key
 
     key = (args.key if args.key is not None else sys.stdin.readline()).strip()
     if not key:
@@ -107,7 +107,7 @@ def _serve(args: argparse.Namespace) -> int:
     """`router serve --config FILE`."""
     import logging
 
-    from router.server import serve
+    from router.server.run import serve
 
     config = _load_config(args.config)
     if config is None:
@@ -158,7 +158,7 @@ def _sim_region(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     """`router demo`: the embedded default, until Ctrl-C."""
-    from router.demo import run_demo
+    from router.server.demo import run_demo
 
     return run_demo(args.port)
 

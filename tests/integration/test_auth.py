@@ -12,7 +12,7 @@ import aiohttp
 import openai
 import pytest
 
-from router.auth import hash_key
+from router.access.auth import hash_key
 from tests.integration.conftest import region_toml, sim_stats, start_router, start_sim
 from tests.support import Proc
 

@@ -12,7 +12,7 @@ import msgspec
 import openai
 import pytest
 
-from router.auth import hash_key
+from router.access.auth import hash_key
 from tests.support import Proc, free_port, router_cmd, spawn, start_redis
 
 MODEL = "sim-1"

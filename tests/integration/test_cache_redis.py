@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from router.cache import Entry
-from router.cache_redis import RedisTier, redis_key
+from router.cache.policy import Entry
+from router.cache.redis_tier import RedisTier, redis_key
 from tests.support import Proc, free_port, start_redis
 
 pytestmark = pytest.mark.redis

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from router import http1
+from router.net import http1
 from tests.support import free_port
 
 # A scripted server: gets the request (head and body) and the stream to answer on.

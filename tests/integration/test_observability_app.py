@@ -9,10 +9,10 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from router import observability
-from router.accesslog import AccessLog, AccessRecord
 from router.config import ObservabilityConfig
-from router.context import RequestContext
+from router.core.context import RequestContext
+from router.observability import telemetry as observability
+from router.observability.access_log import AccessLog, AccessRecord
 
 CONTEXT: web.RequestKey[RequestContext] = web.RequestKey("test.context")
 

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from aiohttp import web
 
-from router.stream_response import StreamResponse
+from router.net.stream_response import StreamResponse
 from tests.support import free_port
 
 PAUSE = 0.3

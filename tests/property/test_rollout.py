@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.rollout import Alias, Deployment, assign
+from router.rollout.table import Alias, Deployment, assign
 
 KEYS = [f"k{i}" for i in range(200)]
 weights = st.lists(st.floats(min_value=0.0, max_value=100.0), min_size=2, max_size=5).filter(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from router import sse
+from router.net import sse
 
 _ATOMS = st.sampled_from(
     [b"data: ", b"data:", b"x", b'{"a":1}', b"\n", b"\r\n", b"\r", b": c\n", b"event: e\n", b" "]

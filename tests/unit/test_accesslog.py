@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from router.accesslog import FLUSH_BYTES, AccessLog, AccessRecord
+from router.observability.access_log import FLUSH_BYTES, AccessLog, AccessRecord
 
 
 @pytest.fixture

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from router.admission import Admission, SlotQueue, Spill, Ticket
 from router.errors import Unavailable
+from router.routing.admission import Admission, SlotQueue, Spill, Ticket
 
 
 def test_slots_up_to_the_cap() -> None:

@@ -11,7 +11,7 @@ import pytest
 from multidict import CIMultiDict
 
 from router import config as config_mod
-from router.auth import (
+from router.access.auth import (
     ANONYMOUS_TENANT,
     Authenticator,
     Tenant,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from router.budget import RetryBudget
+from router.routing.budget import RetryBudget
 
 
 def test_minimum_allows_retries_with_no_traffic() -> None:

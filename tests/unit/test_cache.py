@@ -9,8 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from router import sse
-from router.cache import (
+from router.cache.policy import (
     CacheControl,
     Entry,
     MemoryStore,
@@ -22,8 +21,9 @@ from router.cache import (
     resolve_rule,
     storage_key,
 )
-from router.cache_redis import decode_entry, encode_entry, redis_key
+from router.cache.redis_tier import decode_entry, encode_entry, redis_key
 from router.config import CacheConfig, CacheModelConfig
+from router.net import sse
 
 
 class Clock:

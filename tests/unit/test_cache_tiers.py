@@ -8,14 +8,14 @@ import hashlib
 
 import pytest
 
-from router import sse
-from router.cache import Entry, Level, Rule, XCache
-from router.cache_http import Tap, knobs
-from router.cache_tiers import ResponseCache
+from router.cache.coalescing import Flight, FlightFailed
+from router.cache.policy import Entry, Level, Rule, XCache
+from router.cache.serving import Tap, knobs
+from router.cache.tiers import ResponseCache
 from router.config import CacheConfig, CacheModelConfig
-from router.context import RequestContext
-from router.request import CHAT, parse_body
-from router.singleflight import Flight, FlightFailed
+from router.core.context import RequestContext
+from router.core.request import CHAT, parse_body
+from router.net import sse
 
 
 def key_fn(body: bytes, namespace: str, level: Level) -> bytes:

@@ -6,9 +6,9 @@ import logging
 
 import pytest
 
-from router.canary import CanaryMonitor, CanaryTracker, WindowStats, judge, p95
 from router.config import CanaryConfig
-from router.rollout import Alias, Deployment, Rollout, RoutingTable
+from router.rollout.canary import CanaryMonitor, CanaryTracker, WindowStats, judge, p95
+from router.rollout.table import Alias, Deployment, Rollout, RoutingTable
 
 
 class Clock:

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from router.gctune import tune
+from router.server.gctune import tune
 
 
 @pytest.fixture

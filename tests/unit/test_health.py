@@ -9,8 +9,8 @@ import pytest
 
 from router.config import HealthConfig, RegionConfig, RoutingConfig
 from router.errors import ConfigError
-from router.health import Health
-from router.selection import AdminState
+from router.routing.health import Health
+from router.routing.selection import AdminState
 
 
 def regions(*names: str) -> list[RegionConfig]:

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from router.idle import IdleWatch
+from router.net.idle import IdleWatch
 
 LIMIT = 0.05
 

@@ -7,12 +7,12 @@ from dataclasses import replace
 
 import pytest
 
-from router.auth import ANONYMOUS_TENANT, Tenant
+from router.access.auth import ANONYMOUS_TENANT, Tenant
+from router.access.limits import Limiter, format_reset, rate_headers, retry_headers
+from router.access.usage import StreamUsage, completion_budget, usage_tokens
+from router.core.request import parse_body
 from router.errors import RateLimited
-from router.limits import Limiter, format_reset, rate_headers, retry_headers
 from router.native import count_tokens
-from router.request import parse_body
-from router.usage import StreamUsage, completion_budget, usage_tokens
 
 TENANT = Tenant(
     key_id="k1",

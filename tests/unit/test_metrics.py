@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from router.accesslog import AccessRecord
-from router.metrics import (
+from router.observability.access_log import AccessRecord
+from router.observability.metrics import (
     LATENCY_BUCKETS,
     MAX_LABEL_VALUES,
     OTHER,
@@ -14,7 +14,7 @@ from router.metrics import (
     RegionState,
     Telemetry,
 )
-from router.slo import SloTargets, SloTracker
+from router.observability.slo import SloTargets, SloTracker
 
 MS = 1_000_000
 

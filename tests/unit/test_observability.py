@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from router.metrics import RegionState
-from router.observability import PassiveHealth, health_source, usage
+from router.observability.metrics import RegionState
+from router.observability.telemetry import PassiveHealth, health_source, usage
 
 
 def test_passive_health_flips_and_counts_ejections() -> None:
@@ -55,6 +55,7 @@ def test_usage_of_whole_bodies_only() -> None:
 
 
 def test_hedge_key_matches_the_hedger() -> None:
-    from router import hedge, observability
+    from router.observability import telemetry as observability
+    from router.routing import hedge
 
     assert observability.HEDGED == hedge.HEDGED

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from router.quantiles import OVERALL, QuantileBoard, RollingSketch, Sketch
+from router.observability.quantiles import OVERALL, QuantileBoard, RollingSketch, Sketch
 
 QS = (0.0, 0.01, 0.25, 0.5, 0.9, 0.95, 0.99, 0.999, 1.0)
 

@@ -7,8 +7,8 @@ import asyncio
 import msgspec
 
 from router.config import Config, loads
-from router.region_pools import RegionPools, regions_preparer
-from router.upstream import open_upstreams
+from router.core.upstream import open_upstreams
+from router.server.pools import RegionPools, regions_preparer
 
 
 def config(*regions: tuple[str, int]) -> Config:

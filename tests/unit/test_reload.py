@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from router.config import Config, load, loads
-from router.health import Health
-from router.reload import Commit, LiveConfig, Reloader, health_preparer
-from router.rollout import Rollout, table_from_config
+from router.rollout.table import Rollout, table_from_config
+from router.routing.health import Health
+from router.server.reload import Commit, LiveConfig, Reloader, health_preparer
 
 GOOD = """
 [[regions]]

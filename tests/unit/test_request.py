@@ -7,8 +7,7 @@ import json
 import msgspec
 import pytest
 
-from router.errors import InvalidRequest, NotFound
-from router.request import (
+from router.core.request import (
     CHAT,
     COMPLETIONS,
     EMBEDDINGS,
@@ -17,6 +16,7 @@ from router.request import (
     parse_body,
     resolve_model,
 )
+from router.errors import InvalidRequest, NotFound
 
 CHAT_BODY = {"model": "m1", "messages": [{"role": "user", "content": "hi"}]}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from router.resume import StreamTracker, continuation_body, restamp
+from router.routing.continuation import StreamTracker, continuation_body, restamp
 
 
 def ev(obj: object) -> bytes:

@@ -10,7 +10,7 @@ import pytest
 
 from router.config import loads
 from router.errors import ConfigError, InvalidRequest, NotFound
-from router.rollout import (
+from router.rollout.table import (
     Alias,
     Deployment,
     Rollout,

@@ -6,11 +6,11 @@ import msgspec
 import pytest
 
 from router.config import loads
-from router.context import RequestContext
+from router.core.context import RequestContext
+from router.core.proxy import AttemptError
+from router.core.request import CHAT, parse_body
 from router.errors import InvalidRequest, NotFound
-from router.proxy import AttemptError
-from router.request import CHAT, parse_body
-from router.rollout_web import RolloutRuntime, assignment, canary_hook, restrict
+from router.rollout.runtime import RolloutRuntime, assignment, canary_hook, restrict
 
 CONFIG = """
 [[regions]]

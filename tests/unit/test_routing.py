@@ -7,9 +7,9 @@ import time
 import pytest
 
 from router.config import Config, RegionConfig, RoutingConfig
-from router.context import RequestContext
-from router.health import outcome_of
-from router.routing import DEADLINE, LiveRouting, client_deadline, first_byte, retry_gate
+from router.core.context import RequestContext
+from router.routing.health import outcome_of
+from router.routing.runtime import DEADLINE, LiveRouting, client_deadline, first_byte, retry_gate
 
 
 def test_client_deadline_from_headers() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 
-from router.selection import AdminState, Candidate, scores, select
+from router.routing.selection import AdminState, Candidate, scores, select
 
 
 def cand(name: str, rtt_ms: float | None, ttft_ms: float | None = 0.0, **kw: object) -> Candidate:

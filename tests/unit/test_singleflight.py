@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from router.singleflight import Flight, FlightFailed, SingleFlight
+from router.cache.coalescing import Flight, FlightFailed, SingleFlight
 
 
 async def collect(flight: Flight[str]) -> list[bytes]:

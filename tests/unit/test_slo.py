@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from router.quantiles import OVERALL
-from router.slo import RollingCounts, SloTargets, SloTracker, is_error
+from router.observability.quantiles import OVERALL
+from router.observability.slo import RollingCounts, SloTargets, SloTracker, is_error
 
 
 def test_errors_are_5xx_only() -> None:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from router.accesslog import AccessRecord
-from router.metrics import RegionState, Telemetry
-from router.slo import SloTargets, SloTracker
-from router.status import feed
+from router.observability.access_log import AccessRecord
+from router.observability.metrics import RegionState, Telemetry
+from router.observability.slo import SloTargets, SloTracker
+from router.observability.status import feed
 
 MS = 1_000_000
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from router.accesslog import AccessRecord
-from router.metrics import RegionState, Telemetry
-from router.status import feed
-from router.top import render
+from router.observability.access_log import AccessRecord
+from router.observability.metrics import RegionState, Telemetry
+from router.observability.status import feed
+from router.observability.top import render
 
 MS = 1_000_000
 

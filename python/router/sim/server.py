@@ -449,7 +449,7 @@ def sim_runner(app: web.Application) -> web.AppRunner:
 
 async def serve_sim(options: SimOptions, host: str, port: int) -> None:
     """Serve one simulated region until SIGTERM/SIGINT."""
-    from router.server import run_until_signal
+    from router.server.run import run_until_signal
 
     def ready(url: str) -> None:
         print(f"sim region {options.name} listening on {url}", flush=True)

@@ -1,0 +1,1 @@
+"""Who may ask and how much: API keys, rate limits (local and shared), usage accounting."""

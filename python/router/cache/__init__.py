@@ -1,0 +1,1 @@
+"""The response cache: policy, tiers, the shared Redis tier, coalescing."""

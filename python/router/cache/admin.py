@@ -1,0 +1,67 @@
+"""Admin endpoints of the response cache: stats, and purge by tenant / model / all."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import msgspec
+from aiohttp import web
+
+from router.cache.tiers import ResponseCache
+from router.config import AuthConfig
+from router.errors import InvalidRequest
+from router.server.admin import AdminRoutes, json_response
+
+CACHE = web.AppKey("router.cache", ResponseCache)
+# Tenant name -> the cache namespaces its keys use (a tenant's default namespace is its name).
+NAMESPACES = web.AppKey("router.cache.namespaces", Mapping[str, frozenset[str]])
+
+
+class PurgeRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """Body of POST /admin/cache/purge; no field means everything."""
+
+    tenant: str | None = None
+    namespace: str | None = None
+    model: str | None = None
+
+
+_PURGE = msgspec.json.Decoder(PurgeRequest)
+
+
+async def stats(request: web.Request) -> web.StreamResponse:
+    """GET: entries, bytes, hit ratio and counters."""
+    return json_response(request.app[CACHE].stats())
+
+
+async def purge(request: web.Request) -> web.StreamResponse:
+    """POST {"tenant"?, "namespace"?, "model"?}: drop matching entries from both tiers."""
+    raw = await request.read()
+    try:
+        body = _PURGE.decode(raw) if raw.strip() else PurgeRequest()
+    except msgspec.MsgspecError as exc:
+        raise InvalidRequest(f"Invalid purge request: {exc}") from exc
+    if body.tenant is not None and body.namespace is not None:
+        raise InvalidRequest("Give `tenant` or `namespace`, not both.", param="tenant")
+    cache = request.app[CACHE]
+    namespaces: Sequence[str | None] = [body.namespace]
+    if body.tenant is not None:
+        known = request.app.get(NAMESPACES, {})
+        namespaces = sorted(known.get(body.tenant, frozenset({body.tenant})))
+    purged = 0
+    for ns in namespaces:
+        purged += await cache.purge(namespace=ns, model=body.model)
+    return json_response({"purged": purged})
+
+
+def namespaces_of(auth: AuthConfig) -> dict[str, frozenset[str]]:
+    """Tenant name -> the cache namespaces of its keys."""
+    out: dict[str, set[str]] = {}
+    for key in auth.keys:
+        out.setdefault(key.tenant, set()).add(key.cache_namespace or key.tenant)
+    return {tenant: frozenset(ns) for tenant, ns in out.items()}
+
+
+def add_routes(routes: AdminRoutes) -> None:
+    """GET /cache/stats and POST /cache/purge under the admin prefix, behind its guard."""
+    routes.get("/cache/stats", stats)
+    routes.post("/cache/purge", purge)

@@ -1,0 +1,345 @@
+"""Response cache, tier 1: in-process store bounded by bytes (LRU) with TTL, plus the policy."""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+import msgspec
+
+from router.net import sse
+
+if TYPE_CHECKING:
+    from router.config import CacheConfig
+
+T = TypeVar("T")
+
+Level = Literal["exact", "normalized"]
+KeyFn = Callable[[bytes, str, Level], bytes]
+"""(body, namespace, level) -> fingerprint; `router.native.fingerprint` in production."""
+
+# Rough per-entry bookkeeping (dict slot, Entry object, tuple) so tiny entries still cost something.
+ENTRY_OVERHEAD = 256
+CHUNK_OVERHEAD = 56
+CLEAN_FINISH = frozenset({"stop", "length"})
+
+
+class XCache(StrEnum):
+    """Values of the `x-cache` response header."""
+
+    HIT = "HIT"
+    MISS = "MISS"
+    BYPASS = "BYPASS"
+
+
+class Entry(msgspec.Struct, frozen=True, kw_only=True):
+    """A response as the upstream produced it: a body, or the SSE data payloads of a stream."""
+
+    namespace: str
+    model: str
+    content_type: str
+    created: float
+    expires: float
+    body: bytes = b""
+    chunks: tuple[bytes, ...] = ()
+    stream: bool = False
+    # Only 200s are stored; another status travels only from a coalesced leader to followers.
+    status: int = 200
+
+    def size(self) -> int:
+        """Approximate bytes this entry holds in memory."""
+        return (
+            ENTRY_OVERHEAD
+            + len(self.body)
+            + sum(len(c) + CHUNK_OVERHEAD for c in self.chunks)
+            + len(self.namespace)
+            + len(self.model)
+            + len(self.content_type)
+        )
+
+    def age(self, now: float) -> int:
+        """Whole seconds since the origin produced it (the `Age` header)."""
+        return max(0, int(now - self.created))
+
+
+@dataclass(slots=True)
+class Stats:
+    """Counters since start (or the last reset)."""
+
+    hits: int = 0
+    misses: int = 0
+    bypasses: int = 0
+    stores: int = 0
+    evictions: int = 0
+    expirations: int = 0
+    rejected: int = 0
+
+    def hit_ratio(self) -> float:
+        """Hits over lookups (hits + misses); bypasses are not lookups."""
+        looked = self.hits + self.misses
+        return self.hits / looked if looked else 0.0
+
+
+@dataclass(slots=True)
+class MemoryStore:
+    """Tier 1: entries bounded by total bytes, least recently used evicted first, TTL on read."""
+
+    max_bytes: int
+    clock: Callable[[], float] = time.time
+    _entries: OrderedDict[bytes, Entry] = field(default_factory=OrderedDict)
+    _bytes: int = 0
+    stats: Stats = field(default_factory=Stats)
+
+    @property
+    def size(self) -> int:
+        """Approximate bytes held now."""
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: bytes, namespace: str) -> Entry | None:
+        """The live entry for `key` in `namespace`, marked most recently used; None otherwise."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        if entry.expires <= self.clock():
+            self._drop(key, entry)
+            self.stats.expirations += 1
+            return None
+        # The key already carries the namespace; checking again means a key bug cannot leak.
+        if entry.namespace != namespace:
+            return None
+        self._entries.move_to_end(key)
+        return entry
+
+    def put(self, key: bytes, entry: Entry) -> bool:
+        """Store `entry`, evicting least recently used ones; False if it alone exceeds the bound."""
+        size = entry.size()
+        if size > self.max_bytes or entry.expires <= self.clock():
+            self.stats.rejected += 1
+            return False
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self._bytes -= old.size()
+        self._entries[key] = entry
+        self._bytes += size
+        self.stats.stores += 1
+        while self._bytes > self.max_bytes:
+            _, victim = self._entries.popitem(last=False)
+            self._bytes -= victim.size()
+            self.stats.evictions += 1
+        return True
+
+    def purge(self, *, namespace: str | None = None, model: str | None = None) -> int:
+        """Drop entries matching every given filter (none given: all); the number dropped."""
+        doomed = [
+            k
+            for k, e in self._entries.items()
+            if (namespace is None or e.namespace == namespace)
+            and (model is None or e.model == model)
+        ]
+        for k in doomed:
+            self._drop(k, self._entries[k])
+        return len(doomed)
+
+    def _drop(self, key: bytes, entry: Entry) -> None:
+        del self._entries[key]
+        self._bytes -= entry.size()
+
+
+def _matches(entry: Entry, namespace: str | None, model: str | None) -> bool:
+    return (namespace is None or entry.namespace == namespace) and (
+        model is None or entry.model == model
+    )
+
+
+class CacheControl(msgspec.Struct, frozen=True):
+    """The request's `Cache-Control` directives the cache honours."""
+
+    no_cache: bool = False
+    no_store: bool = False
+
+
+def parse_cache_control(value: str | None) -> CacheControl:
+    """Parse a request `Cache-Control` header; unknown directives are ignored."""
+    if not value:
+        return CacheControl()
+    directives = {d.split("=", 1)[0].strip().lower() for d in value.split(",")}
+    return CacheControl(no_cache="no-cache" in directives, no_store="no-store" in directives)
+
+
+class Rule(msgspec.Struct, frozen=True, kw_only=True):
+    """Resolved cacheability rule for one model (the global defaults with its overrides)."""
+
+    enabled: bool = True
+    level: Level = "exact"
+    ttl_s: float = 300.0
+    max_temperature: float = 0.0
+    cache_unset_temperature: bool = False
+    allow_tools: bool = False
+
+
+class Decision(msgspec.Struct, frozen=True):
+    """What the cache does for one request."""
+
+    lookup: bool
+    store: bool
+    reason: str = ""
+
+    @property
+    def bypass(self) -> bool:
+        """Neither read nor written."""
+        return not self.lookup and not self.store
+
+
+def resolve_rule(config: CacheConfig, model: str) -> Rule:
+    """The [cache] defaults overlaid with [cache.models.<model>]."""
+    o = config.models.get(model)
+
+    def pick(override: T | None, default: T) -> T:
+        return default if override is None else override
+
+    if o is None:
+        return Rule(
+            enabled=config.enabled,
+            level=config.level,
+            ttl_s=config.ttl_s,
+            max_temperature=config.max_temperature,
+            cache_unset_temperature=config.cache_unset_temperature,
+            allow_tools=config.allow_tools,
+        )
+    return Rule(
+        enabled=config.enabled and pick(o.enabled, True),
+        level=pick(o.level, config.level),
+        ttl_s=pick(o.ttl_s, config.ttl_s),
+        max_temperature=pick(o.max_temperature, config.max_temperature),
+        cache_unset_temperature=pick(o.cache_unset_temperature, config.cache_unset_temperature),
+        allow_tools=pick(o.allow_tools, config.allow_tools),
+    )
+
+
+def decide(
+    request: Mapping[str, Any], rule: Rule, control: CacheControl, *, sampled: bool = True
+) -> Decision:
+    """Whether to read/write the cache for this decoded request body; pure.
+
+    `sampled` is False for endpoints with no sampling (embeddings): temperature does not apply.
+    """
+    reason = _uncacheable(request, rule, sampled)
+    if reason:
+        return Decision(False, False, reason)
+    return Decision(not control.no_cache, not control.no_store, "")
+
+
+def _temperature(temperature: Any, rule: Rule) -> str:
+    if temperature is None:
+        return "" if rule.cache_unset_temperature else "temperature unset"
+    if isinstance(temperature, bool) or not isinstance(temperature, int | float):
+        return "temperature"
+    return "temperature" if temperature > rule.max_temperature else ""
+
+
+def _uncacheable(request: Mapping[str, Any], rule: Rule, sampled: bool) -> str:
+    if not rule.enabled:
+        return "disabled"
+    if sampled:
+        reason = _temperature(request.get("temperature"), rule)
+        if reason:
+            return reason
+    n = request.get("n")
+    if n is not None and n != 1:
+        return "n"
+    if not rule.allow_tools and (request.get("tools") or request.get("functions")):
+        return "tools"
+    return ""
+
+
+def complete_body(body: bytes) -> bool:
+    """A non-stream response worth storing: JSON whose choices all ended stop/length."""
+    try:
+        doc = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return False
+    if not isinstance(doc, dict) or "error" in doc:
+        return False
+    choices = doc.get("choices")
+    if choices is None:
+        return "data" in doc  # embeddings: no finish_reason to check
+    return (
+        isinstance(choices, list)
+        and bool(choices)
+        and all(isinstance(c, dict) and c.get("finish_reason") in CLEAN_FINISH for c in choices)
+    )
+
+
+def storage_key(fingerprint: bytes, *, endpoint: str, stream: bool, usage: bool = False) -> bytes:
+    """Tier key: the fingerprint plus what shapes the stored form (endpoint, stream, usage chunk).
+
+    The fingerprint leaves out transport fields (`stream`, `stream_options`), yet a body and a
+    stream are stored differently, and only a stream asked with include_usage has a usage chunk.
+    """
+    form = (b"|SU" if usage else b"|S") if stream else b"|B"
+    return fingerprint + b"|" + endpoint.encode() + form
+
+
+class StreamRecorder:
+    """The miss-path tee: records a stream's SSE payloads; `complete` only after a clean finish."""
+
+    __slots__ = ("_decoder", "_done", "_failed", "_finishes", "chunks")
+
+    def __init__(self) -> None:
+        self._decoder = sse.Decoder()
+        self.chunks: list[bytes] = []
+        self._finishes: dict[int, str | None] = {}
+        self._done = False
+        self._failed = False
+
+    def feed(self, raw: bytes) -> list[bytes]:
+        """Record the raw bytes forwarded to the client; the payloads they completed."""
+        payloads = self._decoder.feed(raw)
+        for p in payloads:
+            self.add(p)
+        return payloads
+
+    def add(self, payload: bytes) -> None:
+        """Record one decoded SSE data payload."""
+        if self._done or self._failed:
+            self._failed = True  # anything after [DONE] is not a stream we understand
+            return
+        if payload == sse.DONE:
+            self._done = True
+            return
+        self.chunks.append(payload)
+        try:
+            doc = msgspec.json.decode(payload)
+        except msgspec.DecodeError:
+            self._failed = True
+            return
+        if not isinstance(doc, dict) or "error" in doc:
+            self._failed = True
+            return
+        for choice in doc.get("choices") or ():
+            if isinstance(choice, dict):
+                index = choice.get("index", 0)
+                reason = choice.get("finish_reason")
+                if reason is not None or index not in self._finishes:
+                    self._finishes[index] = reason
+
+    def fail(self) -> None:
+        """The stream broke (upstream error, abort): it must never be stored."""
+        self._failed = True
+
+    @property
+    def complete(self) -> bool:
+        """Ended with [DONE] and every choice finished with stop or length."""
+        return (
+            self._done
+            and not self._failed
+            and bool(self._finishes)
+            and all(r in CLEAN_FINISH for r in self._finishes.values())
+        )

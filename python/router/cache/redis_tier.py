@@ -1,0 +1,152 @@
+"""Response cache, tier 2: Redis shared by router instances; an outage only means tier 1 alone."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import zlib
+from collections.abc import Callable
+from urllib.parse import quote
+
+import msgspec
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from router.cache.policy import Entry
+
+log = logging.getLogger("router")
+
+MAGIC = b"RC"
+VERSION = 1
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Entry)
+
+
+def encode_entry(entry: Entry) -> bytes:
+    """Versioned envelope: magic, version byte, zlib-compressed msgpack of the entry."""
+    return MAGIC + bytes([VERSION]) + zlib.compress(_encoder.encode(entry), 1)
+
+
+def decode_entry(blob: bytes) -> Entry | None:
+    """The entry in an envelope; None for a foreign, newer or corrupt value (treated as a miss)."""
+    if len(blob) < 3 or blob[:2] != MAGIC or blob[2] != VERSION:
+        return None
+    try:
+        return _decoder.decode(zlib.decompress(blob[3:]))
+    except (zlib.error, msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+def redis_key(prefix: str, key: bytes, namespace: str, model: str) -> str:
+    """`prefix:v1:<namespace>:<model>:<hex>`; quoting keeps `:` and glob characters out of parts."""
+    return f"{prefix}:v{VERSION}:{quote(namespace, safe='')}:{quote(model, safe='')}:{key.hex()}"
+
+
+class RedisTier:
+    """Get/put/purge against Redis with short timeouts; failures are swallowed and back off."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str = "router:cache",
+        timeout_s: float = 0.05,
+        retry_after_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.prefix = prefix
+        self.timeout_s = timeout_s
+        self.retry_after_s = retry_after_s
+        self._clock = clock
+        self._wall = wall
+        self._client = aioredis.Redis.from_url(
+            url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 0),
+            retry_on_timeout=False,
+        )
+        self._down_until = 0.0
+        self.up = True
+        self.hits = 0
+        self.misses = 0
+        self.errors = 0
+
+    async def get(self, key: bytes, namespace: str, model: str) -> Entry | None:
+        """The shared entry, or None on a miss, a bad value, an expired entry or an outage."""
+        if not self._available():
+            return None
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                blob = await self._client.get(redis_key(self.prefix, key, namespace, model))
+        except (RedisError, OSError, TimeoutError) as exc:
+            self._failed(exc)
+            return None
+        self._ok()
+        entry = decode_entry(blob) if isinstance(blob, bytes) else None
+        if entry is None or entry.namespace != namespace or entry.expires <= self._wall():
+            self.misses += 1
+            return None
+        self.hits += 1
+        return entry
+
+    async def put(self, key: bytes, entry: Entry) -> bool:
+        """Store with the entry's remaining TTL; False when skipped or Redis failed."""
+        ttl_ms = int((entry.expires - self._wall()) * 1000)
+        if ttl_ms <= 0 or not self._available():
+            return False
+        name = redis_key(self.prefix, key, entry.namespace, entry.model)
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                await self._client.set(name, encode_entry(entry), px=ttl_ms)
+        except (RedisError, OSError, TimeoutError) as exc:
+            self._failed(exc)
+            return False
+        self._ok()
+        return True
+
+    async def purge(self, *, namespace: str | None = None, model: str | None = None) -> int:
+        """Delete matching shared entries (none given: all); the number deleted, 0 on an outage."""
+        ns = quote(namespace, safe="") if namespace is not None else "*"
+        mo = quote(model, safe="") if model is not None else "*"
+        pattern = f"{self.prefix}:v{VERSION}:{ns}:{mo}:*"
+        deleted = 0
+        try:
+            # Purge is an admin action, so it gets a longer budget than the request path.
+            async with asyncio.timeout(max(5.0, self.timeout_s)):
+                batch: list[bytes] = []
+                async for name in self._client.scan_iter(match=pattern, count=500):
+                    batch.append(name)
+                    if len(batch) >= 500:
+                        deleted += int(await self._client.unlink(*batch))
+                        batch = []
+                if batch:
+                    deleted += int(await self._client.unlink(*batch))
+        except (RedisError, OSError, TimeoutError) as exc:
+            self._failed(exc)
+            return deleted
+        self._ok()
+        return deleted
+
+    async def close(self) -> None:
+        """Close the connection pool."""
+        await self._client.aclose()
+
+    def _available(self) -> bool:
+        return self.up or self._clock() >= self._down_until
+
+    def _failed(self, exc: BaseException) -> None:
+        self.errors += 1
+        self._down_until = self._clock() + self.retry_after_s
+        if self.up:
+            self.up = False
+            log.warning("cache: redis tier unavailable, serving from memory only: %r", exc)
+
+    def _ok(self) -> None:
+        if not self.up:
+            self.up = True
+            log.warning("cache: redis tier recovered")

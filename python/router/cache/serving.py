@@ -1,0 +1,388 @@
+"""The cache on the request path: lookup, replay (body or SSE), miss tee, coalesced followers."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from router import native
+from router.access.auth import ANONYMOUS_TENANT, Tenant
+from router.cache.admin import CACHE, NAMESPACES, add_routes, namespaces_of
+from router.cache.coalescing import Flight, FlightFailed
+from router.cache.policy import (
+    Decision,
+    Entry,
+    KeyFn,
+    Level,
+    Rule,
+    StreamRecorder,
+    XCache,
+    complete_body,
+    decide,
+    parse_cache_control,
+)
+from router.cache.tiers import ResponseCache, open_cache
+from router.config import AuthConfig, Config
+from router.core.context import RequestContext
+from router.core.request import EMBEDDINGS
+from router.errors import UpstreamError
+from router.native import NativeError
+from router.net import sse
+from router.net.stream_response import StreamResponse
+from router.observability.timing import CACHE as CACHE_STAGE
+from router.server.admin import AdminRoutes, Guard
+
+log = logging.getLogger("router")
+
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+# How often a follower whose leader failed before sending anything rejoins (or leads) a flight.
+FOLLOW_RETRIES = 2
+
+
+class Mark(msgspec.Struct):
+    """The cache outcome of one request, rendered as `x-cache` and `Age` response headers."""
+
+    outcome: XCache
+    age: int | None = None
+
+
+MARK = web.RequestKey("router.cache.mark", Mark)
+
+
+async def add_headers(request: web.BaseRequest, response: web.StreamResponse) -> None:
+    """on_response_prepare: stamp `x-cache` (and `Age` on hits) on whatever answers the request."""
+    mark = request.get(MARK) if isinstance(request, web.Request) else None
+    if mark is not None:
+        response.headers["x-cache"] = mark.outcome.value
+        if mark.age is not None:
+            response.headers["Age"] = str(mark.age)
+
+
+class _Knobs(msgspec.Struct):
+    """The body fields the cacheability policy reads (everything else is skipped by the decoder)."""
+
+    temperature: Any = None
+    n: Any = None
+    tools: Any = None
+    functions: Any = None
+
+
+_KNOBS = msgspec.json.Decoder(_Knobs)
+
+
+def knobs(body: bytes) -> dict[str, Any]:
+    """The policy-relevant request fields as a mapping (the body is already validated JSON)."""
+    k = _KNOBS.decode(body)
+    return {"temperature": k.temperature, "n": k.n, "tools": k.tools, "functions": k.functions}
+
+
+class Tap:
+    """Given to the origin (proxy.forward): sees what it sends the client on a cache miss."""
+
+    __slots__ = (
+        "_cache",
+        "_flight",
+        "_key",
+        "_namespace",
+        "_recorded",
+        "_recorder",
+        "_rule",
+        "_store",
+        "ctx",
+    )
+
+    def __init__(
+        self,
+        cache: ResponseCache,
+        ctx: RequestContext,
+        key: bytes,
+        namespace: str,
+        rule: Rule,
+        *,
+        store: bool,
+        flight: Flight[Entry] | None,
+    ) -> None:
+        self._cache = cache
+        self.ctx = ctx
+        self._namespace = namespace
+        self._key = key
+        self._rule = rule
+        self._store = store
+        self._flight = flight
+        self._recorder = StreamRecorder()
+        self._recorded = 0
+
+    def chunk(self, data: bytes) -> None:
+        """Stream bytes just forwarded to the client."""
+        self._recorded += len(data)
+        if self._recorded > self._max_entry and self._flight is None:
+            # Too big to store and nobody follows: stop buffering it.
+            self._store = False
+            self._recorder.chunks.clear()
+            return
+        for payload in self._recorder.feed(data):
+            if payload != sse.DONE and self._flight is not None:
+                self._flight.publish(payload)
+
+    def end(self, clean: bool) -> None:
+        """The stream ended: `clean` when the upstream finished without error or abort."""
+        if not clean:
+            self._recorder.fail()
+        entry = self._entry(chunks=tuple(self._recorder.chunks))
+        if self._store and self._recorder.complete and self._recorded <= self._max_entry:
+            self._cache.put(self._key, entry)
+        if self._flight is not None:
+            if clean:
+                self._cache.flights.finish(self._flight, entry)
+            else:
+                self._cache.flights.fail(self._flight)
+
+    def body(self, status: int, content_type: str | None, body: bytes) -> None:
+        """A whole non-stream answer just relayed to the client."""
+        # A region's final non-200 answer (a 4xx the attempt loop does not retry) is what any
+        # identical request would get: followers share it, but it is never stored.
+        entry = self._entry(body=body, content_type=content_type or "application/json")
+        if status != 200:
+            entry = msgspec.structs.replace(entry, status=status)
+        elif self._store and len(body) <= self._max_entry and complete_body(body):
+            self._cache.put(self._key, entry)
+        if self._flight is not None:
+            self._cache.flights.finish(self._flight, entry)
+
+    @property
+    def _max_entry(self) -> int:
+        return self._cache.config.max_entry_bytes
+
+    def _entry(
+        self,
+        *,
+        body: bytes = b"",
+        chunks: tuple[bytes, ...] = (),
+        content_type: str = "text/event-stream",
+    ) -> Entry:
+        parsed = self.ctx.request
+        return self._cache.new_entry(
+            namespace=self._namespace,
+            model=parsed.model,
+            rule=self._rule,
+            content_type=content_type,
+            body=body,
+            chunks=chunks,
+            stream=parsed.stream,
+        )
+
+
+Origin = Callable[[Tap | None], Awaitable[web.StreamResponse]]
+
+
+async def serve(
+    request: web.Request,
+    ctx: RequestContext,
+    cache: ResponseCache,
+    namespace: str,
+    origin: Origin,
+) -> web.StreamResponse:
+    """Answer from the cache, or from `origin` (region selection + forward) teed into it."""
+    parsed = ctx.request
+    rule = cache.rule(parsed.model)
+    decision: Decision = decide(
+        knobs(parsed.body),
+        rule,
+        parse_cache_control(request.headers.get("Cache-Control")),
+        sampled=parsed.endpoint != EMBEDDINGS,
+    )
+    if decision.bypass:
+        return await _origin(request, ctx, cache, XCache.BYPASS, origin, None)
+    try:
+        key = cache.key(
+            parsed.body,
+            namespace=namespace,
+            level=rule.level,
+            endpoint=parsed.endpoint,
+            stream=parsed.stream,
+            usage=parsed.include_usage,
+        )
+    except NativeError as exc:
+        # The router already validated the body; a shape the fingerprint refuses is just uncached.
+        log.debug("request %s: not cached, no fingerprint: %s", ctx.request_id, exc)
+        return await _origin(request, ctx, cache, XCache.BYPASS, origin, None)
+    if not decision.lookup:
+        # no-cache: the client wants a fresh answer, so it neither reads nor joins a flight.
+        tap = Tap(cache, ctx, key, namespace, rule, store=decision.store, flight=None)
+        return await _origin(request, ctx, cache, XCache.BYPASS, origin, tap)
+    entry = await cache.get(key, namespace, parsed.model)
+    if entry is not None:
+        return await _replay(request, ctx, cache, entry)
+    if not cache.config.coalesce:
+        tap = Tap(cache, ctx, key, namespace, rule, store=decision.store, flight=None)
+        return await _origin(request, ctx, cache, XCache.MISS, origin, tap)
+    for _ in range(FOLLOW_RETRIES + 1):
+        flight, leads = cache.flights.join(key)
+        if leads:
+            with cache.flights.lead(flight):
+                # A flight that ended while this request awaited tier 2 may have just stored it.
+                entry = cache.memory.get(key, namespace)
+                if entry is not None:
+                    cache.flights.finish(flight, entry)
+                    return await _replay(request, ctx, cache, entry)
+                tap = Tap(cache, ctx, key, namespace, rule, store=decision.store, flight=flight)
+                return await _origin(request, ctx, cache, XCache.MISS, origin, tap)
+        try:
+            return await _follow(request, ctx, cache, flight)
+        except _Rejoin:
+            continue
+    # Leader after leader failed to get any answer: going upstream one by one now would be a
+    # thundering herd on a region that is already failing.
+    ctx.timer.end(CACHE_STAGE)
+    cache.count(XCache.MISS)
+    request[MARK] = Mark(XCache.MISS)
+    raise UpstreamError(
+        "The region failed to answer this request (shared with identical concurrent requests).",
+        code="upstream_error",
+    )
+
+
+async def _origin(
+    request: web.Request,
+    ctx: RequestContext,
+    cache: ResponseCache,
+    outcome: XCache,
+    origin: Origin,
+    tap: Tap | None,
+) -> web.StreamResponse:
+    ctx.timer.end(CACHE_STAGE)
+    cache.count(outcome)
+    request[MARK] = Mark(outcome)
+    return await origin(tap)
+
+
+async def _replay(
+    request: web.Request, ctx: RequestContext, cache: ResponseCache, entry: Entry
+) -> web.StreamResponse:
+    """A hit: the stored body, or the stored SSE payloads re-framed as the origin sent them."""
+    ctx.timer.end(CACHE_STAGE)
+    cache.count(XCache.HIT)
+    request[MARK] = Mark(XCache.HIT, entry.age(cache.clock()))
+    if not entry.stream:
+        headers = {"Content-Type": entry.content_type, "X-Request-Id": ctx.request_id}
+        return web.Response(status=entry.status, body=entry.body, headers=headers)
+    resp = StreamResponse(headers={**SSE_HEADERS, "X-Request-Id": ctx.request_id})
+    await resp.prepare(request)
+    # Headers, events and the chunked terminator in one write.
+    await resp.write_eof(b"".join(sse.encode(c) for c in entry.chunks) + sse.encode_done())
+    return resp
+
+
+class _Rejoin(Exception):
+    """The leader failed before this follower sent anything: try again."""
+
+
+async def _follow(
+    request: web.Request, ctx: RequestContext, cache: ResponseCache, flight: Flight[Entry]
+) -> web.StreamResponse:
+    """Serve a coalesced request from its leader's flight (counted as a hit: no origin call)."""
+    if not ctx.request.stream:
+        try:
+            entry = await flight.result()
+        except FlightFailed:
+            raise _Rejoin from None
+        return await _replay(request, ctx, cache, entry)
+    resp: web.StreamResponse | None = None
+    try:
+        async for payload in flight.follow():
+            if resp is None:
+                ctx.timer.end(CACHE_STAGE)
+                cache.count(XCache.HIT)
+                request[MARK] = Mark(XCache.HIT, 0)
+                resp = StreamResponse(headers={**SSE_HEADERS, "X-Request-Id": ctx.request_id})
+                await resp.prepare(request)
+            await resp.write(sse.encode(payload))
+    except FlightFailed as exc:
+        if resp is None:
+            raise _Rejoin from None
+        log.warning("request %s: coalesced stream broke: %r", ctx.request_id, exc.cause)
+        error = UpstreamError("The region stopped mid-stream.", code="upstream_stream_error")
+        await resp.write(sse.encode(error.body()))
+        await resp.write_eof()
+        return resp
+    if resp is None:  # the leader finished with an empty stream; replay its (empty) entry
+        return await _replay(request, ctx, cache, await flight.result())
+    await resp.write(sse.encode_done())
+    await resp.write_eof()
+    return resp
+
+
+# ctx.extra key under which the auth stage leaves the request's auth.Tenant.
+TENANT = "tenant"
+NamespaceOf = Callable[[RequestContext], str | None]
+
+
+def tenant_namespace(auth: AuthConfig) -> NamespaceOf:
+    """The request's cache namespace: its tenant's; with auth off, the anonymous one."""
+    enabled: bool | None = auth.enabled
+    # Unset means on as soon as any key is configured (the auth feature's rule).
+    auth_enabled = bool(auth.keys) if enabled is None else enabled
+
+    def namespace_of(ctx: RequestContext) -> str | None:
+        tenant = ctx.extra.get(TENANT)
+        if isinstance(tenant, Tenant):
+            return tenant.cache_namespace
+        # With auth on, an unknown tenant must never share a namespace with anyone: no caching.
+        return None if auth_enabled else ANONYMOUS_TENANT.cache_namespace
+
+    return namespace_of
+
+
+def native_key_fn() -> KeyFn:
+    """The Rust fingerprint as a KeyFn."""
+
+    def key(body: bytes, namespace: str, level: Level) -> bytes:
+        return native.fingerprint(body, namespace=namespace, level=level)
+
+    return key
+
+
+CacheAround = Callable[
+    [web.Request, RequestContext, Callable[[Tap | None], Awaitable[web.StreamResponse]]],
+    Awaitable[web.StreamResponse],
+]
+
+
+def install(
+    app: web.Application,
+    config: Config,
+    guard: Guard,
+    key_fn: KeyFn | None = None,
+) -> CacheAround:
+    """Open the cache with the app, stamp x-cache/Age, add the admin routes (behind `guard`,
+    the admin check); the returned wrapper of the origin goes in app[AROUND]."""
+    fn = key_fn or native_key_fn()
+    namespace_of = tenant_namespace(config.auth)
+    app[NAMESPACES] = namespaces_of(config.auth)
+    add_routes(AdminRoutes(app.router, guard))
+
+    async def lifetime(app: web.Application) -> AsyncIterator[None]:
+        cache = open_cache(config.cache, fn)
+        app[CACHE] = cache
+        yield
+        await cache.close()
+
+    app.cleanup_ctx.append(lifetime)
+    app.on_response_prepare.append(add_headers)
+
+    async def around(
+        request: web.Request, ctx: RequestContext, origin: Origin
+    ) -> web.StreamResponse:
+        namespace = namespace_of(ctx)
+        cache = request.app[CACHE]
+        if namespace is None:
+            return await _origin(request, ctx, cache, XCache.BYPASS, origin, None)
+        # Ends when the answer starts: a hit's lookup, a miss's lookup, a follower's wait.
+        ctx.timer.begin(CACHE_STAGE)
+        return await serve(request, ctx, cache, namespace, origin)
+
+    return around

@@ -1,0 +1,179 @@
+"""The response cache as the request path sees it: key, rules, tier 1 then tier 2, coalescing."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+from router.cache.coalescing import SingleFlight
+from router.cache.policy import (
+    Entry,
+    KeyFn,
+    Level,
+    MemoryStore,
+    Rule,
+    XCache,
+    resolve_rule,
+    storage_key,
+)
+from router.cache.redis_tier import RedisTier
+from router.config import CacheConfig
+
+
+class ResponseCache:
+    """Tier 1 (memory), optional tier 2 (Redis), per-model rules and the single-flight registry."""
+
+    def __init__(
+        self,
+        config: CacheConfig,
+        key_fn: KeyFn,
+        *,
+        redis: RedisTier | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.key_fn = key_fn
+        self.redis = redis
+        self.clock = clock
+        self.memory = MemoryStore(config.max_bytes, clock)
+        self.flights: SingleFlight[Entry] = SingleFlight()
+        self._rules: dict[str, Rule] = {}
+        self._writes: set[asyncio.Task[bool]] = set()
+        self.redis_hits = 0
+
+    def rule(self, model: str) -> Rule:
+        """The resolved rule for a client-facing model name (memoized)."""
+        rule = self._rules.get(model)
+        if rule is None:
+            if len(self._rules) > 4096:  # model names come from clients; keep this bounded
+                self._rules.clear()
+            rule = self._rules[model] = resolve_rule(self.config, model)
+        return rule
+
+    def key(
+        self,
+        body: bytes,
+        *,
+        namespace: str,
+        level: Level,
+        endpoint: str,
+        stream: bool,
+        usage: bool = False,
+    ) -> bytes:
+        """The tier key of one request body."""
+        fp = self.key_fn(body, namespace, level)
+        return storage_key(fp, endpoint=endpoint, stream=stream, usage=usage)
+
+    async def get(self, key: bytes, namespace: str, model: str) -> Entry | None:
+        """Tier 1, then tier 2 (promoted into tier 1); None on a miss."""
+        entry = self.memory.get(key, namespace)
+        if entry is None and self.redis is not None:
+            entry = await self.redis.get(key, namespace, model)
+            if entry is not None:
+                self.redis_hits += 1
+                self.memory.put(key, entry)
+        return entry
+
+    def put(self, key: bytes, entry: Entry) -> None:
+        """Store in tier 1 now and in tier 2 in the background (the client is not kept waiting)."""
+        if not self.memory.put(key, entry) and entry.size() > self.config.max_bytes:
+            return
+        if self.redis is not None:
+            task = asyncio.get_running_loop().create_task(self.redis.put(key, entry))
+            self._writes.add(task)
+            task.add_done_callback(self._writes.discard)
+
+    def new_entry(
+        self,
+        *,
+        namespace: str,
+        model: str,
+        rule: Rule,
+        content_type: str,
+        body: bytes = b"",
+        chunks: tuple[bytes, ...] = (),
+        stream: bool = False,
+    ) -> Entry:
+        """An entry created now, expiring after the rule's TTL."""
+        now = self.clock()
+        return Entry(
+            namespace=namespace,
+            model=model,
+            content_type=content_type,
+            created=now,
+            expires=now + rule.ttl_s,
+            body=body,
+            chunks=chunks,
+            stream=stream,
+        )
+
+    def count(self, outcome: XCache) -> None:
+        """Count one request's cache outcome."""
+        stats = self.memory.stats
+        if outcome is XCache.HIT:
+            stats.hits += 1
+        elif outcome is XCache.MISS:
+            stats.misses += 1
+        else:
+            stats.bypasses += 1
+
+    async def purge(self, *, namespace: str | None = None, model: str | None = None) -> int:
+        """Drop matching entries from both tiers; how many were dropped."""
+        dropped = self.memory.purge(namespace=namespace, model=model)
+        if self.redis is not None:
+            await self.flush()
+            dropped += await self.redis.purge(namespace=namespace, model=model)
+        return dropped
+
+    def stats(self) -> dict[str, Any]:
+        """Entries, bytes, hit ratio and counters, for the admin API."""
+        s = self.memory.stats
+        out: dict[str, Any] = {
+            "enabled": self.config.enabled,
+            "entries": len(self.memory),
+            "bytes": self.memory.size,
+            "max_bytes": self.memory.max_bytes,
+            "hits": s.hits,
+            "misses": s.misses,
+            "bypasses": s.bypasses,
+            "hit_ratio": round(s.hit_ratio(), 4),
+            "stores": s.stores,
+            "evictions": s.evictions,
+            "expirations": s.expirations,
+            "rejected": s.rejected,
+            "coalesced": self.flights.followed,
+            "in_flight": len(self.flights),
+        }
+        if self.redis is not None:
+            out["redis"] = {
+                "up": self.redis.up,
+                "hits": self.redis_hits,
+                "errors": self.redis.errors,
+            }
+        return out
+
+    async def flush(self) -> None:
+        """Wait for background tier-2 writes."""
+        if self._writes:
+            await asyncio.gather(*self._writes, return_exceptions=True)
+
+    async def close(self) -> None:
+        """Finish background writes and close Redis."""
+        await self.flush()
+        if self.redis is not None:
+            await self.redis.close()
+
+
+def open_cache(config: CacheConfig, key_fn: KeyFn) -> ResponseCache:
+    """The cache for a config; tier 2 only when `redis_url` is set. Call inside the event loop."""
+    redis = None
+    if config.redis_url:
+        redis = RedisTier(
+            config.redis_url,
+            prefix=config.redis_prefix,
+            timeout_s=config.redis_timeout_s,
+            retry_after_s=config.redis_retry_s,
+        )
+    return ResponseCache(config, key_fn, redis=redis)

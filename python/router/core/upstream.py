@@ -1,0 +1,138 @@
+"""Upstream regions at runtime: one keep-alive connection pool per region, and header filtering."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from urllib.parse import urlsplit
+
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from router.config import Config, RegionConfig
+from router.net import http1
+from router.observability import telemetry as observability
+
+log = logging.getLogger("router")
+
+# Hop-by-hop headers (RFC 9110 §7.6.1) plus the ones the router itself owns on each leg.
+_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "content-length",
+        "host",
+    }
+)
+# Client credentials are for the router, never for a region; the region key replaces them.
+_REQUEST_DROP = _HOP | {"authorization", "x-api-key", "api-key"}
+# aiohttp's web server sets its own Date/Server; content-length is recomputed from the body.
+_RESPONSE_DROP = _HOP | {"date", "server"}
+
+
+class Upstream:
+    """One region: its config, the credentials sent to it, and its connection pool."""
+
+    __slots__ = ("_base_path", "auth", "base", "config", "name", "pool")
+
+    def __init__(self, config: RegionConfig, pool: http1.Pool, api_key: str | None):
+        self.config = config
+        self.name = config.name
+        self.base = config.base_url.rstrip("/")
+        self._base_path = urlsplit(self.base).path
+        self.pool = pool
+        self.auth = f"Bearer {api_key}" if api_key else None
+
+    def path(self, endpoint: str) -> str:
+        """The region's request path for a router path such as /v1/chat/completions."""
+        # Regions are configured like OpenAI's base_url (ending in /v1) or as bare hosts.
+        base = self._base_path
+        if base.endswith("/v1") and endpoint.startswith("/v1/"):
+            return base + endpoint[3:]
+        return base + endpoint
+
+    def request_headers(self, client: Mapping[str, str], request_id: str) -> CIMultiDict[str]:
+        """Client headers minus hop-by-hop and client credentials, plus the region key and id."""
+        out: CIMultiDict[str] = CIMultiDict()
+        for key, value in client.items():
+            if key.lower() not in _REQUEST_DROP:
+                out.add(key, value)
+        if self.auth is not None:
+            out["Authorization"] = self.auth
+        out["X-Request-Id"] = request_id
+        return out
+
+
+def response_headers(upstream: CIMultiDictProxy[str]) -> CIMultiDict[str]:
+    """Upstream response headers safe to relay to the client."""
+    out: CIMultiDict[str] = CIMultiDict()
+    for key, value in upstream.items():
+        if key.lower() not in _RESPONSE_DROP:
+            out.add(key, value)
+    return out
+
+
+class Upstreams:
+    """Every configured region, by name and in config order."""
+
+    def __init__(self, regions: Iterable[Upstream]):
+        self._all = tuple(regions)
+        self._by_name = {u.name: u for u in self._all}
+        self._by_model: dict[str, tuple[Upstream, ...]] = {}
+        # Static preference (sorted() is stable, so config order breaks ties).
+        for u in sorted(self._all, key=lambda u: (u.config.bias_ms, -u.config.weight)):
+            for model in u.config.models:
+                self._by_model[model] = (*self._by_model.get(model, ()), u)
+
+    def __iter__(self) -> Iterator[Upstream]:
+        return iter(self._all)
+
+    def __len__(self) -> int:
+        return len(self._all)
+
+    def get(self, name: str) -> Upstream | None:
+        """The region called `name`, if configured."""
+        return self._by_name.get(name)
+
+    def serving(self, model: str) -> tuple[Upstream, ...]:
+        """Regions serving the upstream model `model`: lowest bias_ms, then highest weight."""
+        return self._by_model.get(model, ())
+
+    async def close(self) -> None:
+        """Close every pool."""
+        for u in self._all:
+            await u.pool.close()
+
+
+def open_upstreams(config: Config) -> Upstreams:
+    """A connection pool per region; must run inside the event loop that will use them."""
+    regions = []
+    for region in config.regions:
+        api_key = None
+        if region.api_key_env:
+            api_key = os.environ.get(region.api_key_env)
+            if api_key is None:
+                log.warning(
+                    "region %s: env var %s is not set; sending no API key",
+                    region.name,
+                    region.api_key_env,
+                )
+        # Bodies are relayed as the region sent them, and no header the client did not send is
+        # added; new-connection time goes to the request's `connect` stage (Server-Timing).
+        pool = http1.Pool(
+            region.base_url,
+            limit=region.max_connections,
+            keepalive_s=region.keepalive_s,
+            connect_timeout=config.timeouts.connect,
+            total_timeout=config.timeouts.total,
+            on_connect=observability.record_connect,
+        )
+        regions.append(Upstream(region, pool, api_key))
+    return Upstreams(regions)

@@ -1,0 +1,1 @@
+"""Metrics, access log, SLOs, quantiles, the status page."""

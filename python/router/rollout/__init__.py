@@ -1,0 +1,1 @@
+"""Model versions: the version table, canary monitoring, rollout admin."""

@@ -1,0 +1,145 @@
+"""Rollout on the request path: pick a version, restrict regions, record outcomes, tag responses."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import msgspec
+from aiohttp import web
+
+from router.access.auth import presented_key
+from router.config import Config
+from router.core.context import RequestContext
+from router.core.proxy import AttemptError, AttemptHook
+from router.core.upstream import Upstream
+from router.errors import InvalidRequest
+from router.rollout.canary import CanaryMonitor
+from router.rollout.table import VERSION_HEADER, Alias, Deployment, Rollout, table_from_config
+from router.server.reload import Commit
+
+# ctx.extra key holding the request's Assignment.
+EXTRA = "rollout"
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """The version one request was given."""
+
+    alias: str
+    deployment: Deployment
+
+
+class _User(msgspec.Struct):
+    user: str | None = None
+
+
+_USER = msgspec.json.Decoder(_User)
+
+
+class RolloutRuntime:
+    """The live routing table and the canary monitor fed by every attempt."""
+
+    def __init__(self, config: Config) -> None:
+        self.rollout = Rollout(table_from_config(config))
+        self.canary = CanaryMonitor(self.rollout, config.rollout.canary)
+
+    def assign(self, ctx: RequestContext, headers: Mapping[str, str]) -> Assignment:
+        """Pick the request's version and point its body at that version's upstream model."""
+        table = self.rollout.table  # read once: a swap mid-request does not move this request
+        parsed = ctx.request
+        alias = table.alias(parsed.model)
+        user = _user(parsed.body) if _needs_user(alias) else None
+        deployment = table.pick(parsed.model, user=user, api_key=presented_key(headers))
+        ctx.parsed = parsed.with_model(deployment.upstream_model)
+        assignment = Assignment(alias.name, deployment)
+        ctx.extra[EXTRA] = assignment
+        return assignment
+
+    def regions(self, ctx: RequestContext, candidates: Sequence[Upstream]) -> Sequence[Upstream]:
+        """The candidates the request's version runs in; none left counts against the version."""
+        allowed = restrict(ctx, candidates)
+        a = assignment(ctx)
+        if not allowed and a is not None:
+            # With every region of a canary down or ejected no attempt happens, yet its users
+            # fail: that must weigh in the comparison with stable, or it would never roll back.
+            self.canary.record(a.alias, a.deployment.version, ok=False, ttft_s=None)
+        return allowed
+
+    def prepare_reload(self, old: Config, new: Config) -> Commit:
+        """A reload's rollout part: the new table is built (and checked) before anything swaps."""
+        table = table_from_config(new)
+        policy = new.rollout.canary
+
+        def commit() -> None:
+            self.rollout.replace(table)
+            if policy != self.canary.policy:
+                self.canary.set_policy(policy)
+
+        return commit
+
+
+ROLLOUT = web.AppKey("router.rollout", RolloutRuntime)
+
+
+def _needs_user(alias: Alias) -> bool:
+    """Only a split alias keyed on `user` needs the body decoded a second time."""
+    return alias.sticky == "user" and sum(d.weight > 0 for d in alias.deployments) > 1
+
+
+def _user(body: bytes) -> str | None:
+    """The request's `user` field; 400 if it is there but not a string."""
+    try:
+        return _USER.decode(body).user
+    except msgspec.ValidationError:
+        raise InvalidRequest("`user` must be a string.", param="user") from None
+
+
+def assignment(ctx: RequestContext | None) -> Assignment | None:
+    """The version this request was given, if it got that far."""
+    if ctx is None:
+        return None
+    found = ctx.extra.get(EXTRA)
+    return found if isinstance(found, Assignment) else None
+
+
+def restrict(ctx: RequestContext, candidates: Sequence[Upstream]) -> Sequence[Upstream]:
+    """Drop candidate regions the request's version is not deployed in."""
+    a = assignment(ctx)
+    if a is None or not a.deployment.regions:
+        return candidates
+    allowed = a.deployment.regions
+    return [u for u in candidates if u.name in allowed]
+
+
+def canary_hook(runtime: RolloutRuntime) -> AttemptHook:
+    """An attempt hook: each attempt's outcome counts for its version's error rate and TTFT."""
+
+    def hook(ctx: RequestContext, upstream: Upstream, error: AttemptError | None, s: float) -> None:
+        a = assignment(ctx)
+        if a is None:
+            return
+        if error is not None and error.status == 429:
+            return  # the region is full, which says nothing about the version
+        runtime.canary.record(
+            a.alias, a.deployment.version, ok=error is None, ttft_s=s if error is None else None
+        )
+
+    return hook
+
+
+def tag_response(
+    context: web.RequestKey[RequestContext],
+) -> Callable[[web.Request, web.StreamResponse], Awaitable[None]]:
+    """An on_response_prepare handler: a routed request's response names its version.
+
+    A signal rather than a header set in proxy.py, so streams, relayed errors and cache hits
+    are all covered.
+    """
+
+    async def tag(request: web.Request, response: web.StreamResponse) -> None:
+        a = assignment(request.get(context))
+        if a is not None:
+            response.headers[VERSION_HEADER] = a.deployment.version
+
+    return tag

@@ -1,0 +1,1 @@
+"""Region selection, health, admission, retry budget, hedging and continuation."""

@@ -1,0 +1,272 @@
+"""Mid-stream resume: continue a broken chat stream on another region from the text already sent.
+
+The relay hands complete SSE events only to the client (`StreamTracker`), so a break never
+leaves half an event behind. On a break the text streamed so far goes to the next region as an
+assistant prefill; its stream is relayed minus the role preamble, with the first stream's id,
+so the client sees one stream with nothing duplicated or lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import aiohttp
+import msgspec
+from aiohttp import web
+
+from router.core.context import RequestContext
+from router.core.proxy import CANDIDATES
+from router.core.request import CHAT
+from router.core.upstream import Upstream
+from router.net import http1, sse
+from router.net.idle import IdleWatch
+
+log = logging.getLogger("router")
+
+_DECODE = msgspec.json.Decoder()
+_ENCODE = msgspec.json.Encoder()
+_DONE = b"[DONE]"
+
+# ctx.extra key of the stream's tracker.
+TRACKER = "routing.tracker"
+
+
+class StreamTracker:
+    """Passes on whole SSE events only, and remembers the text and identity they carried."""
+
+    __slots__ = ("_decoder", "_sent", "done", "events", "ident", "pieces", "tail")
+
+    def __init__(self) -> None:
+        self.tail = b""
+        self.pieces: list[str] = []
+        # Content events seen: how many tokens the client already has.
+        self.events = 0
+        self.done = False
+        # id / created / model of the first stream, stamped on resumed events.
+        self.ident: dict[str, Any] = {}
+        self._decoder = sse.Decoder()
+        self._sent = b""
+
+    def flush(self) -> bytes:
+        """Whatever is held back, at the end of a clean stream."""
+        self.settle()
+        out, self.tail = self.tail, b""
+        return out
+
+    @property
+    def text(self) -> str:
+        """The assistant text streamed so far."""
+        return "".join(self.pieces)
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The complete events in tail + chunk (to send now); the rest waits for more bytes.
+
+        What they carry is read by `settle()`, once the caller has sent them: parsing them
+        first would delay every token by the parse.
+        """
+        self.settle()
+        data = self.tail + chunk
+        cut = sse.last_boundary(data)
+        out, self.tail = data[:cut], data[cut:]
+        self._sent = out
+        return out
+
+    def settle(self) -> None:
+        """Note the text, identity and end of the events the last feed() passed on."""
+        sent, self._sent = self._sent, b""
+        if sent:
+            for payload in self._decoder.feed(sent):
+                self._note(payload)
+
+    def _note(self, payload: bytes) -> None:
+        if payload == _DONE:
+            self.done = True
+            return
+        obj = _object(payload)
+        if obj is None:
+            return
+        if not self.ident:
+            self.ident = {k: obj[k] for k in ("id", "created", "model") if k in obj}
+        for choice in obj.get("choices") or ():
+            if isinstance(choice, dict):
+                piece = (choice.get("delta") or {}).get("content")
+                if isinstance(piece, str) and piece:
+                    self.pieces.append(piece)
+                    self.events += 1
+
+
+def _payload(event: bytes) -> bytes | None:
+    for line in event.split(b"\n"):
+        if line.startswith(b"data:"):
+            return line[5:].strip()
+    return None
+
+
+def _object(payload: bytes) -> dict[str, Any] | None:
+    try:
+        obj = _DECODE.decode(payload)
+    except msgspec.DecodeError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def continuation_body(body: bytes, prefill: str, tokens_sent: int) -> bytes:
+    """The chat request again, with `prefill` as a trailing assistant message to continue."""
+    fields = _DECODE.decode(body)
+    messages = list(fields.get("messages") or [])
+    messages.append({"role": "assistant", "content": prefill})
+    fields["messages"] = messages
+    # vLLM continues the last assistant message instead of opening a new turn with these.
+    fields["continue_final_message"] = True
+    fields["add_generation_prompt"] = False
+    for key in ("max_tokens", "max_completion_tokens"):
+        limit = fields.get(key)
+        if isinstance(limit, int):
+            fields[key] = max(1, limit - tokens_sent)
+    encoded: bytes = _ENCODE.encode(fields)
+    return encoded
+
+
+def restamp(event: bytes, ident: dict[str, Any]) -> bytes | None:
+    """A resumed stream's event as part of the first stream; None for its role preamble."""
+    payload = _payload(event)
+    if payload is None or payload == _DONE:
+        return event
+    obj = _object(payload)
+    if obj is None:
+        return event
+    choices = obj.get("choices") or []
+    if (
+        len(choices) == 1
+        and isinstance(choices[0], dict)
+        and (choices[0].get("delta") or {}).get("role")
+        and not (choices[0].get("delta") or {}).get("content")
+        and choices[0].get("finish_reason") is None
+    ):
+        return None
+    obj.update(ident)
+    return b"data: " + _ENCODE.encode(obj)
+
+
+class MidstreamPolicy:
+    """What the relay does when a stream breaks: report it, then resume or give up."""
+
+    def __init__(
+        self,
+        mode: str,
+        *,
+        first_byte_s: float,
+        idle_s: float,
+        max_resumes: int,
+        report: Callable[[str, str], None],
+    ) -> None:
+        self.mode = mode
+        self.first_byte_s = first_byte_s
+        self.idle_s = idle_s
+        self.max_resumes = max_resumes
+        self.report = report
+
+    def track(self, ctx: RequestContext) -> StreamTracker | None:
+        """A tracker for a chat stream that may be resumed; None when it never will be."""
+        if self.mode != "resume" or ctx.endpoint != CHAT or self.max_resumes == 0:
+            return None
+        tracker = StreamTracker()
+        ctx.extra[TRACKER] = tracker
+        return tracker
+
+    async def resume(
+        self, request: web.Request, ctx: RequestContext, out: web.StreamResponse, reason: str
+    ) -> bool:
+        """Continue ctx's broken stream on the remaining candidates; False if none could."""
+        if ctx.region is not None:
+            # The attempt counted as ok at its first byte; the break is a failure of the region.
+            self.report(ctx.region, "server_error")
+        tracker = ctx.extra.get(TRACKER)
+        candidates = ctx.extra.get(CANDIDATES)
+        if not isinstance(tracker, StreamTracker) or not isinstance(candidates, list):
+            return False
+        tracker.settle()
+        if tracker.done:
+            return False
+        failed = {ctx.region}
+        for upstream in _remaining(candidates, failed)[: self.max_resumes]:
+            ctx.attempts += 1
+            log.warning(
+                "request %s: resuming on %s after %d tokens (%s)",
+                ctx.request_id,
+                upstream.name,
+                tracker.events,
+                reason,
+            )
+            ok = await _continue_on(
+                request, ctx, upstream, out, tracker, self.first_byte_s, self.idle_s
+            )
+            self.report(upstream.name, "ok" if ok else "server_error")
+            if ok:
+                ctx.region = upstream.name
+                return True
+            failed.add(upstream.name)
+        return False
+
+
+def _remaining(candidates: Sequence[object], failed: set[str | None]) -> list[Upstream]:
+    return [u for u in candidates if isinstance(u, Upstream) and u.name not in failed]
+
+
+async def _continue_on(
+    request: web.Request,
+    ctx: RequestContext,
+    upstream: Upstream,
+    out: web.StreamResponse,
+    tracker: StreamTracker,
+    first_byte_s: float,
+    idle_s: float,
+) -> bool:
+    """Stream the continuation from `upstream` into `out`; True once it ended with [DONE]."""
+    body = continuation_body(ctx.request.body, tracker.text, tracker.events)
+    headers = upstream.request_headers(request.headers, ctx.request_id)
+    resp: http1.Response | None = None
+    local = StreamTracker()
+    try:
+        async with asyncio.timeout(first_byte_s):
+            resp = await upstream.pool.post(upstream.path(ctx.endpoint), body, headers.items())
+            if resp.status != 200:
+                return False
+            first = await resp.content.readany()
+        chunk = first
+        async with IdleWatch(idle_s) as idle:
+            while chunk:
+                whole = local.feed(chunk)
+                if whole:
+                    await _write_resumed(out, whole, tracker)
+                idle.waiting()
+                chunk = await resp.content.readany()
+                idle.busy()
+        local.settle()
+        return local.done
+    except (http1.ClientError, aiohttp.ClientError, TimeoutError) as exc:
+        log.warning("request %s: resume on %s failed: %s", ctx.request_id, upstream.name, exc)
+        return False
+    finally:
+        if resp is not None:
+            if local.done:
+                resp.release()
+            else:
+                resp.close()
+
+
+async def _write_resumed(out: web.StreamResponse, whole: bytes, tracker: StreamTracker) -> None:
+    parts = []
+    for event in sse.split_events(whole):
+        stamped = restamp(event, tracker.ident)
+        if stamped is not None:
+            parts.append(stamped + b"\n\n")
+    data = b"".join(parts)
+    if data:
+        # Through the tracker so a second break resumes from the right text.
+        tracker.feed(data)
+        await out.write(data)
+        tracker.settle()

@@ -1,0 +1,113 @@
+"""Hedged attempts: no first byte after a delay, ask the next region too; the first byte wins."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+from router.core.context import RequestContext
+from router.core.proxy import AttemptError, AttemptHook, Hedger, Opened, Opener, RetryGate
+from router.core.upstream import Upstream
+
+log = logging.getLogger("router")
+
+# ctx.extra key: the region a hedge was sent to.
+HEDGED = "routing.hedged"
+
+# The delay before hedging the attempt at a region, or None to not hedge it (no data yet).
+DelayOf = Callable[[str], float | None]
+
+
+def hedger(endpoints: Callable[[], Sequence[str]], delay_of: DelayOf) -> Hedger:
+    """Hedge requests to the endpoints `endpoints()` names now; others keep the plain opener."""
+
+    def make(
+        ctx: RequestContext,
+        candidates: Sequence[Upstream],
+        open_one: Opener,
+        hooks: Sequence[AttemptHook],
+        gate: RetryGate | None,
+    ) -> Opener:
+        if ctx.endpoint not in endpoints():
+            return open_one
+        tried: set[str] = set()
+
+        async def open_hedged(upstream: Upstream) -> Opened:
+            tried.add(upstream.name)
+            backup = next((u for u in candidates if u.name not in tried), None)
+            delay = delay_of(upstream.name)
+            if backup is None or delay is None:
+                return await open_one(upstream)
+            primary = asyncio.ensure_future(open_one(upstream))
+            try:
+                done, _ = await asyncio.wait({primary}, timeout=delay)
+                if done or (gate is not None and not gate(ctx)):
+                    return await primary
+                tried.add(backup.name)
+                ctx.attempts += 1
+                ctx.extra[HEDGED] = backup.name
+                log.info(
+                    "request %s: no first byte from %s in %.3fs, hedging on %s",
+                    ctx.request_id,
+                    upstream.name,
+                    delay,
+                    backup.name,
+                )
+                return await _race(ctx, primary, upstream, backup, open_one, hooks)
+            finally:
+                if not primary.done():
+                    primary.cancel()
+                    with contextlib.suppress(BaseException):
+                        await primary
+
+        return open_hedged
+
+    return make
+
+
+async def _race(
+    ctx: RequestContext,
+    primary: asyncio.Future[Opened],
+    first: Upstream,
+    backup: Upstream,
+    open_one: Opener,
+    hooks: Sequence[AttemptHook],
+) -> Opened:
+    """First of the two attempts to produce a byte; the loser is cancelled (its request closed)."""
+    began = time.perf_counter()
+    secondary = asyncio.ensure_future(open_one(backup))
+    region = {primary: first, secondary: backup}
+    pending: set[asyncio.Future[Opened]] = {primary, secondary}
+    errors: dict[asyncio.Future[Opened], AttemptError] = {}
+    try:
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                exc = task.exception()
+                if exc is None:
+                    winner = task.result()
+                    ctx.region = winner.upstream.name
+                    # The primary's error (if any) is reported by the attempt loop only if we
+                    # raise, so report the one the loop will not see.
+                    for lost, err in errors.items():
+                        if lost is primary:
+                            for hook in hooks:
+                                hook(ctx, first, err, time.perf_counter() - began)
+                    return winner
+                if not isinstance(exc, AttemptError):
+                    raise exc
+                errors[task] = exc
+                if task is secondary:
+                    for hook in hooks:
+                        hook(ctx, region[task], exc, time.perf_counter() - began)
+        # Both failed: the attempt loop reports the primary's error and moves on.
+        ctx.region = first.name
+        raise errors[primary]
+    finally:
+        for task in pending:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task

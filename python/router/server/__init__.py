@@ -1,0 +1,1 @@
+"""build_app, running the server, hot reload, admin routes."""

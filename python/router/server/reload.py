@@ -1,0 +1,184 @@
+"""Config hot reload: decode and validate the new file first, then apply it in one step."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import web
+
+from router.config import Config, load
+from router.errors import ConfigError
+from router.native import Prober
+from router.routing.health import Health, prober_kwargs
+
+log = logging.getLogger("router")
+
+Commit = Callable[[], None]
+# Given (old, new) config, build a component's new state without touching the live one and return
+# the swap; raising ConfigError or ValueError rejects the whole reload. The commit must not fail.
+Preparer = Callable[[Config, Config], Commit]
+
+# Sections the reload applies itself: requests read them from the live config.
+_LIVE_SECTIONS = frozenset({"server", "timeouts"})
+# Fields of those that are fixed when sockets and pools open: they take effect on restart.
+_RESTART_ONLY = (
+    ("server", "listen"),
+    ("server", "admin_listen"),
+    ("server", "header_timeout_s"),
+    ("server", "drain_timeout_s"),
+    ("timeouts", "connect"),
+    ("timeouts", "total"),
+)
+# A change no component can apply here rejects the reload rather than routing half-configured.
+_MUST_APPLY = frozenset({"regions"})
+
+
+class LiveConfig:
+    """The config in force; replaced whole by a reload, so a request reads it once and keeps it."""
+
+    __slots__ = ("config", "generation", "path")
+
+    def __init__(self, config: Config, path: Path | None = None) -> None:
+        self.config = config
+        self.path = path
+        self.generation = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ReloadResult:
+    """What a reload did: applied, or rejected with the reason naming file and field."""
+
+    applied: bool
+    generation: int
+    message: str
+
+
+class Reloader:
+    """Reloads `live.path` on demand; components register how to take a new config."""
+
+    def __init__(self, live: LiveConfig) -> None:
+        self.live = live
+        self._preparers: list[tuple[str, Preparer]] = []
+        self._handled: set[str] = set(_LIVE_SECTIONS)
+
+    def register(self, name: str, prepare: Preparer, sections: tuple[str, ...]) -> None:
+        """Have `prepare` called on every reload, in order; it applies these config sections."""
+        self._preparers.append((name, prepare))
+        self._handled.update(sections)
+
+    def reload(self) -> ReloadResult:
+        """Load, validate, prepare every component, then commit all without yielding the loop."""
+        path = self.live.path
+        if path is None:
+            return self._reject("no config file to reload (started without --config)")
+        try:
+            new = load(path)
+        except ConfigError as exc:
+            return self._reject(str(exc))
+        return self.apply(new, str(path))
+
+    def apply(self, new: Config, source: str) -> ReloadResult:
+        """Swap in an already-decoded config; a component that refuses it rejects the reload."""
+        old = self.live.config
+        changed = _changed_sections(old, new)
+        unapplied = sorted(changed - self._handled)
+        blocking = [name for name in unapplied if name in _MUST_APPLY]
+        if blocking:
+            return self._reject(
+                f"{source}: field `{blocking[0]}`: changed, but this router cannot add, remove or "
+                "change regions while running; restart it to apply"
+            )
+        commits: list[Commit] = []
+        for name, prepare in self._preparers:
+            try:
+                commits.append(prepare(old, new))
+            except (ConfigError, ValueError) as exc:
+                return self._reject(f"{source}: {name}: {exc}")
+            except Exception as exc:
+                # A bug in one component must not take the process down or half-apply anything.
+                log.exception("config reload: %s failed to prepare", name)
+                return self._reject(f"{source}: {name}: internal error: {exc!r}")
+        # No await between the first and last swap: a request sees all of the old or all of the new.
+        for (name, _), commit in zip(self._preparers, commits, strict=True):
+            try:
+                commit()
+            except Exception:
+                log.exception(
+                    "config reload: %s failed to apply; that component is inconsistent", name
+                )
+        self.live.config = new
+        self.live.generation += 1
+        for section in unapplied:
+            log.warning(
+                "config reload: [%s] changed but is not hot-reloadable; it takes effect on restart",
+                section,
+            )
+        for section, key in _RESTART_ONLY:
+            before = getattr(getattr(old, section), key)
+            after = getattr(getattr(new, section), key)
+            if before != after:
+                log.warning(
+                    "config reload: %s.%s changed (%r -> %r); it takes effect on restart",
+                    section,
+                    key,
+                    before,
+                    after,
+                )
+        message = f"config reloaded from {source} (generation {self.live.generation})"
+        log.warning("%s", message)
+        return ReloadResult(applied=True, generation=self.live.generation, message=message)
+
+    def _reject(self, reason: str) -> ReloadResult:
+        message = (
+            f"config reload rejected, still serving generation {self.live.generation}: {reason}"
+        )
+        log.error("%s", message)
+        return ReloadResult(applied=False, generation=self.live.generation, message=message)
+
+
+RELOADER = web.AppKey("router.reloader", Reloader)
+
+
+def health_preparer(health: Health) -> Preparer:
+    """[health] on reload: new probe settings and thresholds, history kept; probing on or off."""
+
+    def prepare(old: Config, new: Config) -> Commit:
+        if new.health == old.health:
+            return lambda: None
+        # A throwaway prober checks the values the native side refuses, before anything swaps.
+        Prober(**prober_kwargs(new.health))
+
+        def commit() -> None:
+            health.reconfigure(new.health)
+            if new.health.enabled and not health.prober.running:
+                health.start()
+            elif not new.health.enabled and health.prober.running:
+                health.stop()
+
+        return commit
+
+    return prepare
+
+
+def _changed_sections(old: Config, new: Config) -> set[str]:
+    """Top-level config fields whose value differs."""
+    return {f for f in old.__struct_fields__ if getattr(old, f) != getattr(new, f)}
+
+
+def sighup_ctx(reloader: Reloader) -> Callable[[web.Application], AsyncIterator[None]]:
+    """A cleanup_ctx that reloads on SIGHUP while the app runs."""
+
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGHUP, reloader.reload)
+        try:
+            yield
+        finally:
+            loop.remove_signal_handler(signal.SIGHUP)
+
+    return ctx
