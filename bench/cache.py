@@ -25,7 +25,7 @@ import aiohttp
 import msgspec
 from tests.support import Proc, free_port, router_cmd, spawn
 
-from router.observability.timing import parse_server_timing
+from router.core.timing import parse_server_timing
 from router.sim.text import full_chat_text
 
 LEVELS = {"exact": "bench-exact", "normalized": "bench-normalized"}

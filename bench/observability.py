@@ -24,9 +24,9 @@ from pathlib import Path
 import aiohttp
 
 from router.core.context import StageTimer
+from router.core.timing import STAGES, server_timing, totals
 from router.observability.access_log import AccessLog, AccessRecord
 from router.observability.metrics import RegionState, Telemetry
-from router.observability.timing import STAGES, server_timing, totals
 
 REGIONS = ("eu-west", "us-east", "ap-south")
 MODELS = ("gpt-4o-mini", "llama-3-8b")

@@ -51,7 +51,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -62,11 +62,11 @@ from bench.procs import NGINX, nginx_cmd
 from tests.support import Proc, free_port, router_cmd, spawn
 
 from router.config import Config, load
-from router.core.context import RequestContext, request_id
-from router.core.proxy import forward
-from router.core.request import CHAT, check_content_type, parse_body, read_body, resolve_model
-from router.core.upstream import Upstreams, open_upstreams
+from router.core.pipeline import Features, Pipeline
+from router.core.request import CHAT
 from router.server import gctune
+from router.server.pools import RegionPools
+from router.server.reload import LiveConfig
 from router.server.run import make_runner, run_until_signal
 
 MODEL = "sim-1"
@@ -146,27 +146,13 @@ def serve_passthrough(port: int, upstream: str) -> None:
 
 
 def core_app(config: Config) -> web.Application:
-    """Validation, context, model lookup, region order and forward(); no auth/limits/metrics."""
+    """The router's own pipeline with no feature plugged in: validation, context, the regions
+    serving the model in config order, the attempt path, the relay."""
     app = web.Application()
-    upstreams: list[Upstreams] = []
-    aliases = dict(config.models.aliases)
-    served = frozenset(config.served_models())
-
-    async def pools(app: web.Application) -> AsyncIterator[None]:
-        upstreams.append(open_upstreams(config))
-        yield
-        await upstreams[0].close()
-
-    async def handle(request: web.Request) -> web.StreamResponse:
-        ctx = RequestContext(request_id(request.headers.get("X-Request-Id")), CHAT)
-        check_content_type(request.headers.get("Content-Type"))
-        body = await read_body(request, config.server.max_body_bytes, config.server.body_timeout_s)
-        ctx.parsed = resolve_model(parse_body(CHAT, body), aliases, served)
-        candidates = upstreams[0].serving(ctx.request.upstream_model)
-        return await forward(request, ctx, candidates, config.timeouts)
-
-    app.cleanup_ctx.append(pools)
-    app.router.add_post(CHAT, handle)
+    pools = RegionPools.opening(config)
+    pipeline = Pipeline(Features(), LiveConfig(config), pools)
+    app.cleanup_ctx.append(pools.lifetime)
+    app.router.add_post(CHAT, pipeline.handler(CHAT))
     return app
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -309,6 +310,12 @@ class Config(_Section, frozen=True):
             names.update(region.models)
         return tuple(sorted(names))
 
+
+# A reload in two steps: given (old, new) config a component builds its new state without
+# touching the live one and returns the swap (Commit); raising ConfigError or ValueError
+# rejects the whole reload. The commit must not fail.
+Commit = Callable[[], None]
+Preparer = Callable[["Config", "Config"], Commit]
 
 _AT = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
 

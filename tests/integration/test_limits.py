@@ -15,7 +15,7 @@ import redis.asyncio as aioredis
 
 from router.access.auth import hash_key
 from router.access.global_limits import Rates, RedisBuckets
-from router.observability.timing import parse_server_timing
+from router.core.timing import parse_server_timing
 from tests.integration.conftest import region_toml, sim_stats, start_router, start_sim
 from tests.support import Proc, redis_server_binary, start_redis
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from router.observability.timing import parse_server_timing
+from router.core.timing import parse_server_timing
 from tests.integration.conftest import MODEL, region_toml, sim_config, start_router, start_sim
 from tests.support import Proc, router_cmd
 

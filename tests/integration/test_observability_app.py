@@ -1,4 +1,4 @@
-"""The observability wiring on a small real aiohttp app: answers survive a broken access log."""
+"""The observability wiring on the real pipeline, in process: answers survive a broken log."""
 
 from __future__ import annotations
 
@@ -8,13 +8,20 @@ import logging
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from multidict import CIMultiDict
 
-from router.config import ObservabilityConfig
-from router.core.context import RequestContext
+from router.config import Config, ObservabilityConfig, RegionConfig
+from router.core.pipeline import Features, Pipeline
+from router.core.request import CHAT
+from router.core.transport import LocalReply, LocalTransport
+from router.core.upstream import Upstream, Upstreams
 from router.observability import telemetry as observability
 from router.observability.access_log import AccessLog, AccessRecord
+from router.server.pools import RegionPools
+from router.server.reload import LiveConfig
 
-CONTEXT: web.RequestKey[RequestContext] = web.RequestKey("test.context")
+REGION = RegionConfig(name="a", base_url="http://127.0.0.1:9/v1", models=("m",))
+BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 
 class BrokenLog(AccessLog):
@@ -24,63 +31,51 @@ class BrokenLog(AccessLog):
         raise BrokenPipeError("stdout went away")
 
 
-async def handler(request: web.Request) -> web.Response:
-    ctx = RequestContext("rid-1", "/v1/chat/completions")
-    request[CONTEXT] = ctx
-    ctx.timer.record("parse", 1000)
-    return web.json_response({"ok": True})
+async def answer(path: str, body: bytes, headers: CIMultiDict[str]) -> LocalReply:
+    return LocalReply(200, {"Content-Type": "application/json"}, [b'{"ok":true}'])
+
+
+def app_with(observer: observability.Observer | None) -> web.Application:
+    """The pipeline (no other feature) in front of one in-process region."""
+    config = Config(regions=(REGION,))
+    pools = RegionPools(Upstreams([Upstream(REGION, LocalTransport(answer), None)]))
+    observers = (observer.attempt,) if observer is not None else ()
+    pipeline = Pipeline(Features(observers=observers, exchange=observer), LiveConfig(config), pools)
+    app = web.Application()
+    app.on_response_prepare.append(pipeline.on_prepare)
+    app.router.add_post(CHAT, pipeline.handler(CHAT))
+    return app
 
 
 async def test_a_failing_access_log_never_costs_the_answer(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    app = web.Application()
-    telemetry = observability.install(
-        app,
-        ObservabilityConfig(),
-        context_of=lambda request: request.get(CONTEXT),
-        hooks=[],
-        region_names=["a"],
-    )
-    assert telemetry is not None
+    observer = observability.build(ObservabilityConfig(), ["a"])
+    assert observer is not None
+    telemetry = observer.telemetry
     telemetry.log = BrokenLog(stream=io.StringIO())
-    app.router.add_post("/v1/chat/completions", handler)
-    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+    async with TestClient(TestServer(app_with(observer), host="127.0.0.1")) as client:
         with caplog.at_level(logging.ERROR, logger="router"):
             for _ in range(3):
-                resp = await client.post("/v1/chat/completions", json={})
+                resp = await client.post(CHAT, json=BODY, headers={"X-Request-Id": "rid-1"})
                 assert resp.status == 200
                 assert await resp.json() == {"ok": True}
-                assert resp.headers["Server-Timing"].startswith("parse;dur=0.001")
+                assert resp.headers["Server-Timing"].startswith("parse;dur=")
                 assert resp.headers["X-Request-Id"] == "rid-1"
         # Metrics still counted every request; the failure was logged once, not per request.
         assert telemetry.metrics.registry.get_sample_value(
             "router_requests_total",
-            {"region": "none", "model": "none", "status": "200", "cache": "none"},
+            {"region": "a", "model": "m", "status": "200", "cache": "none"},
         ) == 3  # fmt: skip
         failures = [r for r in caplog.records if "could not record" in r.getMessage()]
         assert len(failures) == 1
     telemetry.log.close()
 
 
-async def test_disabled_installs_nothing() -> None:
-    app = web.Application()
-    assert (
-        observability.install(
-            app,
-            ObservabilityConfig(enabled=False),
-            context_of=lambda request: None,
-            hooks=[],
-            region_names=["a"],
-        )
-        is None
-    )
-
-    async def plain(request: web.Request) -> web.Response:
-        return web.Response(text="x")
-
-    app.router.add_get("/x", plain)
-    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
-        resp = await client.get("/x")
+async def test_disabled_builds_nothing() -> None:
+    assert observability.build(ObservabilityConfig(enabled=False), ["a"]) is None
+    async with TestClient(TestServer(app_with(None), host="127.0.0.1")) as client:
+        resp = await client.post(CHAT, json=BODY)
+        assert resp.status == 200
         assert "Server-Timing" not in resp.headers
         assert (await client.get("/metrics")).status == 404

@@ -52,10 +52,3 @@ def test_usage_of_whole_bodies_only() -> None:
     assert usage(web.Response(body=b'{"id":"x"}')) == (None, None)
     assert usage(web.Response(body=b'{"usage": nonsense')) == (None, None)
     assert usage(web.StreamResponse()) == (None, None)
-
-
-def test_hedge_key_matches_the_hedger() -> None:
-    from router.observability import telemetry as observability
-    from router.routing import hedge
-
-    assert observability.HEDGED == hedge.HEDGED

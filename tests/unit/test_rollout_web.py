@@ -7,7 +7,7 @@ import pytest
 
 from router.config import loads
 from router.core.context import RequestContext
-from router.core.proxy import AttemptError
+from router.core.failure import AttemptError
 from router.core.request import CHAT, parse_body
 from router.errors import InvalidRequest, NotFound
 from router.rollout.runtime import RolloutRuntime, assignment, canary_hook, restrict

@@ -9,7 +9,7 @@ import pytest
 from router.config import Config, RegionConfig, RoutingConfig
 from router.core.context import RequestContext
 from router.routing.health import outcome_of
-from router.routing.runtime import DEADLINE, LiveRouting, client_deadline, first_byte, retry_gate
+from router.routing.runtime import LiveRouting, client_deadline, first_byte, retry_gate
 
 
 def test_client_deadline_from_headers() -> None:
@@ -34,7 +34,7 @@ def test_retry_gate_caps_attempts_budget_and_deadline() -> None:
     assert not gate(ctx)  # budget: min_retries = 2 spent
     other = RequestContext("s", "/v1/chat/completions")
     other.attempts = 1
-    other.extra[DEADLINE] = time.monotonic() - 1.0
+    other.deadline = time.monotonic() - 1.0
     roomy = retry_gate(LiveRouting(RoutingConfig()))
     assert not roomy(other)
 
@@ -44,9 +44,9 @@ def test_first_byte_timeout_uses_routing_then_deadline() -> None:
     assert first_byte(LiveRouting(RoutingConfig()))(ctx, 30.0) == 30.0
     tight = LiveRouting(RoutingConfig(ttft_timeout_s=2.0))
     assert first_byte(tight)(ctx, 30.0) == 2.0
-    ctx.extra[DEADLINE] = time.monotonic() + 0.5
+    ctx.deadline = time.monotonic() + 0.5
     assert 0.0 < first_byte(tight)(ctx, 30.0) <= 0.5
-    ctx.extra[DEADLINE] = time.monotonic() - 5
+    ctx.deadline = time.monotonic() - 5
     assert first_byte(LiveRouting(RoutingConfig()))(ctx, 30.0) == 0.001
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from router.observability.timing import parse_server_timing, server_timing, totals
+from router.core.timing import parse_server_timing, server_timing, totals
 
 
 def test_totals_add_up_repeated_stages() -> None:

@@ -5,12 +5,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-
-from aiohttp import web
 
 from router.errors import ConfigError, Forbidden, Unauthorized
 
@@ -193,26 +190,3 @@ class Authenticator:
         if self._lookup(digest) is not None:
             raise Forbidden("Tenant keys cannot use the admin API.", code="admin_only")
         raise Unauthorized(f"Incorrect admin token provided: {_redacted(key)}.")
-
-
-# The authenticated tenant, and how long finding it took (ns), set before any handler runs.
-TENANT: web.RequestKey[Tenant] = web.RequestKey("router.auth.tenant", Tenant)
-AUTH_NS: web.RequestKey[int] = web.RequestKey("router.auth.ns", int)
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def middleware(
-    auth: Authenticator, prefix: str = "/v1/"
-) -> Callable[..., Awaitable[web.StreamResponse]]:
-    """An aiohttp middleware authenticating every request under `prefix` before its body is read."""
-
-    @web.middleware
-    async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path.startswith(prefix):
-            began = time.perf_counter_ns()
-            request[TENANT] = auth.authenticate(request.headers)
-            request[AUTH_NS] = time.perf_counter_ns() - began
-        return await handler(request)
-
-    return authenticate

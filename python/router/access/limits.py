@@ -3,26 +3,24 @@
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from router.access import auth as auth_mod
-from router.access.auth import AUTH_NS, TENANT, Authenticator, Tenant
+from router.access.auth import Authenticator, Tenant
 from router.access.global_limits import Rates, RedisBuckets
 from router.access.usage import StreamUsage, completion_budget, usage_tokens
-from router.errors import ApiError, ConfigError, RateLimited, Unavailable
+from router.config import Commit, Preparer
+from router.core.timing import AUTH, RATE_LIMIT
+from router.errors import ConfigError, RateLimited, Unavailable
 from router.native import (
     BucketTable,
     NativeError,
     count_request_tokens,
     encoding_for_model,
 )
-from router.observability.timing import AUTH, RATE_LIMIT
-from router.routing.admission import ADMISSION, Admission
-from router.server.reload import RELOADER, Commit, Preparer
 
 if TYPE_CHECKING:
     from router.config import Config, LimitsConfig
@@ -91,19 +89,31 @@ def rates_of(tenant: Tenant) -> Rates | None:
 
 @dataclass(slots=True)
 class Grant:
-    """An admitted request's reservation: headers to send, then finish() exactly once."""
+    """An admitted request's reservation: headers to send, then settle exactly once."""
 
     headers: dict[str, str]
     _limiter: Limiter | None
     _tenant: Tenant
     _reserved: int
     _shared: bool
+    # A streamed answer's usage meter (set by the admission stage).
+    meter: StreamUsage | None = None
 
     def finish(self, used_tokens: int | None) -> None:
         """Settle with the real usage (None: keep the estimate) and free the concurrency slot."""
         limiter, self._limiter = self._limiter, None
         if limiter is not None:
             limiter.settle(self._tenant, self._reserved, used_tokens, shared=self._shared)
+
+    def settle(self, answer: web.StreamResponse | None, generated: bool | None) -> None:
+        """Settle with what `answer` used; nothing when nothing was generated, the stream's
+        count so far (else the estimate) when the client left."""
+        if generated is False:
+            self.finish(0)
+        elif answer is None:
+            self.finish(self.meter.used() if self.meter is not None else None)
+        else:
+            self.finish(used_tokens(answer, self.meter))
 
 
 class Limiter:
@@ -266,81 +276,49 @@ class Limiter:
             await self.shared.close()
 
 
-# The admitted request's reservation, and the usage meter of a streamed answer.
-GRANT: web.RequestKey[Grant] = web.RequestKey("router.limits.grant", Grant)
-METER: web.RequestKey[StreamUsage] = web.RequestKey("router.limits.meter", StreamUsage)
-LIMITER: web.AppKey[Limiter] = web.AppKey("router.limits.limiter", Limiter)
-# ctx.extra key under which the tenant is left for later features (the cache's namespace).
-TENANT_EXTRA = "tenant"
-
-Stage = Callable[[web.Request, "RequestContext"], Awaitable[web.StreamResponse | None]]
-
-
-def used_tokens(request: web.Request, response: web.StreamResponse) -> int | None:
+def used_tokens(response: web.StreamResponse, meter: StreamUsage | None) -> int | None:
     """Real usage of an answered request; 0 for an error, None when it is unknown."""
     if response.status >= 400:
         return 0
     if isinstance(response, web.Response):
         body = response.body
         return usage_tokens(body) if isinstance(body, bytes) else None
-    meter = request.get(METER)
     return meter.used() if meter is not None else None
 
 
-@web.middleware
-async def settle(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
-    """Reconcile the request's reservation when its answer has ended, however it ended."""
-    try:
-        response = await handler(request)
-    except ApiError:
-        # Answered with an error after admission (no region could take it): nothing generated.
-        grant = request.get(GRANT)
-        if grant is not None:
-            grant.finish(0)
-        raise
-    except BaseException:
-        # The client left (or a bug): whatever a stream had carried so far, else the estimate.
-        grant = request.get(GRANT)
-        if grant is not None:
-            meter = request.get(METER)
-            grant.finish(meter.used() if meter is not None else None)
-        raise
-    grant = request.get(GRANT)
+def rate_limit_headers(ctx: RequestContext, headers: MutableMapping[str, str]) -> None:
+    """A response decorator: the tenant's x-ratelimit-* headers on every answer it gets."""
+    grant = ctx.grant
     if grant is not None:
-        grant.finish(used_tokens(request, response))
-    return response
+        headers.update(grant.headers)
 
 
-async def add_headers(request: web.BaseRequest, response: web.StreamResponse) -> None:
-    """on_response_prepare: the tenant's x-ratelimit-* headers on every answer it gets."""
-    grant = request.get(GRANT)
-    if grant is not None:
-        response.headers.update(grant.headers)
+class Limits:
+    """The admission stage after parsing: the key's model permission, then its rate limits."""
 
+    def __init__(self, auth: Authenticator, limiter: Limiter) -> None:
+        self.auth = auth
+        self.limiter = limiter
 
-def admission_stage(auth: Authenticator, limiter: Limiter) -> Stage:
-    """The first stage after parsing: model permission, then the rate limits."""
-
-    async def admit(request: web.Request, ctx: RequestContext) -> None:
-        tenant = request[TENANT]
-        ctx.extra[TENANT_EXTRA] = tenant
-        ctx.timer.record(AUTH, request.get(AUTH_NS, 0))
-        auth.authorize_model(tenant, ctx.request.model)
+    async def admit(self, ctx: RequestContext, headers: Mapping[str, str]) -> None:
+        """403 for a model the key may not use; 429 (or 503) over its limits; else a grant."""
+        tenant = ctx.tenant
+        assert isinstance(tenant, Tenant), "authenticated before admission"
+        ctx.timer.record(AUTH, ctx.auth_ns)
+        self.auth.authorize_model(tenant, ctx.request.model)
+        limiter = self.limiter
         ctx.timer.begin(RATE_LIMIT)
         try:
             encoding, prompt, budget = None, 0, 0
             if tenant.tokens_per_minute:
                 encoding, prompt, budget = limiter.estimate_parts(ctx.request)
-            request[GRANT] = await limiter.admit(tenant, prompt + budget)
+            grant = await limiter.admit(tenant, prompt + budget)
         finally:
             ctx.timer.end(RATE_LIMIT)
         if ctx.request.stream:
-            request[METER] = StreamUsage(prompt, encoding)
-        return None
-
-    return admit
+            grant.meter = StreamUsage(prompt, encoding)
+            ctx.meter = grant.meter
+        ctx.grant = grant
 
 
 def auth_preparer(auth: Authenticator, limiter: Limiter) -> Preparer:
@@ -363,25 +341,3 @@ def auth_preparer(auth: Authenticator, limiter: Limiter) -> Preparer:
         return commit
 
     return prepare
-
-
-def install(app: web.Application, config: Config, auth: Authenticator, stages: list[Stage]) -> None:
-    """Wire `auth` (built from config.auth), rate limits and admission into the app (before it
-    starts)."""
-    auth.warn_if_disabled()
-    limiter = Limiter.from_config(config.limits, auth.tenants)
-    app[LIMITER] = limiter
-    app[ADMISSION] = Admission.from_config(config.admission)
-    app.middlewares.append(auth_mod.middleware(auth))
-    app.middlewares.append(settle)
-    stages.insert(0, admission_stage(auth, limiter))
-    app.on_response_prepare.append(add_headers)
-    reloader = app.get(RELOADER)
-    if reloader is not None:
-        reloader.register("auth", auth_preparer(auth, limiter), ("auth",))
-
-    async def lifetime(app: web.Application) -> AsyncIterator[None]:
-        yield
-        await limiter.close()
-
-    app.cleanup_ctx.append(lifetime)

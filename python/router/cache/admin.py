@@ -9,8 +9,8 @@ from aiohttp import web
 
 from router.cache.tiers import ResponseCache
 from router.config import AuthConfig
+from router.core.admin import AdminRoutes, json_response
 from router.errors import InvalidRequest
-from router.server.admin import AdminRoutes, json_response
 
 CACHE = web.AppKey("router.cache", ResponseCache)
 # Tenant name -> the cache namespaces its keys use (a tenant's default namespace is its name).

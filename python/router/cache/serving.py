@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable, MutableMapping
 from typing import Any
 
 import msgspec
 from aiohttp import web
 
 from router import native
-from router.access.auth import ANONYMOUS_TENANT, Tenant
+from router.access.auth import ANONYMOUS_TENANT
 from router.cache.admin import CACHE, NAMESPACES, add_routes, namespaces_of
 from router.cache.coalescing import Flight, FlightFailed
 from router.cache.policy import (
@@ -27,14 +27,15 @@ from router.cache.policy import (
 )
 from router.cache.tiers import ResponseCache, open_cache
 from router.config import AuthConfig, Config
+from router.core.admin import AdminRoutes, Guard
 from router.core.context import RequestContext
 from router.core.request import EMBEDDINGS
+from router.core.stages import Origin
+from router.core.timing import CACHE as CACHE_STAGE
 from router.errors import UpstreamError
 from router.native import NativeError
 from router.net import sse
 from router.net.stream_response import StreamResponse
-from router.observability.timing import CACHE as CACHE_STAGE
-from router.server.admin import AdminRoutes, Guard
 
 log = logging.getLogger("router")
 
@@ -50,16 +51,13 @@ class Mark(msgspec.Struct):
     age: int | None = None
 
 
-MARK = web.RequestKey("router.cache.mark", Mark)
-
-
-async def add_headers(request: web.BaseRequest, response: web.StreamResponse) -> None:
-    """on_response_prepare: stamp `x-cache` (and `Age` on hits) on whatever answers the request."""
-    mark = request.get(MARK) if isinstance(request, web.Request) else None
+def cache_headers(ctx: RequestContext, headers: MutableMapping[str, str]) -> None:
+    """A response decorator: `x-cache` (and `Age` on hits) on whatever answers the request."""
+    mark = ctx.cache
     if mark is not None:
-        response.headers["x-cache"] = mark.outcome.value
+        headers["x-cache"] = mark.outcome
         if mark.age is not None:
-            response.headers["Age"] = str(mark.age)
+            headers["Age"] = str(mark.age)
 
 
 class _Knobs(msgspec.Struct):
@@ -176,9 +174,6 @@ class Tap:
         )
 
 
-Origin = Callable[[Tap | None], Awaitable[web.StreamResponse]]
-
-
 async def serve(
     request: web.Request,
     ctx: RequestContext,
@@ -239,7 +234,7 @@ async def serve(
     # thundering herd on a region that is already failing.
     ctx.timer.end(CACHE_STAGE)
     cache.count(XCache.MISS)
-    request[MARK] = Mark(XCache.MISS)
+    ctx.cache = Mark(XCache.MISS)
     raise UpstreamError(
         "The region failed to answer this request (shared with identical concurrent requests).",
         code="upstream_error",
@@ -256,7 +251,7 @@ async def _origin(
 ) -> web.StreamResponse:
     ctx.timer.end(CACHE_STAGE)
     cache.count(outcome)
-    request[MARK] = Mark(outcome)
+    ctx.cache = Mark(outcome)
     return await origin(tap)
 
 
@@ -266,7 +261,7 @@ async def _replay(
     """A hit: the stored body, or the stored SSE payloads re-framed as the origin sent them."""
     ctx.timer.end(CACHE_STAGE)
     cache.count(XCache.HIT)
-    request[MARK] = Mark(XCache.HIT, entry.age(cache.clock()))
+    ctx.cache = Mark(XCache.HIT, entry.age(cache.clock()))
     if not entry.stream:
         headers = {"Content-Type": entry.content_type, "X-Request-Id": ctx.request_id}
         return web.Response(status=entry.status, body=entry.body, headers=headers)
@@ -297,7 +292,7 @@ async def _follow(
             if resp is None:
                 ctx.timer.end(CACHE_STAGE)
                 cache.count(XCache.HIT)
-                request[MARK] = Mark(XCache.HIT, 0)
+                ctx.cache = Mark(XCache.HIT, 0)
                 resp = StreamResponse(headers={**SSE_HEADERS, "X-Request-Id": ctx.request_id})
                 await resp.prepare(request)
             await resp.write(sse.encode(payload))
@@ -316,8 +311,6 @@ async def _follow(
     return resp
 
 
-# ctx.extra key under which the auth stage leaves the request's auth.Tenant.
-TENANT = "tenant"
 NamespaceOf = Callable[[RequestContext], str | None]
 
 
@@ -328,8 +321,8 @@ def tenant_namespace(auth: AuthConfig) -> NamespaceOf:
     auth_enabled = bool(auth.keys) if enabled is None else enabled
 
     def namespace_of(ctx: RequestContext) -> str | None:
-        tenant = ctx.extra.get(TENANT)
-        if isinstance(tenant, Tenant):
+        tenant = ctx.tenant
+        if tenant is not None:
             return tenant.cache_namespace
         # With auth on, an unknown tenant must never share a namespace with anyone: no caching.
         return None if auth_enabled else ANONYMOUS_TENANT.cache_namespace
@@ -346,43 +339,38 @@ def native_key_fn() -> KeyFn:
     return key
 
 
-CacheAround = Callable[
-    [web.Request, RequestContext, Callable[[Tap | None], Awaitable[web.StreamResponse]]],
-    Awaitable[web.StreamResponse],
-]
+class CacheLayer:
+    """The response cache on the request path (core.stages.ResponseCache); opened with the app."""
 
+    def __init__(self, config: Config, key_fn: KeyFn | None = None) -> None:
+        self.config = config.cache
+        self.key_fn = key_fn or native_key_fn()
+        self.namespace_of = tenant_namespace(config.auth)
+        self.namespaces = namespaces_of(config.auth)
+        self.cache: ResponseCache | None = None
 
-def install(
-    app: web.Application,
-    config: Config,
-    guard: Guard,
-    key_fn: KeyFn | None = None,
-) -> CacheAround:
-    """Open the cache with the app, stamp x-cache/Age, add the admin routes (behind `guard`,
-    the admin check); the returned wrapper of the origin goes in app[AROUND]."""
-    fn = key_fn or native_key_fn()
-    namespace_of = tenant_namespace(config.auth)
-    app[NAMESPACES] = namespaces_of(config.auth)
-    add_routes(AdminRoutes(app.router, guard))
-
-    async def lifetime(app: web.Application) -> AsyncIterator[None]:
-        cache = open_cache(config.cache, fn)
+    async def lifetime(self, app: web.Application) -> AsyncIterator[None]:
+        """A cleanup_ctx: the tiers (and their Redis client) live as long as the app."""
+        cache = open_cache(self.config, self.key_fn)
+        self.cache = cache
         app[CACHE] = cache
         yield
         await cache.close()
 
-    app.cleanup_ctx.append(lifetime)
-    app.on_response_prepare.append(add_headers)
+    def add_routes(self, app: web.Application, guard: Guard) -> None:
+        """GET /admin/cache/stats and POST /admin/cache/purge behind the admin check."""
+        app[NAMESPACES] = self.namespaces
+        add_routes(AdminRoutes(app.router, guard))
 
-    async def around(
-        request: web.Request, ctx: RequestContext, origin: Origin
+    async def serve(
+        self, request: web.Request, ctx: RequestContext, origin: Origin
     ) -> web.StreamResponse:
-        namespace = namespace_of(ctx)
-        cache = request.app[CACHE]
+        """Answer from the cache, or from the origin teed into it."""
+        cache = self.cache
+        assert cache is not None, "the cache opens with the app"
+        namespace = self.namespace_of(ctx)
         if namespace is None:
             return await _origin(request, ctx, cache, XCache.BYPASS, origin, None)
         # Ends when the answer starts: a hit's lookup, a miss's lookup, a follower's wait.
         ctx.timer.begin(CACHE_STAGE)
         return await serve(request, ctx, cache, namespace, origin)
-
-    return around

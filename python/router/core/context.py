@@ -1,4 +1,4 @@
-"""RequestContext: what the router knows about one client request as it moves through the stages."""
+"""RequestContext: what the router knows about one client request, as typed fields."""
 
 from __future__ import annotations
 
@@ -9,6 +9,15 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from router.core.request import ParsedRequest
+    from router.core.stages import (
+        Assignment,
+        CacheMark,
+        Grant,
+        Principal,
+        StreamGuard,
+        UsageMeter,
+    )
+    from router.core.upstream import Upstream
 
 # Request ids a client may choose: short, printable, no separators that would break a log line.
 _ID_MAX = 128
@@ -31,7 +40,7 @@ def request_id(header: str | None) -> str:
 
 
 class StageTimer:
-    """Records named stage durations (ns) in order; the metrics feature renders Server-Timing."""
+    """Records named stage durations (ns) in order; observability renders Server-Timing."""
 
     __slots__ = ("_open", "stages", "start_ns")
 
@@ -60,9 +69,33 @@ class StageTimer:
 
 
 class RequestContext:
-    """One client request: id, endpoint, parsed body, routing outcome and timings."""
+    """One client request: identity, parsed body, what each stage decided, timings.
 
-    __slots__ = ("attempts", "endpoint", "extra", "parsed", "region", "request_id", "timer")
+    Every feature's per-request state is a named field here; the driver fills them in request
+    order (auth, rollout, limits, deadline, cache, selection, attempts, relay).
+    """
+
+    __slots__ = (
+        "assignment",
+        "at_headers",
+        "attempts",
+        "auth_ns",
+        "cache",
+        "candidates",
+        "deadline",
+        "endpoint",
+        "grant",
+        "hedged",
+        "meter",
+        "parsed",
+        "queue_depth",
+        "region",
+        "request_id",
+        "tenant",
+        "timer",
+        "tracker",
+        "tried",
+    )
 
     def __init__(self, request_id: str, endpoint: str) -> None:
         self.request_id = request_id
@@ -73,11 +106,41 @@ class RequestContext:
         self.region: str | None = None
         self.attempts = 0
         self.timer = StageTimer()
-        # Per-feature scratch space (tenant, cache key, deployment, ...), keyed by feature name.
-        self.extra: dict[str, object] = {}
+        # Who asked (auth), and how long finding out took.
+        self.tenant: Principal | None = None
+        self.auth_ns = 0
+        # The version the rollout gave the request.
+        self.assignment: Assignment | None = None
+        # The admitted request's token reservation and, for a stream, its usage meter.
+        self.grant: Grant | None = None
+        self.meter: UsageMeter | None = None
+        # The monotonic time the client stops waiting (its timeout header), if it said.
+        self.deadline: float | None = None
+        # The response cache's outcome.
+        self.cache: CacheMark | None = None
+        # The regions this request may use, in order, and those attempts went to, in order.
+        self.candidates: list[Upstream] = []
+        self.tried: list[str] = []
+        # The region a hedge was sent to.
+        self.hedged: str | None = None
+        # A stream that may be continued elsewhere: what was sent so far.
+        self.tracker: StreamGuard | None = None
+        self.queue_depth: int | None = None
+        # Stage durations fixed when the headers went out, so the header and the log agree.
+        self.at_headers: dict[str, int] | None = None
 
     @property
     def request(self) -> ParsedRequest:
         """The parsed request; only valid after the parse stage."""
         assert self.parsed is not None, "request not parsed yet"
         return self.parsed
+
+    @property
+    def failovers(self) -> int:
+        """Attempts that moved to another region after a failure (a hedge is not one)."""
+        tried = self.tried
+        moves = 0
+        for i in range(1, len(tried)):
+            if tried[i] != tried[i - 1]:
+                moves += 1
+        return max(0, moves - (1 if self.hedged is not None else 0))

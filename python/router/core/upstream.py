@@ -5,13 +5,16 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable, Iterator, Mapping
+from contextvars import ContextVar
 from urllib.parse import urlsplit
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from router.config import Config, RegionConfig
+from router.core.context import RequestContext
+from router.core.timing import CONNECT
+from router.core.transport import Transport
 from router.net import http1
-from router.observability import telemetry as observability
 
 log = logging.getLogger("router")
 
@@ -37,12 +40,27 @@ _REQUEST_DROP = _HOP | {"authorization", "x-api-key", "api-key"}
 _RESPONSE_DROP = _HOP | {"date", "server"}
 
 
+# The request whose task is running: the pool's connect hook runs in that task but is handed
+# only the pool. The driver sets it per request.
+CURRENT: ContextVar[RequestContext | None] = ContextVar("router.current", default=None)
+
+
+def record_connect(ns: int) -> None:
+    """Add a new upstream connection's time (TCP + TLS) to the running request's `connect` stage.
+
+    A reused keep-alive connection costs nothing and records nothing.
+    """
+    ctx = CURRENT.get()
+    if ctx is not None:
+        ctx.timer.record(CONNECT, ns)
+
+
 class Upstream:
     """One region: its config, the credentials sent to it, and its connection pool."""
 
     __slots__ = ("_base_path", "auth", "base", "config", "name", "pool")
 
-    def __init__(self, config: RegionConfig, pool: http1.Pool, api_key: str | None):
+    def __init__(self, config: RegionConfig, pool: Transport, api_key: str | None):
         self.config = config
         self.name = config.name
         self.base = config.base_url.rstrip("/")
@@ -132,7 +150,7 @@ def open_upstreams(config: Config) -> Upstreams:
             keepalive_s=region.keepalive_s,
             connect_timeout=config.timeouts.connect,
             total_timeout=config.timeouts.total,
-            on_connect=observability.record_connect,
+            on_connect=record_connect,
         )
         regions.append(Upstream(region, pool, api_key))
     return Upstreams(regions)

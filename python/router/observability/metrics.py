@@ -18,10 +18,10 @@ from prometheus_client.core import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
+from router.core.timing import STAGES, TOTAL, TTFT
 from router.observability.access_log import AccessLog, AccessRecord
 from router.observability.quantiles import OVERALL
 from router.observability.slo import QUANTILES, SloTracker
-from router.observability.timing import STAGES, TOTAL, TTFT
 
 # 1-2-5 steps from 1 ms to 60 s: enough resolution for a 200 ms SLO and for minute-long streams.
 _SUB_SECOND = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5)

@@ -8,11 +8,11 @@ from typing import TypeVar
 import msgspec
 from aiohttp import web
 
+from router.core.admin import AdminRoutes, json_response
 from router.errors import InvalidRequest
 from router.rollout.canary import WindowStats
 from router.rollout.runtime import ROLLOUT
 from router.rollout.table import describe
-from router.server.admin import AdminRoutes, json_response
 from router.server.reload import RELOADER
 
 log = logging.getLogger("router")

@@ -2,24 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 
 import msgspec
 from aiohttp import web
 
 from router.access.auth import presented_key
-from router.config import Config
+from router.config import Commit, Config
 from router.core.context import RequestContext
-from router.core.proxy import AttemptError, AttemptHook
+from router.core.failure import AttemptError
+from router.core.stages import AttemptObserver
 from router.core.upstream import Upstream
 from router.errors import InvalidRequest
 from router.rollout.canary import CanaryMonitor
 from router.rollout.table import VERSION_HEADER, Alias, Deployment, Rollout, table_from_config
-from router.server.reload import Commit
-
-# ctx.extra key holding the request's Assignment.
-EXTRA = "rollout"
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +25,11 @@ class Assignment:
 
     alias: str
     deployment: Deployment
+
+    @property
+    def version(self) -> str:
+        """The version tag (x-router-model-version)."""
+        return self.deployment.version
 
 
 class _User(msgspec.Struct):
@@ -52,9 +54,8 @@ class RolloutRuntime:
         user = _user(parsed.body) if _needs_user(alias) else None
         deployment = table.pick(parsed.model, user=user, api_key=presented_key(headers))
         ctx.parsed = parsed.with_model(deployment.upstream_model)
-        assignment = Assignment(alias.name, deployment)
-        ctx.extra[EXTRA] = assignment
-        return assignment
+        assigned = ctx.assignment = Assignment(alias.name, deployment)
+        return assigned
 
     def regions(self, ctx: RequestContext, candidates: Sequence[Upstream]) -> Sequence[Upstream]:
         """The candidates the request's version runs in; none left counts against the version."""
@@ -99,7 +100,7 @@ def assignment(ctx: RequestContext | None) -> Assignment | None:
     """The version this request was given, if it got that far."""
     if ctx is None:
         return None
-    found = ctx.extra.get(EXTRA)
+    found = ctx.assignment
     return found if isinstance(found, Assignment) else None
 
 
@@ -112,7 +113,7 @@ def restrict(ctx: RequestContext, candidates: Sequence[Upstream]) -> Sequence[Up
     return [u for u in candidates if u.name in allowed]
 
 
-def canary_hook(runtime: RolloutRuntime) -> AttemptHook:
+def canary_hook(runtime: RolloutRuntime) -> AttemptObserver:
     """An attempt hook: each attempt's outcome counts for its version's error rate and TTFT."""
 
     def hook(ctx: RequestContext, upstream: Upstream, error: AttemptError | None, s: float) -> None:
@@ -128,18 +129,11 @@ def canary_hook(runtime: RolloutRuntime) -> AttemptHook:
     return hook
 
 
-def tag_response(
-    context: web.RequestKey[RequestContext],
-) -> Callable[[web.Request, web.StreamResponse], Awaitable[None]]:
-    """An on_response_prepare handler: a routed request's response names its version.
+def version_header(ctx: RequestContext, headers: MutableMapping[str, str]) -> None:
+    """A response decorator: a routed request's answer names its version.
 
-    A signal rather than a header set in proxy.py, so streams, relayed errors and cache hits
-    are all covered.
+    Applied to every answer (streams, relayed errors, cache hits), not set in the relay.
     """
-
-    async def tag(request: web.Request, response: web.StreamResponse) -> None:
-        a = assignment(request.get(context))
-        if a is not None:
-            response.headers[VERSION_HEADER] = a.deployment.version
-
-    return tag
+    a = ctx.assignment
+    if a is not None:
+        headers[VERSION_HEADER] = a.version

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 
 from aiohttp import web
 
+from router.core.failure import Spill
 from router.errors import Unavailable
 
 if TYPE_CHECKING:
@@ -98,15 +99,6 @@ class SlotQueue(Generic[W]):
                 return ticket.waiter
         self.in_flight -= 1
         return None
-
-
-class Spill(Exception):
-    """This region cannot take the request in time; try the next one."""
-
-    def __init__(self, region: str, reason: str) -> None:
-        super().__init__(f"{region}: {reason}")
-        self.region = region
-        self.reason = reason
 
 
 @dataclass(slots=True)

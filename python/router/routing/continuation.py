@@ -8,17 +8,17 @@ so the client sees one stream with nothing duplicated or lost.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-import aiohttp
 import msgspec
 from aiohttp import web
 
+from router.config import RoutingConfig
+from router.core.attempt import Opened
 from router.core.context import RequestContext
-from router.core.proxy import CANDIDATES
+from router.core.failure import AttemptError
 from router.core.request import CHAT
 from router.core.upstream import Upstream
 from router.net import http1, sse
@@ -29,9 +29,6 @@ log = logging.getLogger("router")
 _DECODE = msgspec.json.Decoder()
 _ENCODE = msgspec.json.Encoder()
 _DONE = b"[DONE]"
-
-# ctx.extra key of the stream's tracker.
-TRACKER = "routing.tracker"
 
 
 class StreamTracker:
@@ -152,48 +149,54 @@ def restamp(event: bytes, ident: dict[str, Any]) -> bytes | None:
 
 
 class MidstreamPolicy:
-    """What the relay does when a stream breaks: report it, then resume or give up."""
+    """What the relay does when a stream breaks: report it, then continue elsewhere or give up."""
 
     def __init__(
         self,
         mode: str,
         *,
-        first_byte_s: float,
         idle_s: float,
         max_resumes: int,
         report: Callable[[str, str], None],
     ) -> None:
         self.mode = mode
-        self.first_byte_s = first_byte_s
         self.idle_s = idle_s
         self.max_resumes = max_resumes
         self.report = report
+
+    def retune(self, routing: RoutingConfig) -> None:
+        """A reloaded [routing] section."""
+        self.mode = routing.midstream
+        self.max_resumes = routing.max_resumes
 
     def track(self, ctx: RequestContext) -> StreamTracker | None:
         """A tracker for a chat stream that may be resumed; None when it never will be."""
         if self.mode != "resume" or ctx.endpoint != CHAT or self.max_resumes == 0:
             return None
         tracker = StreamTracker()
-        ctx.extra[TRACKER] = tracker
+        ctx.tracker = tracker
         return tracker
 
     async def resume(
-        self, request: web.Request, ctx: RequestContext, out: web.StreamResponse, reason: str
+        self,
+        ctx: RequestContext,
+        out: web.StreamResponse,
+        open_one: Callable[[Upstream, bytes], Awaitable[Opened]],
+        reason: str,
     ) -> bool:
         """Continue ctx's broken stream on the remaining candidates; False if none could."""
         if ctx.region is not None:
             # The attempt counted as ok at its first byte; the break is a failure of the region.
             self.report(ctx.region, "server_error")
-        tracker = ctx.extra.get(TRACKER)
-        candidates = ctx.extra.get(CANDIDATES)
-        if not isinstance(tracker, StreamTracker) or not isinstance(candidates, list):
+        tracker = ctx.tracker
+        if not isinstance(tracker, StreamTracker):
             return False
         tracker.settle()
         if tracker.done:
             return False
         failed = {ctx.region}
-        for upstream in _remaining(candidates, failed)[: self.max_resumes]:
-            ctx.attempts += 1
+        remaining = [u for u in ctx.candidates if u.name not in failed]
+        for upstream in remaining[: self.max_resumes]:
             log.warning(
                 "request %s: resuming on %s after %d tokens (%s)",
                 ctx.request_id,
@@ -201,42 +204,43 @@ class MidstreamPolicy:
                 tracker.events,
                 reason,
             )
-            ok = await _continue_on(
-                request, ctx, upstream, out, tracker, self.first_byte_s, self.idle_s
-            )
-            self.report(upstream.name, "ok" if ok else "server_error")
+            body = continuation_body(ctx.request.body, tracker.text, tracker.events)
+            ok = await _continue_on(ctx, upstream, body, open_one, out, tracker, self.idle_s)
             if ok:
                 ctx.region = upstream.name
                 return True
+            if ok is False:
+                # It answered and then broke (a failed attempt was reported by the attempt path).
+                self.report(upstream.name, "server_error")
             failed.add(upstream.name)
         return False
 
 
-def _remaining(candidates: Sequence[object], failed: set[str | None]) -> list[Upstream]:
-    return [u for u in candidates if isinstance(u, Upstream) and u.name not in failed]
-
-
 async def _continue_on(
-    request: web.Request,
     ctx: RequestContext,
     upstream: Upstream,
+    body: bytes,
+    open_one: Callable[[Upstream, bytes], Awaitable[Opened]],
     out: web.StreamResponse,
     tracker: StreamTracker,
-    first_byte_s: float,
     idle_s: float,
-) -> bool:
-    """Stream the continuation from `upstream` into `out`; True once it ended with [DONE]."""
-    body = continuation_body(ctx.request.body, tracker.text, tracker.events)
-    headers = upstream.request_headers(request.headers, ctx.request_id)
-    resp: http1.Response | None = None
+) -> bool | None:
+    """Stream the continuation from `upstream` into `out`: True once it ended with [DONE],
+    False if it broke, None if the attempt itself failed."""
+    try:
+        opened = await open_one(upstream, body)
+    except AttemptError as exc:
+        log.warning("request %s: resume on %s failed: %s", ctx.request_id, upstream.name, exc)
+        return None
+    resp = opened.response
+    if resp is None:
+        log.warning(
+            "request %s: resume on %s failed: HTTP %d", ctx.request_id, upstream.name, opened.status
+        )
+        return False
     local = StreamTracker()
     try:
-        async with asyncio.timeout(first_byte_s):
-            resp = await upstream.pool.post(upstream.path(ctx.endpoint), body, headers.items())
-            if resp.status != 200:
-                return False
-            first = await resp.content.readany()
-        chunk = first
+        chunk = opened.first
         async with IdleWatch(idle_s) as idle:
             while chunk:
                 whole = local.feed(chunk)
@@ -247,15 +251,14 @@ async def _continue_on(
                 idle.busy()
         local.settle()
         return local.done
-    except (http1.ClientError, aiohttp.ClientError, TimeoutError) as exc:
+    except (http1.ClientError, TimeoutError) as exc:
         log.warning("request %s: resume on %s failed: %s", ctx.request_id, upstream.name, exc)
         return False
     finally:
-        if resp is not None:
-            if local.done:
-                resp.release()
-            else:
-                resp.close()
+        if local.done:
+            resp.release()
+        else:
+            resp.close()
 
 
 async def _write_resumed(out: web.StreamResponse, whole: bytes, tracker: StreamTracker) -> None:

@@ -8,14 +8,13 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
+from router.core.attempt import Opened
 from router.core.context import RequestContext
-from router.core.proxy import AttemptError, AttemptHook, Hedger, Opened, Opener, RetryGate
+from router.core.failure import AttemptError
+from router.core.stages import AttemptObserver, Gate, Hedger, Opener
 from router.core.upstream import Upstream
 
 log = logging.getLogger("router")
-
-# ctx.extra key: the region a hedge was sent to.
-HEDGED = "routing.hedged"
 
 # The delay before hedging the attempt at a region, or None to not hedge it (no data yet).
 DelayOf = Callable[[str], float | None]
@@ -28,8 +27,8 @@ def hedger(endpoints: Callable[[], Sequence[str]], delay_of: DelayOf) -> Hedger:
         ctx: RequestContext,
         candidates: Sequence[Upstream],
         open_one: Opener,
-        hooks: Sequence[AttemptHook],
-        gate: RetryGate | None,
+        hooks: Sequence[AttemptObserver],
+        gate: Gate,
     ) -> Opener:
         if ctx.endpoint not in endpoints():
             return open_one
@@ -44,11 +43,11 @@ def hedger(endpoints: Callable[[], Sequence[str]], delay_of: DelayOf) -> Hedger:
             primary = asyncio.ensure_future(open_one(upstream))
             try:
                 done, _ = await asyncio.wait({primary}, timeout=delay)
-                if done or (gate is not None and not gate(ctx)):
+                if done or not gate(ctx):
                     return await primary
                 tried.add(backup.name)
                 ctx.attempts += 1
-                ctx.extra[HEDGED] = backup.name
+                ctx.hedged = backup.name
                 log.info(
                     "request %s: no first byte from %s in %.3fs, hedging on %s",
                     ctx.request_id,
@@ -74,7 +73,7 @@ async def _race(
     first: Upstream,
     backup: Upstream,
     open_one: Opener,
-    hooks: Sequence[AttemptHook],
+    hooks: Sequence[AttemptObserver],
 ) -> Opened:
     """First of the two attempts to produce a byte; the loser is cancelled (its request closed)."""
     began = time.perf_counter()

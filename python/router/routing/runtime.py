@@ -1,43 +1,21 @@
-"""Wires health, selection, the retry budget and the routing headers into the app."""
+"""Routing policy per request: nearest-healthy selection, retry state, passive health, headers."""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-
-from aiohttp import web
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 
 from router.config import Config, RoutingConfig
 from router.core.context import RequestContext
-from router.core.proxy import (
-    FIRST_BYTE,
-    HEDGER,
-    MIDSTREAM,
-    RETRY_GATE,
-    AttemptError,
-    AttemptHook,
-    FirstByte,
-)
+from router.core.failure import AttemptError, health_outcome
+from router.core.stages import AttemptObserver, Selector
 from router.core.upstream import Upstream, Upstreams
-from router.routing.admission import ADMISSION
 from router.routing.budget import RetryBudget
-from router.routing.continuation import MidstreamPolicy
-from router.routing.health import Health, lifetime, outcome_of
-from router.routing.hedge import HEDGED, hedger
-from router.server import admin
-from router.server.reload import RELOADER
+from router.routing.health import Health
 
 log = logging.getLogger("router")
 
-ContextOf = Callable[[web.Request], RequestContext | None]
-Selector = Callable[[RequestContext, Upstreams], Sequence[Upstream]]
-Stage = Callable[[web.Request, RequestContext], Awaitable[web.StreamResponse | None]]
-Signal = Callable[[web.Request, web.StreamResponse], Awaitable[None]]
-
-# ctx.extra keys this feature owns.
-DEADLINE = "routing.deadline"
-SELECTION = "routing.selection"
 # A client's overall deadline: the OpenAI SDKs send their timeout as x-stainless-timeout (s).
 _DEADLINE_HEADERS = (("x-router-timeout-ms", 0.001), ("x-stainless-timeout", 1.0))
 
@@ -88,9 +66,6 @@ class LiveRouting:
         return commit
 
 
-ROUTING: web.AppKey[LiveRouting] = web.AppKey("router.routing", LiveRouting)
-
-
 def _budget(config: RoutingConfig) -> RetryBudget:
     return RetryBudget(
         ratio=config.retry_budget_ratio,
@@ -111,7 +86,6 @@ def selector(health: Health, live: LiveRouting) -> Selector:
         for u in serving:
             by_name[u.name] = u
         chosen = health.select(by_name, live.config)
-        ctx.extra[SELECTION] = chosen
         if chosen.panic != panicking:
             # Once per change, not per request: an outage must not flood the log.
             panicking = chosen.panic
@@ -138,8 +112,8 @@ def retry_gate(live: LiveRouting) -> Callable[[RequestContext], bool]:
             return True
         if ctx.attempts >= live.config.max_attempts:
             return False
-        deadline = ctx.extra.get(DEADLINE)
-        if isinstance(deadline, float) and now >= deadline:
+        deadline = ctx.deadline
+        if deadline is not None and now >= deadline:
             return False
         if not budget.try_retry(now):
             log.warning("request %s: retry budget exhausted, not retrying", ctx.request_id)
@@ -149,13 +123,13 @@ def retry_gate(live: LiveRouting) -> Callable[[RequestContext], bool]:
     return gate
 
 
-def first_byte(live: LiveRouting) -> FirstByte:
+def first_byte(live: LiveRouting) -> Callable[[RequestContext, float], float]:
     """An attempt's first-byte timeout: [routing] ttft_timeout_s, cut to the client's deadline."""
 
     def of(ctx: RequestContext, configured: float) -> float:
         timeout = live.config.ttft_timeout_s or configured
-        deadline = ctx.extra.get(DEADLINE)
-        if isinstance(deadline, float):
+        deadline = ctx.deadline
+        if deadline is not None:
             timeout = min(timeout, max(0.001, deadline - time.monotonic()))
         return timeout
 
@@ -175,7 +149,7 @@ def hedge_delay(health: Health, live: LiveRouting) -> Callable[[str], float | No
     return delay_of
 
 
-def passive_hook(health: Health) -> AttemptHook:
+def passive_hook(health: Health) -> AttemptObserver:
     """Every attempt's outcome and latency into the health table."""
 
     def hook(ctx: RequestContext, upstream: Upstream, error: AttemptError | None, s: float) -> None:
@@ -186,94 +160,44 @@ def passive_hook(health: Health) -> AttemptHook:
             else:
                 health.report(upstream.name, "ok", total_s=s)
             return
-        if error.kind == "spill":
-            return  # admission said "full here": nothing about the region's health
-        health.report(upstream.name, outcome_of(error.kind, error.status))
+        outcome = health_outcome(error.kind, error.status)
+        if outcome is not None:  # admission's "full here" says nothing of the region's health
+            health.report(upstream.name, outcome)
 
     return hook
 
 
-def _headers_stamp(context_of: ContextOf) -> Signal:
-    """Every proxied response says which region served it and after how many attempts."""
-
-    async def stamp(request: web.Request, response: web.StreamResponse) -> None:
-        ctx = context_of(request)
-        if ctx is None or ctx.region is None or ctx.attempts == 0:
-            return
-        hedged = ctx.extra.get(HEDGED)
-        response.headers["x-router-region"] = ctx.region
-        response.headers["x-router-attempts"] = str(ctx.attempts)
-        # A hedge is a second attempt alongside the first, not a failover after it failed.
-        hedges = 1 if isinstance(hedged, str) else 0
-        response.headers["x-router-failovers"] = str(max(0, ctx.attempts - 1 - hedges))
-        if isinstance(hedged, str):
-            response.headers["x-router-hedged"] = hedged
-
-    return stamp
+def routing_headers(ctx: RequestContext, headers: MutableMapping[str, str]) -> None:
+    """A response decorator: which region served the request, after how many attempts."""
+    if ctx.region is None or ctx.attempts == 0:
+        return
+    hedged = ctx.hedged
+    headers["x-router-region"] = ctx.region
+    headers["x-router-attempts"] = str(ctx.attempts)
+    # A hedge is a second attempt alongside the first, not a failover after it failed.
+    hedges = 1 if hedged is not None else 0
+    headers["x-router-failovers"] = str(max(0, ctx.attempts - 1 - hedges))
+    if hedged is not None:
+        headers["x-router-hedged"] = hedged
 
 
-def _deadline_stage() -> Stage:
-    """Remember the client's deadline so no attempt starts after it."""
+class RetryState:
+    """The retry policy the driver asks per request: deadline, attempt gate, first-byte timeout."""
 
-    async def stage(request: web.Request, ctx: RequestContext) -> web.StreamResponse | None:
-        deadline = client_deadline(request.headers, time.monotonic())
-        if deadline is not None:
-            ctx.extra[DEADLINE] = deadline
-        return None
+    __slots__ = ("_first_byte", "_gate")
 
-    return stage
+    def __init__(self, live: LiveRouting) -> None:
+        self._gate = retry_gate(live)
+        self._first_byte = first_byte(live)
 
+    def begin(self, ctx: RequestContext, headers: Mapping[str, str]) -> None:
+        """Remember the client's deadline so no attempt starts after it."""
+        ctx.deadline = client_deadline(headers, time.monotonic())
 
-def install(
-    app: web.Application,
-    config: Config,
-    *,
-    context_of: ContextOf,
-    hooks: list[AttemptHook],
-    stages: list[Stage],
-    ready_checks: list[Callable[[], bool]],
-    guard: admin.Guard,
-) -> Selector:
-    """Health for the app's lifetime, passive reports, budget, headers, admin; -> the selector."""
-    routing = config.routing
-    health = Health(config.health, config.regions)
-    app[admin.HEALTH] = health
-    app.cleanup_ctx.append(lifetime(health))
-    live = LiveRouting(routing)
-    app[ROUTING] = live
-    app[RETRY_GATE] = retry_gate(live)
-    app[FIRST_BYTE] = first_byte(live)
-    app[HEDGER] = hedger(lambda: live.config.hedge_endpoints, hedge_delay(health, live))
-    policy = MidstreamPolicy(
-        routing.midstream,
-        first_byte_s=routing.ttft_timeout_s or config.timeouts.first_byte,
-        idle_s=config.timeouts.idle,
-        max_resumes=routing.max_resumes,
-        report=lambda region, outcome: health.report(region, outcome),
-    )
-    app[MIDSTREAM] = policy
+    def allow(self, ctx: RequestContext) -> bool:
+        """Whether another attempt may start (the first counts the request for the budget)."""
+        return self._gate(ctx)
 
-    def retune(new: RoutingConfig) -> None:
-        policy.mode = new.midstream
-        policy.max_resumes = new.max_resumes
-        policy.first_byte_s = new.ttft_timeout_s or config.timeouts.first_byte
-
-    live.on_change.append(retune)
-    reloader = app.get(RELOADER)
-    if reloader is not None:
-        reloader.register("routing", live.prepare, ("routing",))
-    hooks.append(passive_hook(health))
-    stages.append(_deadline_stage())
-    ready_checks.append(health.any_available)
-    app.on_response_prepare.append(_headers_stamp(context_of))
-    admin.add_routes(admin.AdminRoutes(app.router, guard))
-
-    async def use_admission(app: web.Application) -> None:
-        # Admission (limits.install) holds a slot per attempt until the answer ends: the
-        # in-flight count power-of-two-choices compares.
-        gates = app.get(ADMISSION)
-        if gates is not None:
-            health.in_flight_of = gates.in_flight
-
-    app.on_startup.append(use_admission)
-    return selector(health, live)
+    def first_byte(self, ctx: RequestContext, configured: float) -> float:
+        """This attempt's first-byte timeout."""
+        return self._first_byte(ctx, configured)

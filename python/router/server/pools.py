@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
 
 import msgspec
 from aiohttp import web
 
-from router.config import Config
+from router.config import Commit, Config, Preparer
 from router.core.upstream import Upstream, Upstreams, open_upstreams
 from router.native import Prober
 from router.routing.health import Health, prober_kwargs
-from router.server.reload import Commit, Preparer
 
 log = logging.getLogger("router")
 
@@ -20,10 +20,23 @@ log = logging.getLogger("router")
 class RegionPools:
     """`current` serves new requests; retired pools close once no request can still use them."""
 
-    def __init__(self, current: Upstreams) -> None:
+    def __init__(self, current: Upstreams, config: Config | None = None) -> None:
         self.current = current
+        self._config = config
         self._retiring: dict[asyncio.TimerHandle, list[Upstream]] = {}
         self._closing: set[asyncio.Task[None]] = set()
+
+    @classmethod
+    def opening(cls, config: Config) -> RegionPools:
+        """Pools for `config`'s regions, opened with the app (see `lifetime`)."""
+        return cls(Upstreams(()), config)
+
+    async def lifetime(self, app: web.Application) -> AsyncIterator[None]:
+        """A cleanup_ctx: region connection pools live exactly as long as the app."""
+        if self._config is not None:
+            self.current = open_upstreams(self._config)
+        yield
+        await self.close()
 
     def retire(self, upstreams: list[Upstream], after_s: float) -> None:
         """Close these pools after `after_s`: the longest an in-flight request may still run."""

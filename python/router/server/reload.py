@@ -11,17 +11,13 @@ from pathlib import Path
 
 from aiohttp import web
 
-from router.config import Config, load
+from router.config import Commit, Config, Preparer, load
 from router.errors import ConfigError
 from router.native import Prober
 from router.routing.health import Health, prober_kwargs
 
 log = logging.getLogger("router")
 
-Commit = Callable[[], None]
-# Given (old, new) config, build a component's new state without touching the live one and return
-# the swap; raising ConfigError or ValueError rejects the whole reload. The commit must not fail.
-Preparer = Callable[[Config, Config], Commit]
 
 # Sections the reload applies itself: requests read them from the live config.
 _LIVE_SECTIONS = frozenset({"server", "timeouts"})

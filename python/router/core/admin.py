@@ -1,8 +1,5 @@
-"""Admin API on the admin token: region drain/disable/enable and the health view.
-
-Other features register their routes the same way: `AdminRoutes(router, guard).get(path, fn)`
-puts `fn` behind the admin check and renders any ApiError it raises in OpenAI's shape.
-"""
+"""Admin routes behind the admin check: `AdminRoutes(router, guard).get(path, fn)` puts `fn`
+behind the guard and renders any ApiError it raises in OpenAI's shape."""
 
 from __future__ import annotations
 
@@ -12,15 +9,11 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from router.errors import ApiError, NotFound
-from router.routing.health import Health
-from router.routing.selection import AdminState
+from router.errors import ApiError
 
 # Raises an ApiError (401 without a valid admin token, 403 for a tenant key) or returns.
 Guard = Callable[[Mapping[str, str]], None]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-HEALTH: web.AppKey[Health] = web.AppKey("router.health", Health)
 
 
 def json_response(payload: Any, status: int = 200) -> web.Response:
@@ -67,29 +60,3 @@ class AdminRoutes:
     def post(self, path: str, handler: Handler) -> None:
         """POST prefix+path -> handler, admin only."""
         self.router.add_post(self.prefix + path, self._wrap(handler))
-
-
-async def health_view(request: web.Request) -> web.StreamResponse:
-    """GET /admin/health: every region's probe, passive and admin state."""
-    return json_response(request.app[HEALTH].stats())
-
-
-def _set_state(state: AdminState) -> Handler:
-    async def handler(request: web.Request) -> web.StreamResponse:
-        name = request.match_info["name"]
-        health = request.app[HEALTH]
-        if not health.set_admin(name, state):
-            raise NotFound(f"Unknown region {name!r}.", param="name", code="unknown_region")
-        return json_response(
-            {"region": name, "admin": state.value, "in_flight": health.in_flight_of(name)}
-        )
-
-    return handler
-
-
-def add_routes(routes: AdminRoutes) -> None:
-    """The health and region admin endpoints; the app must hold a Health under HEALTH."""
-    routes.get("/health", health_view)
-    routes.post("/regions/{name}/drain", _set_state(AdminState.DRAINED))
-    routes.post("/regions/{name}/disable", _set_state(AdminState.DISABLED))
-    routes.post("/regions/{name}/enable", _set_state(AdminState.ACTIVE))

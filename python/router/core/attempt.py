@@ -1,0 +1,324 @@
+"""Attempts at regions: one path for the first try, failover, hedges and continuations.
+
+`Attempts` holds one request's attempts (Envoy's UpstreamRequest per attempt, RetryState per
+request): each goes through admission, the region's transport and the attempt observers the
+same way, whatever started it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping, Sequence
+
+import msgspec
+from multidict import CIMultiDict
+
+from router.config import TimeoutsConfig
+from router.core.context import RequestContext
+from router.core.failure import AttemptError, FailureKind, Origin, Spill
+from router.core.stages import AttemptObserver, Hedger, Opener, RetryPolicy, Slot, SlotGate
+from router.core.timing import QUEUE
+from router.core.transport import UpstreamResponse
+from router.core.upstream import Upstream, response_headers
+from router.net import http1
+
+log = logging.getLogger("router")
+
+# Statuses that mean "this region cannot take it now, another may": retried before the first byte.
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+# A region's answer body above this is a failure of the region ([server] max_response_bytes).
+DEFAULT_MAX_RESPONSE_BYTES = 64 << 20
+# What an SSE stream's first bytes may start with (a field name, or a comment).
+_SSE_STARTS = (b"data:", b":", b"event:", b"id:", b"retry:")
+_RAW = msgspec.json.Decoder(msgspec.Raw)
+
+
+class Opened:
+    """An attempt that got a usable answer: a whole body, or a stream and its first chunk."""
+
+    __slots__ = ("body", "first", "headers", "response", "status", "upstream")
+
+    def __init__(
+        self,
+        upstream: Upstream,
+        status: int,
+        headers: CIMultiDict[str],
+        *,
+        body: bytes | None = None,
+        response: UpstreamResponse | None = None,
+        first: bytes = b"",
+    ) -> None:
+        self.upstream = upstream
+        self.status = status
+        self.headers = headers
+        # Non-stream (or any non-200 answer): the whole body, byte-exact.
+        self.body = body
+        # Stream: the live upstream response, its first chunk already read.
+        self.response = response
+        self.first = first
+
+
+def _media(headers: CIMultiDict[str]) -> str:
+    return headers.get("Content-Type", "").partition(";")[0].strip().lower()
+
+
+def _is_json(media: str) -> bool:
+    return media == "application/json" or media.endswith("+json")
+
+
+async def _read_capped(resp: UpstreamResponse, region: str, max_bytes: int) -> bytes:
+    """The whole body, or an AttemptError once it passes `max_bytes`."""
+    declared = resp.content_length
+    if declared is not None and declared > max_bytes:
+        raise AttemptError(region, FailureKind.TOO_LARGE, f"response of {declared} bytes")
+    parts: list[bytes] = []
+    size = 0
+    while chunk := await resp.content.readany():
+        size += len(chunk)
+        if size > max_bytes:
+            raise AttemptError(region, FailureKind.TOO_LARGE, f"response over {max_bytes} bytes")
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def _check_success(region: str, status: int, headers: CIMultiDict[str], body: bytes) -> None:
+    """A 2xx whole-body answer must be JSON: an HTML error page or a cut body is a failure."""
+    if not 200 <= status < 300 or status == 204:
+        return
+    media = _media(headers)
+    if not _is_json(media):
+        detail = f"HTTP {status} with content type {media!r}"
+        raise AttemptError(region, FailureKind.INVALID, detail)
+    try:
+        _RAW.decode(body)
+    except msgspec.DecodeError as exc:
+        raise AttemptError(
+            region, FailureKind.INVALID, f"HTTP {status} body is not JSON ({exc})"
+        ) from None
+
+
+def _check_stream_start(region: str, headers: CIMultiDict[str], first: bytes) -> None:
+    """A stream must be SSE from its first byte, or it is a failure of the region."""
+    media = _media(headers)
+    if media != "text/event-stream":
+        raise AttemptError(
+            region, FailureKind.INVALID, f"stream answered with content type {media!r}"
+        )
+    if not first.lstrip(b"\r\n").startswith(_SSE_STARTS):
+        raise AttemptError(region, FailureKind.INVALID, "stream does not start with an SSE field")
+
+
+async def open_attempt(
+    upstream: Upstream,
+    ctx: RequestContext,
+    body: bytes,
+    headers: CIMultiDict[str],
+    first_byte_s: float,
+    max_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+) -> Opened:
+    """Send `body` to one region and read up to the point of no return (the first byte)."""
+    stream = ctx.request.stream
+    resp: UpstreamResponse | None = None
+    name = upstream.name
+    try:
+        async with asyncio.timeout(first_byte_s) as deadline:
+            resp = await upstream.pool.post(upstream.path(ctx.endpoint), body, headers.items())
+            status = resp.status
+            if stream and status == 200:
+                # Committing to a region only once it produced body bytes lets a region that
+                # dies between headers and first token be retried elsewhere.
+                first = await resp.content.readany()
+                if not first:
+                    raise AttemptError(name, FailureKind.DISCONNECT, "empty stream")
+                headers_out = response_headers(resp.headers)
+                _check_stream_start(name, headers_out, first)
+                return Opened(upstream, status, headers_out, response=resp, first=first)
+            # Nothing is sent to the client until the whole body is read, so a failure reading
+            # it can still go to another region; the pool's total timeout bounds it.
+            deadline.reschedule(None)
+            whole = await _read_capped(resp, name, max_bytes)
+            headers_out = response_headers(resp.headers)
+            if status in RETRY_STATUSES:
+                raise AttemptError(
+                    name,
+                    FailureKind.STATUS,
+                    f"HTTP {status}",
+                    status=status,
+                    headers=headers_out,
+                    body=whole,
+                )
+            _check_success(name, status, headers_out, whole)
+            return Opened(upstream, status, headers_out, body=whole)
+    except AttemptError:
+        if resp is not None:
+            resp.close()
+        raise
+    except TimeoutError:
+        if resp is not None:
+            resp.close()
+        raise AttemptError(name, FailureKind.TIMEOUT, "no first byte in time") from None
+    except http1.ConnectError as exc:
+        raise AttemptError(name, FailureKind.CONNECT, str(exc)) from None
+    except http1.ClientError as exc:
+        if resp is not None:
+            resp.close()
+        detail = str(exc) or type(exc).__name__
+        raise AttemptError(name, FailureKind.DISCONNECT, detail) from None
+    except BaseException:
+        # Client gone (cancelled) or a bug: never leave the upstream request running.
+        if resp is not None:
+            resp.close()
+        raise
+
+
+class Attempts:
+    """The attempts of one request; every slot they took is released by `release()`."""
+
+    __slots__ = (
+        "_first_byte",
+        "candidates",
+        "ctx",
+        "headers_in",
+        "hedger",
+        "held",
+        "identity",
+        "max_bytes",
+        "observers",
+        "priority",
+        "retry",
+        "slots",
+    )
+
+    def __init__(
+        self,
+        ctx: RequestContext,
+        headers_in: Mapping[str, str],
+        candidates: Sequence[Upstream],
+        timeouts: TimeoutsConfig,
+        *,
+        retry: RetryPolicy,
+        observers: Sequence[AttemptObserver] = (),
+        slots: SlotGate | None = None,
+        hedger: Hedger | None = None,
+        max_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        identity: bool = False,
+    ) -> None:
+        self.ctx = ctx
+        self.headers_in = headers_in
+        self.candidates = candidates
+        self._first_byte = timeouts.first_byte
+        self.retry = retry
+        self.observers = observers
+        self.slots = slots
+        self.hedger = hedger
+        self.max_bytes = max_bytes
+        # The cache records, stores and replays identity bytes: a compressed answer could be
+        # neither parsed nor served to a later client that asked for another encoding.
+        self.identity = identity
+        tenant = ctx.tenant
+        self.priority = tenant.priority if tenant is not None else 0
+        self.held: list[Slot] = []
+        ctx.candidates = list(candidates)
+
+    async def open(self, upstream: Upstream, body: bytes | None = None) -> Opened:
+        """One attempt at `upstream` (the request's body, or another such as a continuation)."""
+        ctx = self.ctx
+        slot: Slot | None = None
+        if self.slots is not None:
+            try:
+                slot = await self.slots.acquire(
+                    upstream.name, priority=self.priority, last=upstream is self.candidates[-1]
+                )
+            except Spill as spill:
+                # 429 "this region is full" says nothing of its health; relayed (with
+                # Retry-After) only if no other attempt follows.
+                full = self.slots.unavailable(upstream.name, spill.reason)
+                full_headers = CIMultiDict({"Content-Type": "application/json", **full.headers})
+                raise AttemptError(
+                    upstream.name,
+                    FailureKind.SPILL,
+                    spill.reason,
+                    status=429,
+                    headers=full_headers,
+                    body=full.body(),
+                    origin=Origin.INTERNAL,
+                ) from None
+            self.held.append(slot)
+            ctx.timer.record(QUEUE, int(slot.wait_s * 1e9))
+            ctx.queue_depth = slot.queue_depth
+        headers = upstream.request_headers(self.headers_in, ctx.request_id)
+        if self.identity:
+            headers["Accept-Encoding"] = "identity"
+        first_byte = self.retry.first_byte(ctx, self._first_byte)
+        try:
+            return await open_attempt(
+                upstream,
+                ctx,
+                ctx.request.body if body is None else body,
+                headers,
+                first_byte,
+                self.max_bytes,
+            )
+        except BaseException:
+            # This attempt's own slot: with hedging two attempts hold slots at once.
+            if slot is not None:
+                self.held.remove(slot)
+                slot.release()
+            raise
+
+    def observe(self, upstream: Upstream, error: AttemptError | None, seconds: float) -> None:
+        """Tell every attempt observer how one attempt went."""
+        for observer in self.observers:
+            observer(self.ctx, upstream, error, seconds)
+
+    async def first(self) -> Opened:
+        """Try the candidates in order until one answers; raise the last AttemptError if none."""
+        ctx = self.ctx
+        gate = self.retry.allow
+        opener: Opener = self.open
+        if self.hedger is not None:
+            opener = self.hedger(ctx, self.candidates, self.open, self.observers, gate)
+        last: AttemptError | None = None
+        for upstream in self.candidates:
+            if not gate(ctx):
+                break
+            ctx.attempts += 1
+            ctx.region = upstream.name
+            began = time.perf_counter()
+            try:
+                opened = await opener(upstream)
+            except AttemptError as exc:
+                self.observe(upstream, exc, time.perf_counter() - began)
+                last = exc
+                if not exc.retryable:
+                    break
+                log.warning("request %s: attempt %d failed: %s", ctx.request_id, ctx.attempts, exc)
+                continue
+            # opened.upstream: a hedged attempt may have been won by another region.
+            self.observe(opened.upstream, None, time.perf_counter() - began)
+            return opened
+        if last is None:
+            raise AttemptError("-", FailureKind.CONNECT, "no candidate regions", retryable=False)
+        raise last
+
+    async def again(self, upstream: Upstream, body: bytes) -> Opened:
+        """A further attempt after bytes reached the client (a continuation), counted and
+        observed like any other."""
+        ctx = self.ctx
+        ctx.attempts += 1
+        began = time.perf_counter()
+        try:
+            opened = await self.open(upstream, body)
+        except AttemptError as exc:
+            self.observe(upstream, exc, time.perf_counter() - began)
+            raise
+        self.observe(upstream, None, time.perf_counter() - began)
+        return opened
+
+    def release(self) -> None:
+        """Give back every admission slot the attempts still hold."""
+        held, self.held = self.held, []
+        for slot in held:
+            slot.release()

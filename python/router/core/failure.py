@@ -1,0 +1,91 @@
+"""Why an attempt failed: one enum of kinds, one mapping to health, retryability as data."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from multidict import CIMultiDict
+
+
+class FailureKind(StrEnum):
+    """What went wrong with one attempt at one region."""
+
+    # No connection could be opened (refused, unreachable, connect timeout): nothing was sent.
+    CONNECT = "connect"
+    # No first byte within the first-byte timeout.
+    TIMEOUT = "timeout"
+    # The connection broke before the answer was usable.
+    DISCONNECT = "disconnect"
+    # The region answered a status another region may do better on (429, 5xx).
+    STATUS = "status"
+    # A 2xx that is not what was asked for (HTML page, cut JSON, a stream that is not SSE).
+    INVALID = "invalid"
+    # The answer passed [server] max_response_bytes.
+    TOO_LARGE = "too_large"
+    # Admission: the region is full here and now; says nothing of its health.
+    SPILL = "spill"
+
+
+class Origin(StrEnum):
+    """Which side a failure came from (pingora's ErrorSource)."""
+
+    UPSTREAM = "upstream"
+    DOWNSTREAM = "downstream"
+    INTERNAL = "internal"
+
+
+def health_outcome(kind: FailureKind | str | None, status: int | None) -> str | None:
+    """A failure as a prober outcome (what it says about the region); None: nothing at all."""
+    if kind is None:
+        return "ok"
+    if kind == FailureKind.SPILL:
+        return None
+    if kind == FailureKind.CONNECT:
+        return "connect_error"
+    if kind == FailureKind.TIMEOUT:
+        return "timeout"
+    if kind == FailureKind.STATUS and status is not None and status < 500:
+        # 429 (and other 4xx): the region is alive, just busy or refusing this one request.
+        return "neutral"
+    return "server_error"
+
+
+def unreachable(kind: FailureKind | str) -> bool:
+    """Whether the failure means the region could not be reached at all."""
+    return kind in (FailureKind.CONNECT, FailureKind.TIMEOUT)
+
+
+class AttemptError(Exception):
+    """One attempt at one region failed before anything reached the client."""
+
+    def __init__(
+        self,
+        region: str,
+        kind: FailureKind,
+        detail: str,
+        *,
+        retryable: bool = True,
+        status: int | None = None,
+        headers: CIMultiDict[str] | None = None,
+        body: bytes = b"",
+        origin: Origin = Origin.UPSTREAM,
+    ) -> None:
+        super().__init__(f"{region}: {kind}: {detail}")
+        self.region = region
+        self.kind = kind
+        # Whether another attempt (here or elsewhere) may follow this one.
+        self.retryable = retryable
+        self.origin = origin
+        # For STATUS: the region's answer, relayed if no other region does better.
+        self.status = status
+        self.headers = headers
+        self.body = body
+
+
+class Spill(Exception):
+    """Admission: this region cannot take the request in time; try the next one."""
+
+    def __init__(self, region: str, reason: str) -> None:
+        super().__init__(f"{region}: {reason}")
+        self.region = region
+        self.reason = reason

@@ -1,0 +1,339 @@
+"""The driver: one proxied request's life, top to bottom (pingora's process_request).
+
+read and validate -> authenticate -> version -> limit -> deadline -> cache -> select candidates
+-> attempts (admit, send, first byte; failover, hedge) -> relay (continue mid-stream) -> settle
+-> record. Each step is a stage Protocol (core.stages) that build_app filled in once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from aiohttp import web
+
+from router.config import Config
+from router.core.attempt import Attempts
+from router.core.context import RequestContext, request_id
+from router.core.failure import AttemptError
+from router.core.relay import relay_stream, whole
+from router.core.request import check_content_type, parse_body, read_body
+from router.core.responses import error_response, failure_response
+from router.core.stages import (
+    AttemptObserver,
+    Authenticator,
+    Continuer,
+    ExchangeObserver,
+    Hedger,
+    RequestFilter,
+    ResponseCache,
+    ResponseDecorator,
+    RetryPolicy,
+    Selector,
+    SlotGate,
+    Tap,
+    VersionRouter,
+)
+from router.core.upstream import CURRENT, Upstream, Upstreams
+from router.errors import ApiError, NotFound, RateLimited, Unavailable
+
+log = logging.getLogger("router")
+
+# nginx's code for "the client closed the connection before the answer".
+CLIENT_CLOSED = 499
+CONTEXT: web.RequestKey[RequestContext] = web.RequestKey("router.context")
+
+
+class LiveConfig(Protocol):
+    """The config in force (a reload swaps it; a request reads it once)."""
+
+    @property
+    def config(self) -> Config: ...
+
+
+class LivePools(Protocol):
+    """The region pools in force (a reload may swap them)."""
+
+    @property
+    def current(self) -> Upstreams: ...
+
+
+def config_order(ctx: RequestContext, upstreams: Upstreams) -> Sequence[Upstream]:
+    """Default selection: regions serving the model, by bias_ms then weight then config order."""
+    return upstreams.serving(ctx.request.upstream_model)
+
+
+class _Unlimited:
+    """The retry policy without the routing feature: every candidate once, configured timeouts."""
+
+    def begin(self, ctx: RequestContext, headers: object) -> None:
+        return None
+
+    def allow(self, ctx: RequestContext) -> bool:
+        return True
+
+    def first_byte(self, ctx: RequestContext, configured: float) -> float:
+        return configured
+
+
+class InFlightPerIp:
+    """Counts in-flight requests per peer address; 429 above `limit` (0 disables the cap)."""
+
+    __slots__ = ("_counts", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._counts: dict[str, int] = {}
+
+    def in_flight(self, ip: str) -> int:
+        """Requests from `ip` being handled now."""
+        return self._counts.get(ip, 0)
+
+    def enter(self, ip: str) -> None:
+        """Count one more request from `ip`, or 429 when it already has `limit` in flight."""
+        current = self._counts.get(ip, 0)
+        if current >= self.limit:
+            raise RateLimited(
+                f"Too many concurrent requests from your address (limit {self.limit}).",
+                code="too_many_concurrent_requests",
+                headers={"Retry-After": "1"},
+            )
+        self._counts[ip] = current + 1
+
+    def leave(self, ip: str) -> None:
+        """One request from `ip` ended."""
+        left = self._counts[ip] - 1
+        if left:
+            self._counts[ip] = left
+        else:
+            del self._counts[ip]
+
+
+@dataclass(slots=True)
+class Features:
+    """Every stage the driver calls, built once by build_app in dependency order."""
+
+    auth: Authenticator | None = None
+    rollout: VersionRouter | None = None
+    filters: tuple[RequestFilter, ...] = ()
+    retry: RetryPolicy = field(default_factory=_Unlimited)
+    selector: Selector = config_order
+    slots: SlotGate | None = None
+    observers: tuple[AttemptObserver, ...] = ()
+    hedger: Hedger | None = None
+    continuer: Continuer | None = None
+    cache: ResponseCache | None = None
+    decorators: tuple[ResponseDecorator, ...] = ()
+    exchange: ExchangeObserver | None = None
+
+
+class Pipeline:
+    """Drives every proxied request through the features, one endpoint handler per path."""
+
+    def __init__(
+        self,
+        features: Features,
+        live: LiveConfig,
+        pools: LivePools,
+        per_ip: InFlightPerIp | None = None,
+    ) -> None:
+        self.features = features
+        self.live = live
+        self.pools = pools
+        self.per_ip = per_ip if per_ip is not None and per_ip.limit > 0 else None
+
+    def handler(self, endpoint: str) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        """The aiohttp handler of one forwarded endpoint."""
+
+        async def handle(request: web.Request) -> web.StreamResponse:
+            return await self.handle(request, endpoint)
+
+        return handle
+
+    async def handle(self, request: web.Request, endpoint: str) -> web.StreamResponse:
+        """One request, from its head to its access record."""
+        ctx = RequestContext(request_id(request.headers.get("X-Request-Id")), endpoint)
+        request[CONTEXT] = ctx
+        token = CURRENT.set(ctx)
+        per_ip = self.per_ip
+        ip: str | None = None
+        status = 500
+        answer: web.StreamResponse | None = None
+        # Whether the answer may have used tokens (None: unknown, the client left).
+        generated: bool | None = None
+        try:
+            try:
+                if per_ip is not None:
+                    per_ip.enter(request.remote or "-")
+                    ip = request.remote or "-"
+                answer = await self._serve(request, ctx)
+                generated = True
+            except ApiError as exc:
+                # Refused, or no region could take it: nothing was generated.
+                answer = error_response(exc, ctx.request_id)
+                generated = False
+            except Exception:
+                log.exception("unhandled error on %s %s", request.method, request.path)
+                answer = error_response(ApiError("Internal router error."), ctx.request_id)
+            status = answer.status
+            await _send_whole(request, answer)
+            return answer
+        except asyncio.CancelledError:
+            status = CLIENT_CLOSED
+            answer = None
+            raise
+        finally:
+            CURRENT.reset(token)
+            if ip is not None and per_ip is not None:
+                per_ip.leave(ip)
+            self._finish(request, ctx, status, answer, generated)
+
+    def _finish(
+        self,
+        request: web.Request,
+        ctx: RequestContext,
+        status: int,
+        answer: web.StreamResponse | None,
+        generated: bool | None,
+    ) -> None:
+        """Settle the token reservation and record the exchange, however it ended."""
+        grant = ctx.grant
+        if grant is not None:
+            ctx.grant = None
+            grant.settle(answer, generated)
+        exchange = self.features.exchange
+        if exchange is not None:
+            exchange.finish(request, ctx, status, answer)
+
+    async def _serve(self, request: web.Request, ctx: RequestContext) -> web.StreamResponse:
+        features = self.features
+        headers = request.headers
+        if features.auth is not None:
+            began = time.perf_counter_ns()
+            ctx.tenant = features.auth.authenticate(headers)
+            ctx.auth_ns = time.perf_counter_ns() - began
+        # A reload swaps the live config; this request keeps the one it read here.
+        config = self.live.config
+        timer = ctx.timer
+        timer.begin("parse")
+        check_content_type(headers.get("Content-Type"))
+        body = await read_body(request, config.server.max_body_bytes, config.server.body_timeout_s)
+        ctx.parsed = parse_body(ctx.endpoint, body, max_items=config.server.max_messages)
+        # Alias -> version (sticky per user/key) -> its upstream model; 404 for unknown models.
+        if features.rollout is not None:
+            features.rollout.assign(ctx, headers)
+        # Read in the same step as the routing table: a reload cannot split the two for a request.
+        upstreams = self.pools.current
+        timer.end("parse")
+        for stage in features.filters:
+            await stage.admit(ctx, headers)
+        features.retry.begin(ctx, headers)
+
+        async def origin(tap: Tap | None) -> web.StreamResponse:
+            return await self._forward(request, ctx, config, upstreams, tap)
+
+        # The cache wraps selection + forward: it may answer, or tee the origin's answer.
+        if features.cache is not None:
+            return await features.cache.serve(request, ctx, origin)
+        return await origin(None)
+
+    async def _forward(
+        self,
+        request: web.Request,
+        ctx: RequestContext,
+        config: Config,
+        upstreams: Upstreams,
+        tap: Tap | None,
+    ) -> web.StreamResponse:
+        """Select the candidates, attempt them in order, relay the answer."""
+        features = self.features
+        candidates = features.selector(ctx, upstreams)
+        if features.rollout is not None:
+            candidates = features.rollout.regions(ctx, candidates)
+        if not candidates:
+            raise Unavailable(f"No region can serve model `{ctx.request.model}` now.")
+        max_bytes = config.server.max_response_bytes
+        attempts = Attempts(
+            ctx,
+            request.headers,
+            candidates,
+            config.timeouts,
+            retry=features.retry,
+            observers=features.observers,
+            slots=features.slots,
+            hedger=features.hedger,
+            max_bytes=max_bytes,
+            identity=tap is not None,
+        )
+        timer = ctx.timer
+        try:
+            timer.begin("upstream")
+            try:
+                opened = await attempts.first()
+            except AttemptError as exc:
+                timer.end("upstream")
+                return failure_response(exc, ctx.request_id)
+            timer.end("upstream")
+            if opened.response is None:
+                return whole(ctx, opened, tap)
+            timer.begin("stream")
+            try:
+                return await relay_stream(
+                    request,
+                    ctx,
+                    opened,
+                    config.timeouts.idle,
+                    tap=tap,
+                    max_bytes=max_bytes,
+                    continuer=features.continuer,
+                    attempts=attempts,
+                )
+            finally:
+                timer.end("stream")
+        finally:
+            attempts.release()
+
+    async def unknown(self, request: web.Request) -> web.StreamResponse:
+        """A POST to a /v1/ path the router does not serve: authenticated, then 404."""
+        ctx = RequestContext(request_id(request.headers.get("X-Request-Id")), request.path)
+        request[CONTEXT] = ctx
+        try:
+            if self.features.auth is not None:
+                self.features.auth.authenticate(request.headers)
+            raise NotFound(f"Unknown path {request.path}.")
+        except ApiError as exc:
+            answer = error_response(exc, ctx.request_id)
+        try:
+            await _send_whole(request, answer)
+        finally:
+            self._finish(request, ctx, answer.status, answer, False)
+        return answer
+
+    async def on_prepare(self, request: web.Request, response: web.StreamResponse) -> None:
+        """on_response_prepare: every feature's headers on every answer of a proxied request
+        (streams, relayed errors, cache hits), in one place."""
+        ctx = request.get(CONTEXT)
+        if ctx is None:
+            return
+        features = self.features
+        if features.exchange is not None:
+            features.exchange.stamp(ctx, response)
+        headers = response.headers
+        for decorator in features.decorators:
+            decorator(ctx, headers)
+
+
+async def _send_whole(request: web.Request, answer: web.StreamResponse) -> None:
+    """Send a whole answer now, so the bookkeeping after it (usage, limits, metrics, access
+    log) runs once the client has it instead of before."""
+    if answer.prepared:
+        return
+    try:
+        await answer.prepare(request)
+        await answer.write_eof()
+    except ConnectionError:
+        pass  # the client left; aiohttp's own send of the answer finds that out too

@@ -1,0 +1,209 @@
+"""The stage interfaces the driver calls; features implement them, build_app plugs them in.
+
+Core never imports a feature: each feature depends on these Protocols, never the reverse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    from router.core.attempt import Opened
+    from router.core.context import RequestContext
+    from router.core.failure import AttemptError
+    from router.core.upstream import Upstream, Upstreams
+    from router.errors import ApiError
+
+
+class Principal(Protocol):
+    """Who a request belongs to (access.auth.Tenant)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def priority(self) -> int: ...
+    @property
+    def cache_namespace(self) -> str: ...
+
+
+class Authenticator(Protocol):
+    """Maps a request's headers to its principal, or raises 401."""
+
+    def authenticate(self, headers: Mapping[str, str]) -> Principal: ...
+
+
+class Assignment(Protocol):
+    """The version the rollout gave one request."""
+
+    @property
+    def version(self) -> str: ...
+
+
+class VersionRouter(Protocol):
+    """Model alias -> version -> upstream model, and the regions that version runs in."""
+
+    def assign(self, ctx: RequestContext, headers: Mapping[str, str]) -> object: ...
+    def regions(
+        self, ctx: RequestContext, candidates: Sequence[Upstream]
+    ) -> Sequence[Upstream]: ...
+
+
+class Grant(Protocol):
+    """An admitted request's reservation: headers to send, then finish() exactly once."""
+
+    @property
+    def headers(self) -> dict[str, str]: ...
+    def settle(self, answer: web.StreamResponse | None, generated: bool | None) -> None:
+        """Reconcile with what the answer used: `generated` False means nothing (an error
+        before any region answered), None unknown (the client left)."""
+
+
+class BodyObserver(Protocol):
+    """Sees the bytes of a streamed answer as they are relayed to the client."""
+
+    def feed(self, chunk: bytes) -> None: ...
+
+
+class UsageMeter(BodyObserver, Protocol):
+    """A stream's token usage, read once it ended."""
+
+    def used(self) -> int | None: ...
+
+
+class RequestFilter(Protocol):
+    """Runs after parsing, before the cache: may refuse (ApiError) or fill ctx fields."""
+
+    async def admit(self, ctx: RequestContext, headers: Mapping[str, str]) -> None: ...
+
+
+class Selector(Protocol):
+    """Orders the regions serving the request's model."""
+
+    def __call__(self, ctx: RequestContext, upstreams: Upstreams, /) -> Sequence[Upstream]: ...
+
+
+class RetryPolicy(Protocol):
+    """Per-request retry decisions (Envoy's RetryState)."""
+
+    def begin(self, ctx: RequestContext, headers: Mapping[str, str]) -> None: ...
+    def allow(self, ctx: RequestContext) -> bool: ...
+    def first_byte(self, ctx: RequestContext, configured: float) -> float: ...
+
+
+class Slot(Protocol):
+    """A held in-flight slot of one region."""
+
+    @property
+    def wait_s(self) -> float: ...
+    @property
+    def queue_depth(self) -> int: ...
+    def release(self) -> None: ...
+
+
+class SlotGate(Protocol):
+    """Admission: a region's in-flight slot, held from its attempt to the end of the answer."""
+
+    async def acquire(self, region: str, *, priority: int = 0, last: bool = False) -> Slot: ...
+    def unavailable(self, region: str, reason: str) -> ApiError: ...
+
+
+class AttemptObserver(Protocol):
+    """Called after every attempt: (ctx, region, error or None, seconds to its first byte)."""
+
+    def __call__(
+        self,
+        ctx: RequestContext,
+        upstream: Upstream,
+        error: AttemptError | None,
+        seconds: float,
+        /,
+    ) -> None: ...
+
+
+Opener = Callable[["Upstream"], Awaitable["Opened"]]
+Gate = Callable[["RequestContext"], bool]
+
+
+class Hedger(Protocol):
+    """Wraps one request's opener so a slow attempt is hedged on the next region."""
+
+    def __call__(
+        self,
+        ctx: RequestContext,
+        candidates: Sequence[Upstream],
+        open_one: Opener,
+        observers: Sequence[AttemptObserver],
+        gate: Gate,
+        /,
+    ) -> Opener: ...
+
+
+class StreamGuard(Protocol):
+    """Holds back partial SSE events so a broken stream can be continued cleanly."""
+
+    def feed(self, chunk: bytes) -> bytes: ...
+    def settle(self) -> None: ...
+    def flush(self) -> bytes: ...
+
+
+class Continuer(Protocol):
+    """Continues a stream that broke after bytes reached the client (mid-stream policy)."""
+
+    def track(self, ctx: RequestContext) -> StreamGuard | None: ...
+    async def resume(
+        self,
+        ctx: RequestContext,
+        out: web.StreamResponse,
+        open_one: Callable[[Upstream, bytes], Awaitable[Opened]],
+        reason: str,
+    ) -> bool: ...
+
+
+class Tap(Protocol):
+    """Sees what a cache miss sends the client (the response cache's tee)."""
+
+    def chunk(self, data: bytes) -> None: ...
+    def end(self, clean: bool) -> None: ...
+    def body(self, status: int, content_type: str | None, body: bytes) -> None: ...
+
+
+class CacheMark(Protocol):
+    """The response cache's outcome for one request (x-cache, Age)."""
+
+    @property
+    def outcome(self) -> str: ...
+    @property
+    def age(self) -> int | None: ...
+
+
+Origin = Callable[["Tap | None"], Awaitable["web.StreamResponse"]]
+
+
+class ResponseCache(Protocol):
+    """Wraps selection + forward: answers from the cache, or tees the origin's answer."""
+
+    async def serve(
+        self, request: web.Request, ctx: RequestContext, origin: Origin
+    ) -> web.StreamResponse: ...
+
+
+class ResponseDecorator(Protocol):
+    """Adds a feature's headers to every answer of a proxied request, as it is prepared."""
+
+    def __call__(self, ctx: RequestContext, headers: MutableMapping[str, str], /) -> None: ...
+
+
+class ExchangeObserver(Protocol):
+    """Times the exchange and records it once it is over (observability)."""
+
+    def stamp(self, ctx: RequestContext, response: web.StreamResponse) -> None: ...
+    def finish(
+        self,
+        request: web.Request,
+        ctx: RequestContext,
+        status: int,
+        answer: web.StreamResponse | None,
+    ) -> None: ...
