@@ -36,6 +36,7 @@ lint:
 	$(PYTHON) -m ruff format --check python tests bench fuzz
 	$(PYTHON) -m mypy
 	$(PYTHON) -m mypy.stubtest router._native
+	$(PYTHON) -m tests.lint_imports
 
 test-rust:
 	cargo test --quiet

@@ -120,7 +120,7 @@ def _instrument(stamps: _Stamps, stream: bool) -> None:
         return await handle(self, request)
 
     # The end: aiohttp has sent the handler's answer (the router sends a whole one itself
-    # before its bookkeeping; router-core leaves that to aiohttp).
+    # before its bookkeeping, and so does router-core, the same pipeline).
     finish = web_protocol.RequestHandler.finish_response
 
     async def finish_response(self: web_protocol.RequestHandler, *args: Any) -> Any:

@@ -23,8 +23,7 @@ from pathlib import Path
 
 import aiohttp
 
-from router.core.context import StageTimer
-from router.core.timing import STAGES, server_timing, totals
+from router.core.timing import STAGES, StageTimer, server_timing, totals
 from router.observability.access_log import AccessLog, AccessRecord
 from router.observability.metrics import RegionState, Telemetry
 

@@ -1,9 +1,11 @@
 """Proxy overhead: direct-to-upstream vs a byte relay, nginx, a minimal aiohttp pass-through and
 the router.
 
-`router-core` is the router's own request path (validation, context, model lookup, attempt
-loop, relay) without the features build_app plugs in (auth, limits, admission, rollout, cache,
-routing/health, metrics and access log), to show which part of the cost is whose. `tcp-relay`
+`router-core` is the router's own pipeline (core.pipeline: validation, context, the attempt
+path, relay) with no feature plugged in (auth, limits, admission, rollout, cache, routing/health,
+metrics and access log), to show which part of the cost is whose; `router-core-aiohttp` is the
+same with aiohttp's ClientSession behind the upstream seam instead of router.net.http1, so the
+lean client's gain is measured in the same run. `tcp-relay`
 (bench/relay.py) copies bytes between sockets on uvloop without parsing HTTP: the floor of
 what any Python hop adds on this machine. `nginx` (Debian's, one worker, keep-alive upstream
 pool, no buffering; left out when not installed) is what a mature native proxy adds here.
@@ -51,19 +53,21 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import aiohttp
 import uvloop
 from aiohttp import web
+from bench.aiohttp_transport import AiohttpTransport
 from bench.procs import NGINX, nginx_cmd
 from tests.support import Proc, free_port, router_cmd, spawn
 
 from router.config import Config, load
 from router.core.pipeline import Features, Pipeline
 from router.core.request import CHAT
+from router.core.upstream import Upstream, Upstreams
 from router.server import gctune
 from router.server.pools import RegionPools
 from router.server.reload import LiveConfig
@@ -145,18 +149,38 @@ def serve_passthrough(port: int, upstream: str) -> None:
 # ---- the router's core request path alone, without the features plugged into build_app ----
 
 
-def core_app(config: Config) -> web.Application:
+def core_app(config: Config, transport: str = "http1") -> web.Application:
     """The router's own pipeline with no feature plugged in: validation, context, the regions
-    serving the model in config order, the attempt path, the relay."""
+    serving the model in config order, the attempt path, the relay. `transport` "aiohttp"
+    puts aiohttp's ClientSession behind the upstream seam instead of router.net.http1."""
     app = web.Application()
     pools = RegionPools.opening(config)
+    if transport == "aiohttp":
+        pools = RegionPools(Upstreams(()))
+
+        async def aiohttp_pools(app: web.Application) -> AsyncIterator[None]:
+            pools.current = Upstreams(
+                Upstream(
+                    r,
+                    AiohttpTransport(
+                        r.base_url, limit=r.max_connections, keepalive_s=r.keepalive_s
+                    ),
+                    None,
+                )
+                for r in config.regions
+            )
+            yield
+            await pools.close()
+
+        app.cleanup_ctx.append(aiohttp_pools)
+    else:
+        app.cleanup_ctx.append(pools.lifetime)
     pipeline = Pipeline(Features(), LiveConfig(config), pools)
-    app.cleanup_ctx.append(pools.lifetime)
     app.router.add_post(CHAT, pipeline.handler(CHAT))
     return app
 
 
-def serve_core(config_path: str) -> None:
+def serve_core(config_path: str, transport: str = "http1") -> None:
     """Run the core-only router (a subprocess of the bench)."""
     config = load(config_path)
 
@@ -165,7 +189,7 @@ def serve_core(config_path: str) -> None:
         gctune.tune(config.server.gc_gen0_threshold)
 
     async def run() -> None:
-        runner = make_runner(core_app(config), config)
+        runner = make_runner(core_app(config, transport), config)
         await run_until_signal(runner, config.server.listen, extra=started)
 
     uvloop.run(run())
@@ -557,6 +581,17 @@ def _start(tmp: Path, place: Placement | None, started: dict[str, Proc]) -> None
         port,
         tmp / "core.log",
     )
+    # The same pipeline with aiohttp's client behind the upstream seam: router.net.http1's gain.
+    aio_config = tmp / "core-aiohttp.toml"
+    port = router_config(aio_config, upstream_port)
+    started["router-core-aiohttp"] = spawn(
+        on_cpus(
+            [sys.executable, "-m", "bench.overhead", "--serve-core-aiohttp", str(aio_config)],
+            hops,
+        ),
+        port,
+        tmp / "core-aiohttp.log",
+    )
 
 
 def _serving_pid(name: str, proc: Proc) -> int:
@@ -605,9 +640,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--serve-passthrough", nargs=2, metavar=("PORT", "UPSTREAM"), help=argparse.SUPPRESS
     )
     parser.add_argument("--serve-core", metavar="CONFIG", help=argparse.SUPPRESS)
+    parser.add_argument("--serve-core-aiohttp", metavar="CONFIG", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve_core:
         serve_core(args.serve_core)
+        return 0
+    if args.serve_core_aiohttp:
+        serve_core(args.serve_core_aiohttp, "aiohttp")
         return 0
     if args.serve_passthrough:
         serve_passthrough(int(args.serve_passthrough[0]), args.serve_passthrough[1])

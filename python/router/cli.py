@@ -158,7 +158,7 @@ def _sim_region(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     """`router demo`: the embedded default, until Ctrl-C."""
-    from router.server.demo import run_demo
+    from router.demo import run_demo
 
     return run_demo(args.port)
 

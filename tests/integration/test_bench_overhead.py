@@ -61,7 +61,7 @@ def test_a_short_run_measures_every_target_without_mismatches(tmp_path: Path) ->
     assert stdout.startswith("placement: ")
     report = json.loads(out.read_text())
     cells = report["cells"]
-    targets = {"direct", "tcp-relay", "passthrough", "router", "router-core"}
+    targets = {"direct", "tcp-relay", "passthrough", "router", "router-core", "router-core-aiohttp"}
     if shutil.which(NGINX) is not None:  # make setup and CI install it
         targets.add("nginx")
     modes = {"non-stream", "non-stream @50/s", "stream", "stream @50/s"}

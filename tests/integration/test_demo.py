@@ -7,7 +7,7 @@ from pathlib import Path
 
 import openai
 
-from router.server.demo import DEMO_REGIONS, demo_config
+from router.demo import DEMO_REGIONS, demo_config
 from tests.support import free_port, router_cmd, spawn
 
 

@@ -302,3 +302,62 @@ async def test_https_with_certificate_checks(certificate: tuple[Path, Path]) -> 
         assert await _read_all(resp) == b'{"tls":1}'
     finally:
         server.close()
+
+
+async def test_a_stale_keep_alive_connection_is_retried_once_on_a_fresh_one(serve) -> None:  # type: ignore[no-untyped-def]
+    """The region closed a kept-alive connection as the next request arrived: no byte of an
+    answer came back, so the request goes once more on a new connection and succeeds."""
+    per_connection: dict[int, int] = {}
+
+    async def script(request: bytes, writer: asyncio.StreamWriter) -> None:
+        key = id(writer)
+        per_connection[key] = per_connection.get(key, 0) + 1
+        if per_connection[key] == 2:
+            writer.close()  # the idle-close race: the second request on a connection dies
+            return
+        writer.write(_answer(b'{"ok":1}'))
+
+    server, url = await serve(script)
+    pool = _pool(url)
+    for _ in range(2):
+        resp = await pool.post("/v1/chat/completions", b"{}", [])
+        assert await _read_all(resp) == b'{"ok":1}'
+        resp.release()
+    assert pool.stale_retries == 1
+    assert server.connections == 2
+    assert len(server.requests) == 3
+    await pool.close()
+
+
+async def test_a_fresh_connection_or_a_partial_answer_is_never_sent_again(serve) -> None:  # type: ignore[no-untyped-def]
+    async def close_at_once(request: bytes, writer: asyncio.StreamWriter) -> None:
+        writer.close()
+
+    server, url = await serve(close_at_once)
+    pool = _pool(url)
+    with pytest.raises(http1.ClientError):
+        await pool.post("/v1/chat/completions", b"{}", [])
+    assert (pool.stale_retries, len(server.requests)) == (0, 1)
+    await pool.close()
+
+    count = 0
+
+    async def half_answer_second(request: bytes, writer: asyncio.StreamWriter) -> None:
+        nonlocal count
+        count += 1
+        if count == 2:
+            writer.write(b"HTTP/1.1 200 O")  # bytes of an answer came: not a stale connection
+            await writer.drain()
+            writer.close()
+            return
+        writer.write(_answer(b'{"ok":1}'))
+
+    server, url = await serve(half_answer_second)
+    pool = _pool(url)
+    resp = await pool.post("/v1/chat/completions", b"{}", [])
+    await _read_all(resp)
+    resp.release()
+    with pytest.raises(http1.ClientError):
+        await pool.post("/v1/chat/completions", b"{}", [])
+    assert (pool.stale_retries, len(server.requests)) == (0, 2)
+    await pool.close()

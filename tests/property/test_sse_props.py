@@ -44,3 +44,15 @@ def test_fast_path_matches_the_line_parser(stream: bytes, cut: int) -> None:
     reference += lines._lines(lines._buf + tail)
     assert got == reference
     assert fast.pending == lines.pending
+
+
+_LINE = st.sampled_from(
+    [b"data: ", b"data:", b"x", b'{"a":1}', b": c", b"event: e", b" ", b"id: 1"]
+)
+
+
+@given(st.lists(st.lists(_LINE, min_size=1, max_size=4).map(b"".join), min_size=1, max_size=4))
+def test_data_of_one_event_is_what_the_decoder_reads(lines: list[bytes]) -> None:
+    event = b"\n".join(line.replace(b"\n", b"") for line in lines)
+    decoded = sse.Decoder().feed(event + b"\n\n")
+    assert sse.data_of(event) == (decoded[0] if decoded else None)

@@ -20,9 +20,10 @@ from router.loadgen.requests import body, endpoint_url, round_robin
 from router.loadgen.runner import LoadSpec
 from router.loadgen.sample import Sample
 from router.loadgen.schedule import poisson_schedule
-from router.loadgen.sse import SseParser, StreamError, chunk_content
+from router.loadgen.sse import StreamError, chunk_content
 from router.loadgen.stats import distribution, percentile
 from router.loadgen.summary import Summary, region_timeline, summarize
+from router.net.sse import Decoder as SseParser
 
 
 def test_percentile_interpolates_between_closest_ranks() -> None:

@@ -315,7 +315,8 @@ class Limits:
             grant = await limiter.admit(tenant, prompt + budget)
         finally:
             ctx.timer.end(RATE_LIMIT)
-        if ctx.request.stream:
+        if ctx.request.stream and encoding is not None:
+            # Only a token-limited key settles a stream with its usage.
             grant.meter = StreamUsage(prompt, encoding)
             ctx.meter = grant.meter
         ctx.grant = grant

@@ -21,7 +21,7 @@ from router.core.failure import AttemptError, FailureKind, Origin, Spill
 from router.core.stages import AttemptObserver, Hedger, Opener, RetryPolicy, Slot, SlotGate
 from router.core.timing import QUEUE
 from router.core.transport import UpstreamResponse
-from router.core.upstream import Upstream, response_headers
+from router.core.upstream import Opened, Upstream, response_headers
 from router.net import http1
 
 log = logging.getLogger("router")
@@ -33,31 +33,6 @@ DEFAULT_MAX_RESPONSE_BYTES = 64 << 20
 # What an SSE stream's first bytes may start with (a field name, or a comment).
 _SSE_STARTS = (b"data:", b":", b"event:", b"id:", b"retry:")
 _RAW = msgspec.json.Decoder(msgspec.Raw)
-
-
-class Opened:
-    """An attempt that got a usable answer: a whole body, or a stream and its first chunk."""
-
-    __slots__ = ("body", "first", "headers", "response", "status", "upstream")
-
-    def __init__(
-        self,
-        upstream: Upstream,
-        status: int,
-        headers: CIMultiDict[str],
-        *,
-        body: bytes | None = None,
-        response: UpstreamResponse | None = None,
-        first: bytes = b"",
-    ) -> None:
-        self.upstream = upstream
-        self.status = status
-        self.headers = headers
-        # Non-stream (or any non-200 answer): the whole body, byte-exact.
-        self.body = body
-        # Stream: the live upstream response, its first chunk already read.
-        self.response = response
-        self.first = first
 
 
 def _media(headers: CIMultiDict[str]) -> str:

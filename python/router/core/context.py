@@ -4,19 +4,14 @@ from __future__ import annotations
 
 import os
 import random
-import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
+
+from router.core.timing import StageTimer
 
 if TYPE_CHECKING:
+    from aiohttp import web
+
     from router.core.request import ParsedRequest
-    from router.core.stages import (
-        Assignment,
-        CacheMark,
-        Grant,
-        Principal,
-        StreamGuard,
-        UsageMeter,
-    )
     from router.core.upstream import Upstream
 
 # Request ids a client may choose: short, printable, no separators that would break a log line.
@@ -39,33 +34,61 @@ def request_id(header: str | None) -> str:
     return f"{_IDS.getrandbits(96):024x}"
 
 
-class StageTimer:
-    """Records named stage durations (ns) in order; observability renders Server-Timing."""
+class Principal(Protocol):
+    """Who a request belongs to (access.auth.Tenant)."""
 
-    __slots__ = ("_open", "stages", "start_ns")
+    @property
+    def name(self) -> str: ...
+    @property
+    def priority(self) -> int: ...
+    @property
+    def cache_namespace(self) -> str: ...
 
-    def __init__(self) -> None:
-        self.start_ns = time.perf_counter_ns()
-        self.stages: list[tuple[str, int]] = []
-        self._open: dict[str, int] = {}
 
-    def begin(self, name: str) -> None:
-        """Start timing stage `name`."""
-        self._open[name] = time.perf_counter_ns()
+class Assignment(Protocol):
+    """The version the rollout gave one request."""
 
-    def end(self, name: str) -> None:
-        """Stop timing stage `name` (a no-op if it was never begun)."""
-        began = self._open.pop(name, None)
-        if began is not None:
-            self.stages.append((name, time.perf_counter_ns() - began))
+    @property
+    def version(self) -> str: ...
 
-    def record(self, name: str, duration_ns: int) -> None:
-        """Add a stage measured elsewhere."""
-        self.stages.append((name, duration_ns))
 
-    def elapsed_ns(self) -> int:
-        """Nanoseconds since the request arrived."""
-        return time.perf_counter_ns() - self.start_ns
+class Grant(Protocol):
+    """An admitted request's reservation: headers to send, then finish() exactly once."""
+
+    @property
+    def headers(self) -> dict[str, str]: ...
+    def settle(self, answer: web.StreamResponse | None, generated: bool | None) -> None:
+        """Reconcile with what the answer used: `generated` False means nothing (an error
+        before any region answered), None unknown (the client left)."""
+
+
+class BodyObserver(Protocol):
+    """Sees the bytes of a streamed answer as they are relayed to the client."""
+
+    def feed(self, chunk: bytes) -> None: ...
+
+
+class UsageMeter(BodyObserver, Protocol):
+    """A stream's token usage, read once it ended."""
+
+    def used(self) -> int | None: ...
+
+
+class StreamGuard(Protocol):
+    """Holds back partial SSE events so a broken stream can be continued cleanly."""
+
+    def feed(self, chunk: bytes) -> bytes: ...
+    def settle(self) -> None: ...
+    def flush(self) -> bytes: ...
+
+
+class CacheMark(Protocol):
+    """The response cache's outcome for one request (x-cache, Age)."""
+
+    @property
+    def outcome(self) -> str: ...
+    @property
+    def age(self) -> int | None: ...
 
 
 class RequestContext:

@@ -158,7 +158,7 @@ class Pipeline:
         """One request, from its head to its access record."""
         ctx = RequestContext(request_id(request.headers.get("X-Request-Id")), endpoint)
         request[CONTEXT] = ctx
-        token = CURRENT.set(ctx)
+        token = CURRENT.set(ctx.timer)
         per_ip = self.per_ip
         ip: str | None = None
         status = 500

@@ -6,10 +6,11 @@ import logging
 
 from aiohttp import web
 
-from router.core.attempt import DEFAULT_MAX_RESPONSE_BYTES, Attempts, Opened
+from router.core.attempt import DEFAULT_MAX_RESPONSE_BYTES, Attempts
 from router.core.context import RequestContext
 from router.core.responses import stream_error_event
 from router.core.stages import Continuer, StreamGuard, Tap
+from router.core.upstream import Opened
 from router.net import http1
 from router.net.idle import IdleWatch
 from router.net.stream_response import StreamResponse

@@ -8,38 +8,56 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
+from router.core.context import (
+    Assignment,
+    BodyObserver,
+    CacheMark,
+    Grant,
+    Principal,
+    StreamGuard,
+    UsageMeter,
+)
+
 if TYPE_CHECKING:
     from aiohttp import web
 
-    from router.core.attempt import Opened
     from router.core.context import RequestContext
     from router.core.failure import AttemptError
-    from router.core.upstream import Upstream, Upstreams
+    from router.core.upstream import Opened, Upstream, Upstreams
     from router.errors import ApiError
 
-
-class Principal(Protocol):
-    """Who a request belongs to (access.auth.Tenant)."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def priority(self) -> int: ...
-    @property
-    def cache_namespace(self) -> str: ...
+__all__ = [
+    "Assignment",
+    "AttemptObserver",
+    "Authenticator",
+    "BodyObserver",
+    "CacheMark",
+    "Continuer",
+    "ExchangeObserver",
+    "Gate",
+    "Grant",
+    "Hedger",
+    "Opener",
+    "Origin",
+    "Principal",
+    "RequestFilter",
+    "ResponseCache",
+    "ResponseDecorator",
+    "RetryPolicy",
+    "Selector",
+    "Slot",
+    "SlotGate",
+    "StreamGuard",
+    "Tap",
+    "UsageMeter",
+    "VersionRouter",
+]
 
 
 class Authenticator(Protocol):
     """Maps a request's headers to its principal, or raises 401."""
 
     def authenticate(self, headers: Mapping[str, str]) -> Principal: ...
-
-
-class Assignment(Protocol):
-    """The version the rollout gave one request."""
-
-    @property
-    def version(self) -> str: ...
 
 
 class VersionRouter(Protocol):
@@ -49,28 +67,6 @@ class VersionRouter(Protocol):
     def regions(
         self, ctx: RequestContext, candidates: Sequence[Upstream]
     ) -> Sequence[Upstream]: ...
-
-
-class Grant(Protocol):
-    """An admitted request's reservation: headers to send, then finish() exactly once."""
-
-    @property
-    def headers(self) -> dict[str, str]: ...
-    def settle(self, answer: web.StreamResponse | None, generated: bool | None) -> None:
-        """Reconcile with what the answer used: `generated` False means nothing (an error
-        before any region answered), None unknown (the client left)."""
-
-
-class BodyObserver(Protocol):
-    """Sees the bytes of a streamed answer as they are relayed to the client."""
-
-    def feed(self, chunk: bytes) -> None: ...
-
-
-class UsageMeter(BodyObserver, Protocol):
-    """A stream's token usage, read once it ended."""
-
-    def used(self) -> int | None: ...
 
 
 class RequestFilter(Protocol):
@@ -141,14 +137,6 @@ class Hedger(Protocol):
     ) -> Opener: ...
 
 
-class StreamGuard(Protocol):
-    """Holds back partial SSE events so a broken stream can be continued cleanly."""
-
-    def feed(self, chunk: bytes) -> bytes: ...
-    def settle(self) -> None: ...
-    def flush(self) -> bytes: ...
-
-
 class Continuer(Protocol):
     """Continues a stream that broke after bytes reached the client (mid-stream policy)."""
 
@@ -168,15 +156,6 @@ class Tap(Protocol):
     def chunk(self, data: bytes) -> None: ...
     def end(self, clean: bool) -> None: ...
     def body(self, status: int, content_type: str | None, body: bytes) -> None: ...
-
-
-class CacheMark(Protocol):
-    """The response cache's outcome for one request (x-cache, Age)."""
-
-    @property
-    def outcome(self) -> str: ...
-    @property
-    def age(self) -> int | None: ...
 
 
 Origin = Callable[["Tap | None"], Awaitable["web.StreamResponse"]]

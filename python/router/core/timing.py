@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 
 # The stages of one request, in request order; metrics and the access log use these names.
@@ -44,3 +45,32 @@ def parse_server_timing(header: str) -> dict[str, float]:
             if key == "dur" and name:
                 out[name] = float(value)
     return out
+
+
+class StageTimer:
+    """Records named stage durations (ns) in order; observability renders Server-Timing."""
+
+    __slots__ = ("_open", "stages", "start_ns")
+
+    def __init__(self) -> None:
+        self.start_ns = time.perf_counter_ns()
+        self.stages: list[tuple[str, int]] = []
+        self._open: dict[str, int] = {}
+
+    def begin(self, name: str) -> None:
+        """Start timing stage `name`."""
+        self._open[name] = time.perf_counter_ns()
+
+    def end(self, name: str) -> None:
+        """Stop timing stage `name` (a no-op if it was never begun)."""
+        began = self._open.pop(name, None)
+        if began is not None:
+            self.stages.append((name, time.perf_counter_ns() - began))
+
+    def record(self, name: str, duration_ns: int) -> None:
+        """Add a stage measured elsewhere."""
+        self.stages.append((name, duration_ns))
+
+    def elapsed_ns(self) -> int:
+        """Nanoseconds since the request arrived."""
+        return time.perf_counter_ns() - self.start_ns

@@ -11,9 +11,8 @@ from urllib.parse import urlsplit
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from router.config import Config, RegionConfig
-from router.core.context import RequestContext
-from router.core.timing import CONNECT
-from router.core.transport import Transport
+from router.core.timing import CONNECT, StageTimer
+from router.core.transport import Transport, UpstreamResponse
 from router.net import http1
 
 log = logging.getLogger("router")
@@ -40,9 +39,9 @@ _REQUEST_DROP = _HOP | {"authorization", "x-api-key", "api-key"}
 _RESPONSE_DROP = _HOP | {"date", "server"}
 
 
-# The request whose task is running: the pool's connect hook runs in that task but is handed
-# only the pool. The driver sets it per request.
-CURRENT: ContextVar[RequestContext | None] = ContextVar("router.current", default=None)
+# The stage timer of the request whose task is running: the pool's connect hook runs in that
+# task but is handed only the pool. The driver sets it per request.
+CURRENT: ContextVar[StageTimer | None] = ContextVar("router.current", default=None)
 
 
 def record_connect(ns: int) -> None:
@@ -50,9 +49,9 @@ def record_connect(ns: int) -> None:
 
     A reused keep-alive connection costs nothing and records nothing.
     """
-    ctx = CURRENT.get()
-    if ctx is not None:
-        ctx.timer.record(CONNECT, ns)
+    timer = CURRENT.get()
+    if timer is not None:
+        timer.record(CONNECT, ns)
 
 
 class Upstream:
@@ -86,6 +85,31 @@ class Upstream:
             out["Authorization"] = self.auth
         out["X-Request-Id"] = request_id
         return out
+
+
+class Opened:
+    """An attempt that got a usable answer: a whole body, or a stream and its first chunk."""
+
+    __slots__ = ("body", "first", "headers", "response", "status", "upstream")
+
+    def __init__(
+        self,
+        upstream: Upstream,
+        status: int,
+        headers: CIMultiDict[str],
+        *,
+        body: bytes | None = None,
+        response: UpstreamResponse | None = None,
+        first: bytes = b"",
+    ) -> None:
+        self.upstream = upstream
+        self.status = status
+        self.headers = headers
+        # Non-stream (or any non-200 answer): the whole body, byte-exact.
+        self.body = body
+        # Stream: the live upstream response, its first chunk already read.
+        self.response = response
+        self.first = first
 
 
 def response_headers(upstream: CIMultiDictProxy[str]) -> CIMultiDict[str]:

@@ -10,7 +10,8 @@ import aiohttp
 import msgspec
 
 from router.loadgen.sample import Planned, Sample
-from router.loadgen.sse import DONE, Endpoint, SseParser, StreamError, chunk_content
+from router.loadgen.sse import DONE, Endpoint, StreamError, chunk_content
+from router.net.sse import Decoder
 
 REGION_HEADER = "x-router-region"
 # The router's cache says hit/miss in x-cache (as CDNs do); x-router-cache is accepted too.
@@ -95,7 +96,7 @@ def _broken_kind(exc: aiohttp.ClientError, *, got_head: bool) -> str:
 async def _read_stream(
     resp: aiohttp.ClientResponse, sample: Sample, endpoint: Endpoint, begin: float
 ) -> None:
-    parser = SseParser()
+    parser = Decoder()
     last: float | None = None
     done = False
     async for raw in resp.content.iter_any():

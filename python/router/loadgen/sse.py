@@ -1,4 +1,4 @@
-"""Pure: incremental Server-Sent Events parsing and OpenAI stream chunk inspection."""
+"""Pure: OpenAI stream chunk inspection (events are split by router.net.sse, the one parser)."""
 
 from __future__ import annotations
 
@@ -6,37 +6,11 @@ from typing import Literal
 
 import msgspec
 
+from router.net.sse import DONE, Decoder
+
+__all__ = ["DONE", "Decoder", "Endpoint", "StreamError", "chunk_content"]
+
 Endpoint = Literal["chat", "completions"]
-
-DONE = b"[DONE]"
-
-
-class SseParser:
-    """Feeds raw bytes, yields the `data:` payload of each complete event."""
-
-    def __init__(self) -> None:
-        self._buf = b""
-        self._data: list[bytes] = []
-
-    def feed(self, chunk: bytes) -> list[bytes]:
-        """Consume bytes; return payloads of events completed by them."""
-        self._buf += chunk
-        out: list[bytes] = []
-        while True:
-            nl = self._buf.find(b"\n")
-            if nl < 0:
-                return out
-            line = self._buf[:nl].rstrip(b"\r")
-            self._buf = self._buf[nl + 1 :]
-            if not line:
-                # A blank line dispatches the event (multi-line data joins with \n, per the spec).
-                if self._data:
-                    out.append(b"\n".join(self._data))
-                    self._data = []
-            elif line.startswith(b"data:"):
-                value = line[5:]
-                self._data.append(value[1:] if value.startswith(b" ") else value)
-            # Comments (":") and other fields (event, id, retry) carry nothing we measure.
 
 
 class _Delta(msgspec.Struct):

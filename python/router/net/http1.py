@@ -49,6 +49,9 @@ class _Connection(asyncio.Protocol):
         self.lost = False
         # Whether the pool already stopped counting this connection (it frees its slot once).
         self.forgotten = False
+        # Exchanges sent on it, and whether any byte of the current one's answer arrived.
+        self.uses = 0
+        self.answered = False
         self._names: list[str] = []
         self._values: list[str] = []
 
@@ -58,6 +61,7 @@ class _Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
+        self.answered = True
         if self.response is None:
             # Bytes nobody asked for: the connection cannot be trusted with another request.
             self.abort()
@@ -117,6 +121,8 @@ class _Connection(asyncio.Protocol):
 
     def send(self, data: bytes, response: Response) -> None:
         self.response = response
+        self.uses += 1
+        self.answered = False
         assert self.transport is not None
         self.transport.write(data)
 
@@ -325,13 +331,18 @@ class Pool:
         self._open = 0
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self.closed = False
+        # Requests sent again because a kept-alive connection turned out closed (see post).
+        self.stale_retries = 0
 
     async def post(self, path: str, body: bytes, headers: Iterable[tuple[str, str]]) -> Response:
-        """Send `body` to `path` and return once the answer's status and headers arrived."""
+        """Send `body` to `path` and return once the answer's status and headers arrived.
+
+        A kept-alive connection the region closed while it sat idle fails before any byte of
+        an answer: that request is sent once more on a fresh connection (what browsers do), so
+        the race costs neither the request nor the region's health.
+        """
         loop = asyncio.get_running_loop()
         deadline = None if self.total_timeout is None else loop.time() + self.total_timeout
-        conn = await self._acquire()
-        response = Response(self, conn, deadline)
         head = [b"POST ", path.encode("utf-8", "surrogateescape"), b" HTTP/1.1\r\nHost: "]
         head.append(self._host_header)
         for name, value in headers:
@@ -339,19 +350,31 @@ class Pool:
             head.append(value.encode("utf-8", "surrogateescape"))
         head.append(b"\r\nContent-Length: %d\r\n\r\n" % len(body))
         head.append(body)
-        try:
-            conn.send(b"".join(head), response)
-            await response.wait_head()
-        except BaseException:
-            response.close()
-            raise
-        return response
+        data = b"".join(head)
+        conn = await self._acquire()
+        while True:
+            reused = conn.uses > 0
+            response = Response(self, conn, deadline)
+            try:
+                conn.send(data, response)
+                await response.wait_head()
+            except ClientError:
+                response.close()
+                if not reused or conn.answered:
+                    raise
+                self.stale_retries += 1
+                conn = await self._acquire(fresh=True)
+                continue
+            except BaseException:
+                response.close()
+                raise
+            return response
 
-    async def _acquire(self) -> _Connection:
+    async def _acquire(self, fresh: bool = False) -> _Connection:
         if self.closed:
             raise ClientError("the region's connection pool is closed")
         now = time.monotonic()
-        while self._idle:
+        while self._idle and not fresh:
             conn = self._idle.pop()
             if not conn.lost and now - conn.idle_since < self.keepalive_s:
                 return conn
@@ -365,7 +388,7 @@ class Pool:
             finally:
                 if waiter in self._waiters:
                     self._waiters.remove(waiter)
-            if self._idle:
+            if self._idle and not fresh:
                 return await self._acquire()
         self._open += 1
         try:

@@ -20,6 +20,18 @@ def split_events(whole: bytes) -> list[bytes]:
     return [event for event in _BLANK.split(whole) if event.strip(b"\r\n")]
 
 
+def data_of(event: bytes) -> bytes | None:
+    """The data payload of one raw event (its lines joined by LF, as the Decoder joins them);
+    None for an event without data (a comment, a bare `event:` line)."""
+    lines = []
+    for line in event.split(b"\n"):
+        line = line.removesuffix(b"\r")
+        if line.startswith(b"data:"):
+            value = line[5:]
+            lines.append(value[1:] if value.startswith(b" ") else value)
+    return b"\n".join(lines) if lines else None
+
+
 def encode(payload: bytes) -> bytes:
     """One SSE event carrying `payload` as its data (single line, as OpenAI sends)."""
     return b"data: " + payload + b"\n\n"

@@ -13,7 +13,6 @@ from router.errors import InvalidRequest
 from router.rollout.canary import WindowStats
 from router.rollout.runtime import ROLLOUT
 from router.rollout.table import describe
-from router.server.reload import RELOADER
 
 log = logging.getLogger("router")
 
@@ -96,19 +95,8 @@ async def rollback(request: web.Request) -> web.Response:
     return json_response(describe(new))
 
 
-async def reload(request: web.Request) -> web.Response:
-    """POST: reload the config file; 400 naming file and field if the new one is invalid."""
-    result = request.app[RELOADER].reload()
-    if not result.applied:
-        raise InvalidRequest(result.message, code="invalid_config")
-    return json_response(
-        {"status": "applied", "generation": result.generation, "message": result.message}
-    )
-
-
 def add_routes(routes: AdminRoutes) -> None:
-    """The rollout and reload endpoints, behind the admin guard."""
+    """The rollout endpoints, behind the admin guard."""
     routes.get("/rollout", table)
     routes.post("/rollout/weights", weights)
     routes.post("/rollout/rollback", rollback)
-    routes.post("/reload", reload)

@@ -51,21 +51,28 @@ class RolloutRuntime:
         table = self.rollout.table  # read once: a swap mid-request does not move this request
         parsed = ctx.request
         alias = table.alias(parsed.model)
-        user = _user(parsed.body) if _needs_user(alias) else None
-        deployment = table.pick(parsed.model, user=user, api_key=presented_key(headers))
+        deployments = alias.deployments
+        if len(deployments) == 1 and deployments[0].weight > 0:
+            deployment = deployments[0]  # nothing to pick (a plain model, or one version)
+        else:
+            user = _user(parsed.body) if _needs_user(alias) else None
+            deployment = table.pick(parsed.model, user=user, api_key=presented_key(headers))
         ctx.parsed = parsed.with_model(deployment.upstream_model)
         assigned = ctx.assignment = Assignment(alias.name, deployment)
         return assigned
 
     def regions(self, ctx: RequestContext, candidates: Sequence[Upstream]) -> Sequence[Upstream]:
         """The candidates the request's version runs in; none left counts against the version."""
-        allowed = restrict(ctx, candidates)
-        a = assignment(ctx)
-        if not allowed and a is not None:
+        a = ctx.assignment
+        if not isinstance(a, Assignment):
+            return candidates
+        if a.deployment.regions:
+            candidates = restrict(ctx, candidates)
+        if not candidates:
             # With every region of a canary down or ejected no attempt happens, yet its users
             # fail: that must weigh in the comparison with stable, or it would never roll back.
             self.canary.record(a.alias, a.deployment.version, ok=False, ttft_s=None)
-        return allowed
+        return candidates
 
     def prepare_reload(self, old: Config, new: Config) -> Commit:
         """A reload's rollout part: the new table is built (and checked) before anything swaps."""

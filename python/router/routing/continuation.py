@@ -16,11 +16,10 @@ import msgspec
 from aiohttp import web
 
 from router.config import RoutingConfig
-from router.core.attempt import Opened
 from router.core.context import RequestContext
 from router.core.failure import AttemptError
 from router.core.request import CHAT
-from router.core.upstream import Upstream
+from router.core.upstream import Opened, Upstream
 from router.net import http1, sse
 from router.net.idle import IdleWatch
 
@@ -95,13 +94,6 @@ class StreamTracker:
                     self.events += 1
 
 
-def _payload(event: bytes) -> bytes | None:
-    for line in event.split(b"\n"):
-        if line.startswith(b"data:"):
-            return line[5:].strip()
-    return None
-
-
 def _object(payload: bytes) -> dict[str, Any] | None:
     try:
         obj = _DECODE.decode(payload)
@@ -129,7 +121,7 @@ def continuation_body(body: bytes, prefill: str, tokens_sent: int) -> bytes:
 
 def restamp(event: bytes, ident: dict[str, Any]) -> bytes | None:
     """A resumed stream's event as part of the first stream; None for its role preamble."""
-    payload = _payload(event)
+    payload = sse.data_of(event)
     if payload is None or payload == _DONE:
         return event
     obj = _object(payload)

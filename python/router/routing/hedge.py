@@ -8,11 +8,10 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from router.core.attempt import Opened
 from router.core.context import RequestContext
 from router.core.failure import AttemptError
 from router.core.stages import AttemptObserver, Gate, Hedger, Opener
-from router.core.upstream import Upstream
+from router.core.upstream import Opened, Upstream
 
 log = logging.getLogger("router")
 

@@ -103,37 +103,12 @@ def selector(health: Health, live: LiveRouting) -> Selector:
 
 def retry_gate(live: LiveRouting) -> Callable[[RequestContext], bool]:
     """Whether another attempt may start: attempt cap, client deadline, retry budget."""
-
-    def gate(ctx: RequestContext) -> bool:
-        now = time.monotonic()
-        budget = live.budget
-        if ctx.attempts == 0:
-            budget.record_request(now)
-            return True
-        if ctx.attempts >= live.config.max_attempts:
-            return False
-        deadline = ctx.deadline
-        if deadline is not None and now >= deadline:
-            return False
-        if not budget.try_retry(now):
-            log.warning("request %s: retry budget exhausted, not retrying", ctx.request_id)
-            return False
-        return True
-
-    return gate
+    return RetryState(live).allow
 
 
 def first_byte(live: LiveRouting) -> Callable[[RequestContext, float], float]:
     """An attempt's first-byte timeout: [routing] ttft_timeout_s, cut to the client's deadline."""
-
-    def of(ctx: RequestContext, configured: float) -> float:
-        timeout = live.config.ttft_timeout_s or configured
-        deadline = ctx.deadline
-        if deadline is not None:
-            timeout = min(timeout, max(0.001, deadline - time.monotonic()))
-        return timeout
-
-    return of
+    return RetryState(live).first_byte
 
 
 def hedge_delay(health: Health, live: LiveRouting) -> Callable[[str], float | None]:
@@ -184,20 +159,39 @@ def routing_headers(ctx: RequestContext, headers: MutableMapping[str, str]) -> N
 class RetryState:
     """The retry policy the driver asks per request: deadline, attempt gate, first-byte timeout."""
 
-    __slots__ = ("_first_byte", "_gate")
+    __slots__ = ("live",)
 
     def __init__(self, live: LiveRouting) -> None:
-        self._gate = retry_gate(live)
-        self._first_byte = first_byte(live)
+        self.live = live
 
     def begin(self, ctx: RequestContext, headers: Mapping[str, str]) -> None:
         """Remember the client's deadline so no attempt starts after it."""
         ctx.deadline = client_deadline(headers, time.monotonic())
 
     def allow(self, ctx: RequestContext) -> bool:
-        """Whether another attempt may start (the first counts the request for the budget)."""
-        return self._gate(ctx)
+        """Whether another attempt may start: attempt cap, client deadline, retry budget (the
+        first attempt is always allowed, and counts the request for the budget)."""
+        now = time.monotonic()
+        live = self.live
+        budget = live.budget
+        if ctx.attempts == 0:
+            budget.record_request(now)
+            return True
+        if ctx.attempts >= live.config.max_attempts:
+            return False
+        deadline = ctx.deadline
+        if deadline is not None and now >= deadline:
+            return False
+        if not budget.try_retry(now):
+            log.warning("request %s: retry budget exhausted, not retrying", ctx.request_id)
+            return False
+        return True
 
     def first_byte(self, ctx: RequestContext, configured: float) -> float:
-        """This attempt's first-byte timeout."""
-        return self._first_byte(ctx, configured)
+        """An attempt's first-byte timeout: [routing] ttft_timeout_s (else `configured`), cut
+        to the client's deadline."""
+        timeout = self.live.config.ttft_timeout_s or configured
+        deadline = ctx.deadline
+        if deadline is not None:
+            timeout = min(timeout, max(0.001, deadline - time.monotonic()))
+        return timeout

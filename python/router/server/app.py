@@ -8,6 +8,7 @@ from pathlib import Path
 
 import msgspec
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from router.access.auth import Authenticator
 from router.access.limits import Limiter, Limits, auth_preparer, rate_limit_headers
@@ -36,6 +37,7 @@ from router.routing.runtime import (
     routing_headers,
     selector,
 )
+from router.server import reload
 from router.server.pools import POOLS, RegionPools, regions_preparer
 from router.server.reload import RELOADER, LiveConfig, Reloader, health_preparer, sighup_ctx
 
@@ -68,27 +70,34 @@ def _models_body(config: Config) -> bytes:
     return msgspec.json.encode({"object": "list", "data": data})
 
 
-@web.middleware
-async def _errors(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
-    """Errors outside the pipeline leave in OpenAI's shape too: aiohttp's 404/405, and bugs."""
-    try:
-        return await handler(request)
-    except ApiError as exc:
-        return error_response(exc, _request_id(request))
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        error: ApiError = (
-            NotFound(f"Unknown path {request.path}.")
-            if exc.status == 404
-            else InvalidRequest(exc.reason, status=exc.status, code=None)
-        )
-        return error_response(error, _request_id(request))
-    except Exception:
-        log.exception("unhandled error on %s %s", request.method, request.path)
-        return error_response(ApiError("Internal router error."), _request_id(request))
+def _errors(pipeline: Pipeline) -> Middleware:
+    """Errors outside the pipeline leave in OpenAI's shape too: aiohttp's 404/405, and bugs. A
+    POST to an unknown /v1/ path goes through the pipeline's own 404 (auth first, logged)."""
+
+    @web.middleware
+    async def errors(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except ApiError as exc:
+            return error_response(exc, _request_id(request))
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            if exc.status == 404 and request.method == "POST" and request.path.startswith("/v1/"):
+                return await pipeline.unknown(request)
+            error: ApiError = (
+                NotFound(f"Unknown path {request.path}.")
+                if exc.status == 404
+                else InvalidRequest(exc.reason, status=exc.status, code=None)
+            )
+            return error_response(error, _request_id(request))
+        except Exception:
+            log.exception("unhandled error on %s %s", request.method, request.path)
+            return error_response(ApiError("Internal router error."), _request_id(request))
+
+    return errors
 
 
 def _request_id(request: web.Request) -> str:
@@ -99,7 +108,7 @@ def _request_id(request: web.Request) -> str:
 def build_app(config: Config, config_path: Path | None = None) -> web.Application:
     """The router application for `config`; pools and probes start with it and stop with it."""
     # client_max_size is a backstop; read_body enforces max_body_bytes with a proper 413.
-    app = web.Application(middlewares=[_errors], client_max_size=config.server.max_body_bytes + 1)
+    app = web.Application(client_max_size=config.server.max_body_bytes + 1)
     app[CONFIG] = config
     state = app[STATE] = RouterState()
     live = LiveConfig(config, config_path)
@@ -176,9 +185,9 @@ def build_app(config: Config, config_path: Path | None = None) -> web.Applicatio
     )
 
     app.on_response_prepare.append(pipeline.on_prepare)
+    app.middlewares.append(_errors(pipeline))
     for endpoint in (CHAT, COMPLETIONS, EMBEDDINGS):
         app.router.add_post(endpoint, pipeline.handler(endpoint))
-    app.router.add_post("/v1/{tail:.*}", pipeline.unknown)
 
     async def models(request: web.Request) -> web.Response:
         auth.authenticate(request.headers)
@@ -201,6 +210,7 @@ def build_app(config: Config, config_path: Path | None = None) -> web.Applicatio
     app.router.add_get("/readyz", readyz)
     routing_admin.add_routes(admin)
     rollout_admin.add_routes(admin)
+    reload.add_routes(admin)
     return app
 
 

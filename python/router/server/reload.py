@@ -12,7 +12,8 @@ from pathlib import Path
 from aiohttp import web
 
 from router.config import Commit, Config, Preparer, load
-from router.errors import ConfigError
+from router.core.admin import AdminRoutes, json_response
+from router.errors import ConfigError, InvalidRequest
 from router.native import Prober
 from router.routing.health import Health, prober_kwargs
 
@@ -178,3 +179,18 @@ def sighup_ctx(reloader: Reloader) -> Callable[[web.Application], AsyncIterator[
             loop.remove_signal_handler(signal.SIGHUP)
 
     return ctx
+
+
+def add_routes(routes: AdminRoutes) -> None:
+    """POST /admin/reload behind the admin guard."""
+
+    async def reload(request: web.Request) -> web.Response:
+        """Reload the config file; 400 naming file and field if the new one is invalid."""
+        result = request.app[RELOADER].reload()
+        if not result.applied:
+            raise InvalidRequest(result.message, code="invalid_config")
+        return json_response(
+            {"status": "applied", "generation": result.generation, "message": result.message}
+        )
+
+    routes.post("/reload", reload)

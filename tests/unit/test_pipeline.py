@@ -1,0 +1,160 @@
+"""The driver and its one attempt path, in process: regions behind core.transport.LocalTransport.
+
+Failover, hedging and mid-stream continuation, without a region subprocess: the client side is
+aiohttp's test server on 127.0.0.1, the regions answer in process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+from multidict import CIMultiDict
+
+from router.config import Config, RegionConfig, RoutingConfig
+from router.core.pipeline import Features, Pipeline
+from router.core.request import CHAT
+from router.core.transport import LocalReply, LocalTransport
+from router.core.upstream import Upstream, Upstreams
+from router.routing.continuation import MidstreamPolicy
+from router.routing.hedge import hedger
+from router.routing.runtime import LiveRouting, RetryState, routing_headers
+from router.server.pools import RegionPools
+from router.server.reload import LiveConfig
+
+Handler = Callable[[str, bytes, CIMultiDict[str]], Awaitable[LocalReply]]
+SSE = {"Content-Type": "text/event-stream"}
+JSON = {"Content-Type": "application/json"}
+
+
+def event(obj: object) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+def delta(text: str) -> bytes:
+    choice = {"index": 0, "delta": {"content": text}, "finish_reason": None}
+    return event({"id": "chatcmpl-a", "created": 1, "model": "m", "choices": [choice]})
+
+
+def app_for(
+    regions: dict[str, Handler], routing: RoutingConfig | None = None
+) -> tuple[web.Application, dict[str, LocalTransport]]:
+    """The pipeline with routing's retry state, hedger, continuation and headers in front of
+    in-process regions, tried in the order given."""
+    configs = [RegionConfig(name=n, base_url=f"http://{n}:1/v1", models=("m",)) for n in regions]
+    transports = {n: LocalTransport(h) for n, h in regions.items()}
+    config = Config(regions=tuple(configs), routing=routing or RoutingConfig())
+    live = LiveRouting(config.routing)
+    pools = RegionPools(Upstreams(Upstream(c, transports[c.name], None) for c in configs))
+    features = Features(
+        retry=RetryState(live),
+        hedger=hedger(lambda: live.config.hedge_endpoints, lambda region: 0.05),
+        continuer=MidstreamPolicy(
+            live.config.midstream,
+            idle_s=5.0,
+            max_resumes=live.config.max_resumes,
+            report=lambda region, outcome: None,
+        ),
+        decorators=(routing_headers,),
+    )
+    pipeline = Pipeline(features, LiveConfig(config), pools)
+    app = web.Application()
+    app.on_response_prepare.append(pipeline.on_prepare)
+    app.router.add_post(CHAT, pipeline.handler(CHAT))
+    return app, transports
+
+
+def body(**extra: Any) -> dict[str, Any]:
+    return {"model": "m", "messages": [{"role": "user", "content": "hi"}], **extra}
+
+
+async def test_failover_goes_to_the_next_region_and_says_so() -> None:
+    async def down(path: str, raw: bytes, headers: CIMultiDict[str]) -> LocalReply:
+        return LocalReply(503, JSON, [b'{"error":{"message":"busy"}}'])
+
+    async def up(path: str, raw: bytes, headers: CIMultiDict[str]) -> LocalReply:
+        assert path == "/v1/chat/completions"
+        return LocalReply(200, JSON, [b'{"choices":[]}'])
+
+    app, transports = app_for({"a": down, "b": up})
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        resp = await client.post(CHAT, json=body())
+        assert resp.status == 200
+        assert await resp.read() == b'{"choices":[]}'
+        assert resp.headers["x-router-region"] == "b"
+        assert (resp.headers["x-router-attempts"], resp.headers["x-router-failovers"]) == ("2", "1")
+    assert len(transports["a"].requests) == len(transports["b"].requests) == 1
+    # The region gets the client's body as sent, and a request id, never the client's key.
+    sent = transports["b"].requests[0][2]
+    assert "X-Request-Id" in sent
+
+
+async def test_every_region_failing_relays_the_last_answer() -> None:
+    async def down(path: str, raw: bytes, headers: CIMultiDict[str]) -> LocalReply:
+        return LocalReply(503, JSON, [b'{"error":{"message":"busy"}}'])
+
+    app, _ = app_for({"a": down, "b": down})
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        resp = await client.post(CHAT, json=body())
+        assert resp.status == 503
+        assert await resp.json() == {"error": {"message": "busy"}}
+
+
+async def test_a_hedge_wins_when_the_first_region_is_slow() -> None:
+    async def slow(path: str, raw: bytes, headers: CIMultiDict[str]) -> LocalReply:
+        await asyncio.sleep(5)
+        return LocalReply(200, JSON, [b"{}"])
+
+    async def fast(path: str, raw: bytes, headers: CIMultiDict[str]) -> LocalReply:
+        return LocalReply(200, JSON, [b'{"fast":true}'])
+
+    app, transports = app_for({"a": slow, "b": fast}, RoutingConfig(hedge_endpoints=(CHAT,)))
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        resp = await client.post(CHAT, json=body())
+        assert await resp.json() == {"fast": True}
+        assert resp.headers["x-router-hedged"] == "b"
+        assert resp.headers["x-router-region"] == "b"
+        # A hedge is an attempt beside the first, not a failover after it.
+        assert resp.headers["x-router-failovers"] == "0"
+    assert len(transports["a"].requests) == 1
+
+
+async def test_a_broken_stream_is_continued_on_the_next_region() -> None:
+    async def breaks(path: str, raw: bytes, headers: CIMultiDict[str]) -> LocalReply:
+        async def chunks() -> AsyncIterator[bytes]:
+            yield delta("Hel")
+            yield delta("lo")
+            raise ConnectionResetError("region died")
+
+        return LocalReply(200, SSE, chunks())
+
+    async def continues(path: str, raw: bytes, headers: CIMultiDict[str]) -> LocalReply:
+        sent = json.loads(raw)
+        assert sent["messages"][-1] == {"role": "assistant", "content": "Hello"}
+        role = {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+        end = {"index": 0, "delta": {}, "finish_reason": "stop"}
+        return LocalReply(
+            200,
+            SSE,
+            [
+                event({"id": "chatcmpl-b", "choices": [role]}),
+                event({"id": "chatcmpl-b", "choices": [end]}),
+                b"data: [DONE]\n\n",
+            ],
+        )
+
+    app, transports = app_for({"a": breaks, "b": continues}, RoutingConfig(midstream="resume"))
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        resp = await client.post(CHAT, json=body(stream=True))
+        raw = await resp.read()
+    payloads = [line[6:] for line in raw.split(b"\n") if line.startswith(b"data: ")]
+    assert payloads[-1] == b"[DONE]"
+    chunks = [json.loads(p) for p in payloads[:-1]]
+    # One stream under the first stream's id; the continuation's role preamble is dropped.
+    assert {c["id"] for c in chunks} == {"chatcmpl-a"}
+    assert [c["choices"][0].get("finish_reason") for c in chunks] == [None, None, "stop"]
+    assert len(transports["b"].requests) == 1
