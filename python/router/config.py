@@ -40,6 +40,12 @@ class ServerConfig(_Section, frozen=True):
     max_messages: Annotated[int, msgspec.Meta(ge=1)] = 2048
     max_in_flight_per_ip: Annotated[int, msgspec.Meta(ge=0)] = 256
     max_response_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 64 << 20
+    # A region's response head (status line and headers) over this many bytes, or with more
+    # than max_headers fields, fails the attempt like a broken answer (fail over, else 502).
+    max_response_head_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 64 << 10
+    # One SSE event of a region's stream above this ends the stream as broken (continued
+    # elsewhere, or an error event), so a never-ending line costs bounded memory and CPU.
+    max_event_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 1 << 20
     # Young-generation GC threshold once started (CPython's default is 700; 0 keeps it).
     # Fewer passes over in-flight requests' objects: a third less CPU per request at c=128.
     gc_gen0_threshold: Annotated[int, msgspec.Meta(ge=0)] = 50_000

@@ -289,6 +289,7 @@ class Pipeline:
                     config.timeouts.idle,
                     tap=tap,
                     max_bytes=max_bytes,
+                    max_event_bytes=config.server.max_event_bytes,
                     continuer=features.continuer,
                     attempts=attempts,
                 )

@@ -9,32 +9,47 @@ from aiohttp import web
 from router.core.attempt import DEFAULT_MAX_RESPONSE_BYTES, Attempts
 from router.core.context import RequestContext
 from router.core.responses import stream_error_event
-from router.core.stages import Continuer, StreamGuard, Tap
+from router.core.stages import Continuer, Tap
+from router.core.stream import DONE_EVENT, StreamState
 from router.core.upstream import Opened
-from router.net import http1
+from router.net import http1, sse
 from router.net.idle import IdleWatch
 from router.net.stream_response import StreamResponse
 
 log = logging.getLogger("router")
 
+# One SSE event above this fails the stream (a never-ending line must not cost unbounded work).
+DEFAULT_MAX_EVENT_BYTES = 1 << 20
+
 
 class _Truncated(Exception):
-    """The region closed a stream cleanly but without `data: [DONE]`: it did not finish."""
+    """The region ended a stream that had not finished (see core.stream)."""
 
 
 class _TooLarge(Exception):
     """The region's stream passed [server] max_response_bytes."""
 
 
-def _ends_done(tail: bytes) -> bool:
-    return tail.rstrip().endswith(b"[DONE]")
+def _payload(event: bytes) -> bytes | None:
+    """An event's data, with a fast path for the usual one-line `data: ...` event."""
+    if event.startswith(b"data:") and event.endswith(b"\n\n") and event.count(b"\n") == 2:
+        value = event[5:-2]
+        return value[1:] if value.startswith(b" ") else value
+    return sse.data_of(event)
 
 
-def _boundary(guard: StreamGuard | None, tail: bytes) -> bytes:
-    """What closes a half-sent event before an error event (a guard only sends whole events)."""
-    if guard is not None or tail.endswith((b"\n\n", b"\r\n\r\n")):
-        return b""
-    return b"\n\n"
+def _passable(events: list[bytes], state: StreamState, strip_usage: bool) -> bytes:
+    """The events to relay: invalid ones dropped, a usage chunk nobody asked for too."""
+    out = []
+    for event in events:
+        payload = _payload(event)
+        if payload is not None:
+            if not state.note(payload):
+                continue
+            if strip_usage and state.usage_only:
+                continue
+        out.append(event)
+    return b"".join(out)
 
 
 def whole(ctx: RequestContext, opened: Opened, tap: Tap | None) -> web.Response:
@@ -53,13 +68,18 @@ async def relay_stream(
     *,
     tap: Tap | None = None,
     max_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
     continuer: Continuer | None = None,
     attempts: Attempts | None = None,
+    strip_usage: bool = False,
 ) -> web.StreamResponse:
-    """Relay an upstream SSE stream chunk by chunk; write() waits for the client (backpressure).
+    """Relay an upstream SSE stream event by event; write() waits for the client (backpressure).
 
-    A stream that breaks, stalls, grows past `max_bytes` or ends without `[DONE]` never looks
-    complete to the client: it is continued elsewhere or ends with an SSE error event.
+    Only whole events go out (one scan of the bytes, each event at most `max_event_bytes`);
+    events that are not JSON are dropped. A stream that breaks, stalls, grows too large or ends
+    before every choice finished never looks complete to the client: it is continued elsewhere
+    or ends with an SSE error event. One that finished every choice but left out `[DONE]` gets
+    it added.
     """
     upstream = opened.response
     assert upstream is not None
@@ -68,23 +88,33 @@ async def relay_stream(
     # The usage an OpenAI stream reports last settles the request's token reservation.
     meter = ctx.meter
     guard = continuer.track(ctx) if continuer is not None else None
+    splitter = sse.Splitter(max_event_bytes)
+    state = StreamState()
     complete = False
-    # The stream's last bytes: whether it ended with [DONE], and whether it is between events.
-    tail = opened.first[-64:]
-    size = len(opened.first)
-    try:
-        await resp.prepare(request)
-        await resp.write(opened.first if guard is None else guard.feed(opened.first))
+    size = 0
+
+    async def send(data: bytes) -> None:
+        await resp.write(data if guard is None else guard.feed(data))
         if guard is not None:
             guard.settle()
         if tap is not None:
-            tap.chunk(opened.first)
+            tap.chunk(data)
         if meter is not None:
-            meter.feed(opened.first)
+            meter.feed(data)
+
+    try:
+        await resp.prepare(request)
         content = upstream.content
+        chunk = opened.first
         try:
             async with IdleWatch(idle_timeout) as idle:
-                while True:
+                while chunk:
+                    size += len(chunk)
+                    if size > max_bytes:
+                        raise _TooLarge
+                    data = _passable(splitter.feed(chunk), state, strip_usage)
+                    if data:
+                        await send(data)
                     idle.waiting()
                     chunk = await content.readany()
                     # A slow client is backpressure, not an idle upstream.
@@ -93,52 +123,48 @@ async def relay_stream(
                     more = content.read_nowait()
                     if more:
                         chunk += more
-                    if not chunk:
-                        if not _ends_done(tail):
-                            raise _Truncated
-                        if guard is not None:
-                            await resp.write(guard.flush())
-                        break
-                    size += len(chunk)
-                    if size > max_bytes:
-                        raise _TooLarge
-                    tail = chunk[-64:] if len(chunk) >= 64 else (tail + chunk)[-64:]
-                    await resp.write(chunk if guard is None else guard.feed(chunk))
-                    if guard is not None:
-                        guard.settle()
-                    if tap is not None:
-                        tap.chunk(chunk)
-                    if meter is not None:
-                        meter.feed(chunk)
+            if splitter.pending:
+                raise _Truncated("stream ended mid-event")
+            if not state.complete:
+                raise _Truncated(
+                    "stream ended before every choice finished"
+                    if state.done
+                    else "stream ended without [DONE]"
+                )
+            if not state.done:
+                await send(DONE_EVENT)
             complete = True
         # A failed write to the client is a ConnectionResetError (aiohttp's own subclasses it).
-        except (http1.ClientError, ConnectionResetError, TimeoutError, _Truncated) as exc:
+        except (
+            http1.ClientError,
+            ConnectionResetError,
+            TimeoutError,
+            _Truncated,
+            sse.EventTooLarge,
+        ) as exc:
             transport = request.transport
             if transport is None or transport.is_closing():
                 # A write to the client failed: it left, so there is nobody to tell.
                 return resp
-            if isinstance(exc, TimeoutError):
-                reason = "idle timeout"
-            elif isinstance(exc, _Truncated):
-                reason = "stream ended without [DONE]"
-            else:
-                reason = str(exc) or "disconnect"
+            timeout = isinstance(exc, TimeoutError)
+            reason = "idle timeout" if timeout else str(exc) or "disconnect"
             log.warning("request %s: stream from %s broke: %s", ctx.request_id, ctx.region, reason)
             resumed = False
             if continuer is not None and attempts is not None:
                 resumed = await continuer.resume(ctx, resp, attempts.again, reason)
             if not resumed:
-                await resp.write(
-                    _boundary(guard, tail)
-                    + stream_error_event(f"The region stopped mid-stream ({reason}).")
-                )
+                await resp.write(stream_error_event(f"The region stopped mid-stream ({reason})."))
         except _TooLarge:
             log.warning(
                 "request %s: stream from %s over %d bytes", ctx.request_id, ctx.region, max_bytes
             )
-            await resp.write(
-                _boundary(guard, tail)
-                + stream_error_event(f"The region's answer exceeded {max_bytes} bytes.")
+            await resp.write(stream_error_event(f"The region's answer exceeded {max_bytes} bytes."))
+        if state.invalid:
+            log.warning(
+                "request %s: dropped %d events from %s that were not JSON",
+                ctx.request_id,
+                state.invalid,
+                ctx.region,
             )
     finally:
         if tap is not None:

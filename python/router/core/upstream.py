@@ -175,6 +175,8 @@ def open_upstreams(config: Config) -> Upstreams:
             connect_timeout=config.timeouts.connect,
             total_timeout=config.timeouts.total,
             on_connect=record_connect,
+            max_head_bytes=config.server.max_response_head_bytes,
+            max_headers=config.server.max_headers,
         )
         regions.append(Upstream(region, pool, api_key))
     return Upstreams(regions)
