@@ -215,6 +215,11 @@ class RoutingConfig(_Section, frozen=True):
     retry_budget_window_s: _SECONDS = 10.0
     # Give up on a region that sent no first byte in this long (None: timeouts.first_byte).
     ttft_timeout_s: _SECONDS | None = None
+    # A stream's first token (not only its headers or role preamble) must come within this,
+    # when another region can serve the request; None turns it off.
+    stream_ttft_timeout_s: _SECONDS | None = 10.0
+    # A region asking (Retry-After) to wait longer than this is not waited for.
+    max_retry_after_s: Annotated[float, msgspec.Meta(ge=0)] = 5.0
     # Endpoints (e.g. "/v1/chat/completions") that hedge: after hedge_delay_ms without a first
     # byte (None: the region's p95 TTFT), also ask the next region; the first byte wins.
     hedge_endpoints: tuple[str, ...] = ()

@@ -6,6 +6,7 @@ import os
 import random
 from typing import TYPE_CHECKING, Protocol
 
+from router.core.failure import FailureKind
 from router.core.timing import StageTimer
 
 if TYPE_CHECKING:
@@ -109,6 +110,7 @@ class RequestContext:
         "endpoint",
         "grant",
         "hedged",
+        "last_failure",
         "meter",
         "parsed",
         "queue_depth",
@@ -144,8 +146,9 @@ class RequestContext:
         # The regions this request may use, in order, and those attempts went to, in order.
         self.candidates: list[Upstream] = []
         self.tried: list[str] = []
-        # The region a hedge was sent to.
+        # The region a hedge was sent to, and why the last failed attempt failed.
         self.hedged: str | None = None
+        self.last_failure: FailureKind | None = None
         # A stream that may be continued elsewhere: what was sent so far.
         self.tracker: StreamGuard | None = None
         self.queue_depth: int | None = None

@@ -268,6 +268,7 @@ class Pipeline:
             hedger=features.hedger,
             max_bytes=max_bytes,
             identity=tap is not None,
+            max_retry_after_s=config.routing.max_retry_after_s,
         )
         timer = ctx.timer
         try:

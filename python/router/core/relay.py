@@ -10,16 +10,13 @@ from router.core.attempt import DEFAULT_MAX_RESPONSE_BYTES, Attempts
 from router.core.context import RequestContext
 from router.core.responses import stream_error_event
 from router.core.stages import Continuer, Tap
-from router.core.stream import DONE_EVENT, StreamState
+from router.core.stream import DEFAULT_MAX_EVENT_BYTES, DONE_EVENT, StreamState, passable
 from router.core.upstream import Opened
 from router.net import http1, sse
 from router.net.idle import IdleWatch
 from router.net.stream_response import StreamResponse
 
 log = logging.getLogger("router")
-
-# One SSE event above this fails the stream (a never-ending line must not cost unbounded work).
-DEFAULT_MAX_EVENT_BYTES = 1 << 20
 
 
 class _Truncated(Exception):
@@ -28,28 +25,6 @@ class _Truncated(Exception):
 
 class _TooLarge(Exception):
     """The region's stream passed [server] max_response_bytes."""
-
-
-def _payload(event: bytes) -> bytes | None:
-    """An event's data, with a fast path for the usual one-line `data: ...` event."""
-    if event.startswith(b"data:") and event.endswith(b"\n\n") and event.count(b"\n") == 2:
-        value = event[5:-2]
-        return value[1:] if value.startswith(b" ") else value
-    return sse.data_of(event)
-
-
-def _passable(events: list[bytes], state: StreamState, strip_usage: bool) -> bytes:
-    """The events to relay: invalid ones dropped, a usage chunk nobody asked for too."""
-    out = []
-    for event in events:
-        payload = _payload(event)
-        if payload is not None:
-            if not state.note(payload):
-                continue
-            if strip_usage and state.usage_only:
-                continue
-        out.append(event)
-    return b"".join(out)
 
 
 def whole(ctx: RequestContext, opened: Opened, tap: Tap | None) -> web.Response:
@@ -112,7 +87,7 @@ async def relay_stream(
                     size += len(chunk)
                     if size > max_bytes:
                         raise _TooLarge
-                    data = _passable(splitter.feed(chunk), state, strip_usage)
+                    data = passable(splitter.feed(chunk), state, strip_usage)
                     if data:
                         await send(data)
                     idle.waiting()

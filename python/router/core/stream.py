@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import msgspec
 
+from router.net import sse
 from router.net.sse import DONE
 
 
@@ -25,6 +26,8 @@ class _Chunk(msgspec.Struct):
 _CHUNK = msgspec.json.Decoder(_Chunk)
 _RAW = msgspec.json.Decoder(msgspec.Raw)
 DONE_EVENT = b"data: [DONE]\n\n"
+# One SSE event above this fails the stream (a never-ending line must not cost unbounded work).
+DEFAULT_MAX_EVENT_BYTES = 1 << 20
 
 
 class StreamState:
@@ -81,3 +84,25 @@ class StreamState:
         if self.finishes:
             return self.finished
         return self.done
+
+
+def payload_of(event: bytes) -> bytes | None:
+    """An event's data, with a fast path for the usual one-line `data: ...` event."""
+    if event.startswith(b"data:") and event.endswith(b"\n\n") and event.count(b"\n") == 2:
+        value = event[5:-2]
+        return value[1:] if value.startswith(b" ") else value
+    return sse.data_of(event)
+
+
+def passable(events: list[bytes], state: StreamState, strip_usage: bool) -> bytes:
+    """The events to relay: invalid ones dropped, a usage chunk nobody asked for too."""
+    out = []
+    for event in events:
+        payload = payload_of(event)
+        if payload is not None:
+            if not state.note(payload):
+                continue
+            if strip_usage and state.usage_only:
+                continue
+        out.append(event)
+    return b"".join(out)

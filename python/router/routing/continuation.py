@@ -19,6 +19,7 @@ from router.config import RoutingConfig
 from router.core.context import RequestContext
 from router.core.failure import AttemptError
 from router.core.request import CHAT
+from router.core.stream import DEFAULT_MAX_EVENT_BYTES, DONE_EVENT, StreamState, passable
 from router.core.upstream import Opened, Upstream
 from router.net import http1, sse
 from router.net.idle import IdleWatch
@@ -216,6 +217,7 @@ async def _continue_on(
     out: web.StreamResponse,
     tracker: StreamTracker,
     idle_s: float,
+    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
 ) -> bool | None:
     """Stream the continuation from `upstream` into `out`: True once it ended with [DONE],
     False if it broke, None if the attempt itself failed."""
@@ -230,24 +232,28 @@ async def _continue_on(
             "request %s: resume on %s failed: HTTP %d", ctx.request_id, upstream.name, opened.status
         )
         return False
-    local = StreamTracker()
+    splitter = sse.Splitter(max_event_bytes)
+    state = StreamState()
+    complete = False
     try:
         chunk = opened.first
         async with IdleWatch(idle_s) as idle:
             while chunk:
-                whole = local.feed(chunk)
+                whole = passable(splitter.feed(chunk), state, strip_usage=False)
                 if whole:
                     await _write_resumed(out, whole, tracker)
                 idle.waiting()
                 chunk = await resp.content.readany()
                 idle.busy()
-        local.settle()
-        return local.done
-    except (http1.ClientError, TimeoutError) as exc:
+        complete = not splitter.pending and state.complete
+        if complete and not state.done:
+            await _write_resumed(out, DONE_EVENT, tracker)
+        return complete
+    except (http1.ClientError, TimeoutError, sse.EventTooLarge) as exc:
         log.warning("request %s: resume on %s failed: %s", ctx.request_id, upstream.name, exc)
         return False
     finally:
-        if local.done:
+        if complete:
             resp.release()
         else:
             resp.close()

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, MutableMapping, Sequence
 
 from router.config import Config, RoutingConfig
 from router.core.context import RequestContext
-from router.core.failure import AttemptError, health_outcome
+from router.core.failure import AttemptError, FailureKind, health_outcome
 from router.core.stages import AttemptObserver, Selector
 from router.core.upstream import Upstream, Upstreams
 from router.routing.budget import RetryBudget
@@ -16,6 +16,8 @@ from router.routing.health import Health
 
 log = logging.getLogger("router")
 
+# Failures after which another attempt is free of the retry budget: the region never saw them.
+_FREE = frozenset({FailureKind.CONNECT, FailureKind.SPILL})
 # A client's overall deadline: the OpenAI SDKs send their timeout as x-stainless-timeout (s).
 _DEADLINE_HEADERS = (("x-router-timeout-ms", 0.001), ("x-stainless-timeout", 1.0))
 
@@ -182,6 +184,9 @@ class RetryState:
         deadline = ctx.deadline
         if deadline is not None and now >= deadline:
             return False
+        if ctx.last_failure in _FREE:
+            # Nothing reached the region: retrying costs it nothing, so no budget is spent.
+            return True
         if not budget.try_retry(now):
             log.warning("request %s: retry budget exhausted, not retrying", ctx.request_id)
             return False
@@ -190,7 +195,11 @@ class RetryState:
     def first_byte(self, ctx: RequestContext, configured: float) -> float:
         """An attempt's first-byte timeout: [routing] ttft_timeout_s (else `configured`), cut
         to the client's deadline."""
-        timeout = self.live.config.ttft_timeout_s or configured
+        config = self.live.config
+        timeout = config.ttft_timeout_s or configured
+        stream_ttft = config.stream_ttft_timeout_s
+        if stream_ttft is not None and len(ctx.candidates) > 1 and ctx.request.stream:
+            timeout = min(timeout, stream_ttft)
         deadline = ctx.deadline
         if deadline is not None:
             timeout = min(timeout, max(0.001, deadline - time.monotonic()))
