@@ -79,10 +79,24 @@ class RegionConfig(_Section, frozen=True):
     keepalive_s: float = 4.0
 
 
+FallbackOn = Literal["unavailable", "overloaded", "server_error", "timeout", "context_length"]
+
+
 class ModelsConfig(_Section, frozen=True):
-    """[models]: client-facing aliases -> the model name regions serve."""
+    """[models]: client-facing aliases -> the model name regions serve; model fallbacks."""
 
     aliases: dict[str, str] = msgspec.field(default_factory=dict)
+    # Per client-facing model, the models to try in order when no region could answer it
+    # (each with its own regions). Never on an error the request caused, except too long a
+    # prompt when "context_length" is listed (a larger-context model can take it).
+    fallbacks: dict[str, tuple[str, ...]] = msgspec.field(default_factory=dict)
+    fallback_on: tuple[FallbackOn, ...] = (
+        "unavailable",
+        "overloaded",
+        "server_error",
+        "timeout",
+        "context_length",
+    )
 
 
 _SHA256_HEX = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
@@ -230,6 +244,13 @@ class RoutingConfig(_Section, frozen=True):
     max_resumes: Annotated[int, msgspec.Meta(ge=0)] = 2
     # When no region is available, still try them (ejected first) instead of answering 503.
     panic_routing: bool = True
+    # Circuit per (region, model): this many consecutive failures of a model in a region send
+    # its traffic elsewhere first for circuit_base_s * 2^(k-1) s (at most circuit_max_s), then
+    # one request tries it again. A region that answers with an error is alive: its other
+    # models keep their traffic (ejection is for regions that cannot be reached).
+    circuit_after: _POSITIVE = 3
+    circuit_base_s: _SECONDS = 5.0
+    circuit_max_s: _SECONDS = 30.0
 
 
 class ObservabilityConfig(_Section, frozen=True):
@@ -392,6 +413,14 @@ def _check(config: Config, source: str) -> None:
             raise fail(
                 f"models.aliases.{alias}", f"expected a model some region serves, got {target!r}"
             )
+    everything = set(config.served_models())
+    for model, chain in config.models.fallbacks.items():
+        where = f"models.fallbacks.{model}"
+        if model not in everything:
+            raise fail(where, f"expected a model clients may ask for, got {model!r}")
+        for fallback in chain:
+            if fallback not in everything or fallback == model:
+                raise fail(where, f"expected other served models, got {fallback!r}")
     _check_rollout(config, source)
 
 

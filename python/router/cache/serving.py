@@ -131,7 +131,9 @@ class Tap:
         if not clean:
             self._recorder.fail()
         entry = self._entry(chunks=tuple(self._recorder.chunks))
-        if self._store and self._recorder.complete and self._recorded <= self._max_entry:
+        # A fallback model's answer is not the answer to the model asked for: never stored.
+        store = self._store and self.ctx.fallback is None
+        if store and self._recorder.complete and self._recorded <= self._max_entry:
             self._cache.put(self._key, entry)
         if self._flight is not None:
             if clean:
@@ -146,7 +148,12 @@ class Tap:
         entry = self._entry(body=body, content_type=content_type or "application/json")
         if status != 200:
             entry = msgspec.structs.replace(entry, status=status)
-        elif self._store and len(body) <= self._max_entry and complete_body(body):
+        elif (
+            self._store
+            and self.ctx.fallback is None
+            and len(body) <= self._max_entry
+            and complete_body(body)
+        ):
             self._cache.put(self._key, entry)
         if self._flight is not None:
             self._cache.flights.finish(self._flight, entry)

@@ -249,6 +249,17 @@ async def open_attempt(
                     body=whole,
                     retry_after_s=retry_after(headers_out),
                 )
+            if status in (400, 413) and b"context_length_exceeded" in whole:
+                # Too long for this model: no region of it can answer, a larger one may.
+                raise AttemptError(
+                    name,
+                    FailureKind.REQUEST,
+                    f"HTTP {status}: context length exceeded",
+                    retryable=False,
+                    status=status,
+                    headers=headers_out,
+                    body=whole,
+                )
             _check_success(name, status, headers_out, whole)
             return Opened(upstream, status, headers_out, body=whole)
     except AttemptError:

@@ -108,6 +108,7 @@ class RequestContext:
         "candidates",
         "deadline",
         "endpoint",
+        "fallback",
         "grant",
         "hedged",
         "last_failure",
@@ -146,6 +147,8 @@ class RequestContext:
         # The regions this request may use, in order, and those attempts went to, in order.
         self.candidates: list[Upstream] = []
         self.tried: list[str] = []
+        # The fallback model that answered instead of the one asked for.
+        self.fallback: str | None = None
         # The region a hedge was sent to, and why the last failed attempt failed.
         self.hedged: str | None = None
         self.last_failure: FailureKind | None = None

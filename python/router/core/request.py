@@ -98,6 +98,14 @@ class ParsedRequest(msgspec.Struct, frozen=True, kw_only=True):
             self, upstream_model=upstream_model, body=_ENCODER.encode(fields)
         )
 
+    def as_model(self, model: str) -> ParsedRequest:
+        """The same request asked of another model (a fallback): body and fields name it."""
+        fields = _RAW_OBJECT.decode(self.body)
+        fields["model"] = msgspec.Raw(_ENCODER.encode(model))
+        return msgspec.structs.replace(
+            self, model=model, upstream_model=model, body=_ENCODER.encode(fields)
+        )
+
 
 def check_content_type(content_type: str | None) -> None:
     """JSON or nothing; anything else is 415."""

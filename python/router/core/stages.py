@@ -34,6 +34,7 @@ __all__ = [
     "CacheMark",
     "Continuer",
     "ExchangeObserver",
+    "FallbackPolicy",
     "Gate",
     "Grant",
     "Hedger",
@@ -87,6 +88,13 @@ class RetryPolicy(Protocol):
     def begin(self, ctx: RequestContext, headers: Mapping[str, str]) -> None: ...
     def allow(self, ctx: RequestContext) -> bool: ...
     def first_byte(self, ctx: RequestContext, configured: float) -> float: ...
+
+
+class FallbackPolicy(Protocol):
+    """Model fallbacks: the next models to try, and which failures move to them."""
+
+    def chain(self, model: str) -> Sequence[str]: ...
+    def moves(self, error: AttemptError | None) -> bool: ...
 
 
 class Slot(Protocol):

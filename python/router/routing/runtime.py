@@ -12,6 +12,7 @@ from router.core.failure import AttemptError, FailureKind, health_outcome
 from router.core.stages import AttemptObserver, Selector
 from router.core.upstream import Upstream, Upstreams
 from router.routing.budget import RetryBudget
+from router.routing.circuit import Circuits
 from router.routing.health import Health
 
 log = logging.getLogger("router")
@@ -76,14 +77,16 @@ def _budget(config: RoutingConfig) -> RetryBudget:
     )
 
 
-def selector(health: Health, live: LiveRouting) -> Selector:
-    """Regions serving the model, nearest healthy first (see selection.select)."""
+def selector(health: Health, live: LiveRouting, circuits: Circuits | None = None) -> Selector:
+    """Regions serving the model, nearest healthy first (see selection.select); a region whose
+    circuit for this model is open goes last."""
 
     panicking = False
 
     def select(ctx: RequestContext, upstreams: Upstreams) -> Sequence[Upstream]:
         nonlocal panicking
-        serving = upstreams.serving(ctx.request.upstream_model)
+        model = ctx.request.upstream_model
+        serving = upstreams.serving(model)
         by_name: dict[str, Upstream] = {}
         for u in serving:
             by_name[u.name] = u
@@ -96,9 +99,15 @@ def selector(health: Health, live: LiveRouting) -> Selector:
             else:
                 log.warning("a region is available again: panic mode over")
         ordered: list[Upstream] = []
+        tripped: list[Upstream] = []
+        now = time.monotonic()
         for ranked in chosen.order:
-            ordered.append(by_name[ranked.name])
-        return ordered
+            upstream = by_name[ranked.name]
+            if circuits is None or circuits.closed(upstream.name, model, now):
+                ordered.append(upstream)
+            else:
+                tripped.append(upstream)
+        return ordered + tripped if tripped else ordered
 
     return select
 
@@ -126,20 +135,33 @@ def hedge_delay(health: Health, live: LiveRouting) -> Callable[[str], float | No
     return delay_of
 
 
-def passive_hook(health: Health) -> AttemptObserver:
-    """Every attempt's outcome and latency into the health table."""
+def passive_hook(health: Health, circuits: Circuits | None = None) -> AttemptObserver:
+    """Every attempt's outcome and latency into the health table and the (region, model)
+    circuits. A region that answered with an error is alive: that counts against the model
+    there (its circuit), not against the region and its other models."""
 
     def hook(ctx: RequestContext, upstream: Upstream, error: AttemptError | None, s: float) -> None:
+        name = upstream.name
+        model = ctx.request.upstream_model
         if error is None:
             # An attempt returns at the first byte of a stream, or with a whole body.
             if ctx.request.stream:
-                health.report(upstream.name, "ok", ttft_s=s)
+                health.report(name, "ok", ttft_s=s)
             else:
-                health.report(upstream.name, "ok", total_s=s)
+                health.report(name, "ok", total_s=s)
+            if circuits is not None:
+                circuits.record(name, model, True, time.monotonic())
             return
         outcome = health_outcome(error.kind, error.status)
-        if outcome is not None:  # admission's "full here" says nothing of the region's health
-            health.report(upstream.name, outcome)
+        if outcome is None:  # admission's "full here", the request's own fault: nothing
+            return
+        answered = error.kind == FailureKind.STATUS
+        if circuits is not None and outcome != "neutral":
+            if circuits.record(name, model, False, time.monotonic()):
+                log.warning("region %s: circuit for model %s open after %s", name, model, outcome)
+            if answered:
+                outcome = "neutral"
+        health.report(name, outcome)
 
     return hook
 
@@ -156,6 +178,8 @@ def routing_headers(ctx: RequestContext, headers: MutableMapping[str, str]) -> N
     headers["x-router-failovers"] = str(max(0, ctx.attempts - 1 - hedges))
     if hedged is not None:
         headers["x-router-hedged"] = hedged
+    if ctx.fallback is not None:
+        headers["x-router-fallback-model"] = ctx.fallback
 
 
 class RetryState:

@@ -227,3 +227,77 @@ async def test_a_stream_cut_without_finish_ends_with_one_error_event() -> None:
     _, raw, _ = await post(app, stream=True)
     kinds = [json.loads(p).get("error", {}).get("code") for p in payloads(raw)]
     assert kinds == [None, None, "upstream_stream_error"]
+
+
+def fallback_app(big: Handler, small: Handler) -> tuple[Any, dict[str, Any]]:
+    """Region a serves model "big", region b "small"; "big" falls back to "small"."""
+    from aiohttp import web
+
+    from router.config import Config, ModelsConfig, RegionConfig
+    from router.core.pipeline import Features, Pipeline
+    from router.core.transport import LocalTransport
+    from router.core.upstream import Upstream, Upstreams
+    from router.routing.fallback import Fallbacks
+    from router.routing.runtime import LiveRouting, RetryState, routing_headers
+    from router.server.pools import RegionPools
+    from router.server.reload import LiveConfig
+
+    models = ModelsConfig(fallbacks={"big": ("small",)})
+    regions = {
+        "a": (RegionConfig(name="a", base_url="http://a:1/v1", models=("big",)), big),
+        "b": (RegionConfig(name="b", base_url="http://b:1/v1", models=("small",)), small),
+    }
+    transports = {name: LocalTransport(handler) for name, (_, handler) in regions.items()}
+    config = Config(regions=tuple(c for c, _ in regions.values()), models=models)
+    pools = RegionPools(
+        Upstreams(Upstream(c, transports[n], None) for n, (c, _) in regions.items())
+    )
+    features = Features(
+        retry=RetryState(LiveRouting(config.routing)),
+        fallbacks=Fallbacks(models),
+        decorators=(routing_headers,),
+    )
+    pipeline = Pipeline(features, LiveConfig(config), pools)
+    app = web.Application()
+    app.on_response_prepare.append(pipeline.on_prepare)
+    app.router.add_post(CHAT, pipeline.handler(CHAT))
+    return app, transports
+
+
+async def post_model(app: Any, model: str) -> tuple[int, bytes, dict[str, str]]:
+    from aiohttp.test_utils import TestClient, TestServer
+
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        resp = await client.post(CHAT, json={**body(), "model": model})
+        return resp.status, await resp.read(), dict(resp.headers)
+
+
+async def test_a_model_nobody_can_answer_falls_back_to_the_next() -> None:
+    app, regions = fallback_app(
+        scripted(LocalReply(503, JSON, [error_body("overloaded")])), scripted(OK)
+    )
+    status, _, headers = await post_model(app, "big")
+    assert (status, headers["x-router-fallback-model"]) == (200, "small")
+    assert json.loads(regions["b"].requests[0][1])["model"] == "small"
+
+
+async def test_too_long_a_prompt_moves_to_the_larger_model_never_resent_unchanged() -> None:
+    too_long = LocalReply(
+        400, JSON, [error_body("too long", "invalid_request_error", "context_length_exceeded")]
+    )
+    app, regions = fallback_app(scripted(too_long), scripted(OK))
+    status, _, headers = await post_model(app, "big")
+    assert (status, headers["x-router-fallback-model"]) == (200, "small")
+    assert len(regions["a"].requests) == 1
+
+
+async def test_a_content_policy_refusal_never_falls_back() -> None:
+    refusal = LocalReply(
+        400, JSON, [error_body("refused: policy", "invalid_request_error", "content_policy")]
+    )
+    app, regions = fallback_app(scripted(refusal), scripted(OK))
+    status, raw, headers = await post_model(app, "big")
+    assert status == 400
+    assert json.loads(raw)["error"]["message"] == "refused: policy"
+    assert "x-router-fallback-model" not in headers
+    assert len(regions["b"].requests) == 0
