@@ -77,6 +77,18 @@ class RegionConfig(_Section, frozen=True):
     # Idle pooled connections are dropped after this; keep it below the region's own keep-alive
     # timeout (uvicorn, used by vLLM, closes after 5 s) so a reused connection is never stale.
     keepalive_s: float = 4.0
+    # The server software: what it can do and how to probe it. vllm and llama-server continue
+    # a final assistant message and report stream usage; llama-cpp-python does neither.
+    kind: Literal["generic", "vllm", "llama-server", "llama-cpp-python", "openai", "sim"] = (
+        "generic"
+    )
+    # Continuing a stream cut mid-way: "continue" (send the text so far as an assistant
+    # prefill), "regenerate" (resend the request; only for deterministic requests, the new
+    # text must match what the client has), "none", or "auto" (from `kind`).
+    continuation: Literal["auto", "continue", "regenerate", "none"] = "auto"
+    # The request id goes to the region in this header, always as a UUID (the client's id when
+    # it is one; one derived from it otherwise); "" sends none.
+    request_id_header: str = "X-Request-Id"
 
 
 FallbackOn = Literal["unavailable", "overloaded", "server_error", "timeout", "context_length"]

@@ -219,6 +219,10 @@ async def open_attempt(
                 if not first:
                     raise AttemptError(name, FailureKind.DISCONNECT, "empty stream")
                 headers_out = response_headers(resp.headers)
+                encoding = headers_out.get("Content-Encoding", "identity").strip().lower()
+                if encoding != "identity":
+                    detail = f"content encoding {encoding!r}"
+                    raise AttemptError(name, FailureKind.INVALID, detail)
                 _check_stream_start(name, headers_out, first)
                 return Opened(upstream, status, headers_out, response=resp, first=first)
             # Nothing is sent to the client until the whole body is read, so a failure reading
@@ -226,6 +230,12 @@ async def open_attempt(
             deadline.reschedule(None)
             whole = await _read_capped(resp, name, max_bytes)
             headers_out = response_headers(resp.headers)
+            if status >= 300:
+                whole = upstream.scrub(whole)
+            encoding = headers_out.get("Content-Encoding", "identity").strip().lower()
+            if encoding != "identity":
+                # Asked for identity bytes: anything else cannot be checked, cached or trusted.
+                raise AttemptError(name, FailureKind.INVALID, f"content encoding {encoding!r}")
             if 300 <= status < 400:
                 # Relayed, a redirect would send the client (and its prompt) somewhere else.
                 raise AttemptError(name, FailureKind.INVALID, f"HTTP {status} redirect")
@@ -294,7 +304,6 @@ class Attempts:
         "headers_in",
         "hedger",
         "held",
-        "identity",
         "max_bytes",
         "max_retry_after_s",
         "observers",
@@ -315,7 +324,6 @@ class Attempts:
         slots: SlotGate | None = None,
         hedger: Hedger | None = None,
         max_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
-        identity: bool = False,
         max_retry_after_s: float = 5.0,
     ) -> None:
         self.ctx = ctx
@@ -329,9 +337,6 @@ class Attempts:
         self.max_bytes = max_bytes
         # A region asking to wait longer than this is failed over (or its answer returned).
         self.max_retry_after_s = max_retry_after_s
-        # The cache records, stores and replays identity bytes: a compressed answer could be
-        # neither parsed nor served to a later client that asked for another encoding.
-        self.identity = identity
         tenant = ctx.tenant
         self.priority = tenant.priority if tenant is not None else 0
         self.held: list[Slot] = []
@@ -364,8 +369,6 @@ class Attempts:
             ctx.timer.record(QUEUE, int(slot.wait_s * 1e9))
             ctx.queue_depth = slot.queue_depth
         headers = upstream.request_headers(self.headers_in, ctx.request_id)
-        if self.identity:
-            headers["Accept-Encoding"] = "identity"
         first_byte = self.retry.first_byte(ctx, self._first_byte)
         try:
             return await open_attempt(

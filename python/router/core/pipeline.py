@@ -285,7 +285,6 @@ class Pipeline:
                 slots=features.slots,
                 hedger=features.hedger,
                 max_bytes=config.server.max_response_bytes,
-                identity=tap is not None,
                 max_retry_after_s=config.routing.max_retry_after_s,
             )
             try:

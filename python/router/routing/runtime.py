@@ -17,6 +17,8 @@ from router.routing.health import Health
 
 log = logging.getLogger("router")
 
+# Failures that come with an answer from the region: it is up, the model there is failing.
+_ANSWERED = frozenset({FailureKind.STATUS, FailureKind.INVALID, FailureKind.TOO_LARGE})
 # Failures after which another attempt is free of the retry budget: the region never saw them.
 _FREE = frozenset({FailureKind.CONNECT, FailureKind.SPILL})
 # A client's overall deadline: the OpenAI SDKs send their timeout as x-stainless-timeout (s).
@@ -155,12 +157,12 @@ def passive_hook(health: Health, circuits: Circuits | None = None) -> AttemptObs
         outcome = health_outcome(error.kind, error.status)
         if outcome is None:  # admission's "full here", the request's own fault: nothing
             return
-        answered = error.kind == FailureKind.STATUS
-        if circuits is not None and outcome != "neutral":
+        if circuits is not None and outcome != "neutral" and error.kind in _ANSWERED:
+            # The region is up and answered: the failure is this model's there (its circuit);
+            # a region that cannot be reached at all is the prober's and ejection's business.
             if circuits.record(name, model, False, time.monotonic()):
                 log.warning("region %s: circuit for model %s open after %s", name, model, outcome)
-            if answered:
-                outcome = "neutral"
+            outcome = "neutral"
         health.report(name, outcome)
 
     return hook
