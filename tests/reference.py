@@ -208,12 +208,53 @@ def _count_texts(value: Any, enc: tiktoken.Encoding) -> int:
     return 0
 
 
+IMAGE_TOKENS = 85 + 170 * 8
+IMAGE_TOKENS_LOW = 85
+
+
+def _count_json(value: Any, enc: tiktoken.Encoding) -> int:
+    """Every string and key encoded, numbers and booleans one token each."""
+    if isinstance(value, str):
+        return len(enc.encode_ordinary(value))
+    if isinstance(value, bool | int | float):
+        return 1
+    if isinstance(value, list):
+        return sum(_count_json(v, enc) for v in value)
+    if isinstance(value, dict):
+        return sum(len(enc.encode_ordinary(k)) + _count_json(v, enc) for k, v in value.items())
+    return 0
+
+
+def _count_part(part: Any, enc: tiktoken.Encoding) -> int:
+    """Every text a content part carries; an image by the image rule."""
+    if not isinstance(part, dict):
+        return len(enc.encode_ordinary(part)) if isinstance(part, str) else 0
+    total = 0
+    for key, value in part.items():
+        if key == "type":
+            continue
+        if key in ("image_url", "input_image", "image"):
+            low = isinstance(value, dict) and value.get("detail") == "low"
+            total += IMAGE_TOKENS_LOW if low else IMAGE_TOKENS
+        elif key in ("input_audio", "file"):
+            total += min(_count_json(value, enc), IMAGE_TOKENS)
+        else:
+            total += _count_json(value, enc)
+    return total
+
+
 def count_request_tokens(body: bytes, enc: tiktoken.Encoding) -> int:
-    """Cookbook prompt-token accounting with tiktoken (special tokens counted as plain text)."""
+    """Cookbook prompt-token accounting with tiktoken (special tokens counted as plain text),
+    plus the prompt text outside the messages (tools, functions, response format)."""
     request = loads(body)
+    extra = sum(
+        _count_json(request[field], enc)
+        for field in ("tools", "functions", "response_format", "tool_choice")
+        if field in request
+    )
     messages = request.get("messages")
     if isinstance(messages, list):
-        total = 3
+        total = 3 + extra
         for message in messages:
             total += 3
             for key, value in message.items():
@@ -221,9 +262,7 @@ def count_request_tokens(body: bytes, enc: tiktoken.Encoding) -> int:
                     total += len(enc.encode_ordinary(value))
                 elif key == "content" and isinstance(value, list):
                     for part in value:
-                        text = part.get("text") if isinstance(part, dict) else None
-                        if isinstance(text, str):
-                            total += len(enc.encode_ordinary(text))
+                        total += _count_part(part, enc)
                 elif key == "tool_calls" and isinstance(value, list):
                     for call in value:
                         function = call.get("function") if isinstance(call, dict) else None

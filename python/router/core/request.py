@@ -48,6 +48,10 @@ class _Chat(msgspec.Struct):
     messages: list[_Message]
     stream: bool | None = None
     stream_options: _StreamOptions | None = None
+    # Read laxly (see whole_number), as a region's parser would.
+    max_tokens: Any = None
+    max_completion_tokens: Any = None
+    n: Any = None
 
 
 class _Completion(msgspec.Struct):
@@ -57,6 +61,8 @@ class _Completion(msgspec.Struct):
     prompt: str | list[Any]
     stream: bool | None = None
     stream_options: _StreamOptions | None = None
+    max_tokens: Any = None
+    n: Any = None
 
 
 class _Embedding(msgspec.Struct):
@@ -122,6 +128,10 @@ async def read_body(request: web.Request, max_bytes: int, within_s: float) -> by
     declared = request.content_length
     if declared is not None and declared > max_bytes:
         raise PayloadTooLarge(f"Request body is {declared} bytes; the limit is {max_bytes}.")
+    if request.headers.get("Content-Encoding", "identity").strip().lower() != "identity":
+        # aiohttp decodes the body: its length is not the declared one, and the limit applies
+        # to what it decodes to (a small compressed body may expand a thousandfold).
+        declared = None
     content = request.content
     try:
         if declared is not None and content.is_eof():
@@ -162,6 +172,30 @@ def _invalid(exc: msgspec.MsgspecError) -> InvalidRequest:
     else:
         message = f"Request body is not valid JSON: {text}"
     return InvalidRequest(message, param=param)
+
+
+def whole_number(value: object, param: str, minimum: int = 0) -> int | None:
+    """An integer field read the way a lax region parser (pydantic) reads it: 5000, 5000.0,
+    5e3 and "5000" are 5000. Anything else is a 400, never a default: a limit must not be
+    dodged by how a number is written."""
+    if value is None:
+        return None
+    number: int | None = None
+    if isinstance(value, bool):
+        number = None
+    elif isinstance(value, int):
+        number = value
+    elif isinstance(value, float) and value.is_integer():
+        number = int(value)
+    elif isinstance(value, str):
+        digits = value.strip()
+        if digits.isascii() and digits.isdigit():
+            number = int(digits)
+    if number is None or number < minimum:
+        raise InvalidRequest(
+            f"`{param}` must be an integer of at least {minimum}, got {value!r}.", param=param
+        )
+    return number
 
 
 def _check_count(count: int, limit: int, param: str) -> None:
@@ -224,6 +258,10 @@ def parse_body(endpoint: str, body: bytes, *, max_items: int = 2048) -> ParsedRe
         _check_count(len(decoded.input), max_items, "input")
         _check_token_list(decoded.input, "input")
     if isinstance(decoded, _Chat | _Completion):
+        whole_number(decoded.max_tokens, "max_tokens")
+        whole_number(decoded.n, "n", minimum=1)
+        if isinstance(decoded, _Chat):
+            whole_number(decoded.max_completion_tokens, "max_completion_tokens")
         stream = bool(decoded.stream)
         options = decoded.stream_options
         include_usage = stream and options is not None and bool(options.include_usage)
