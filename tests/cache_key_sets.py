@@ -71,7 +71,11 @@ FALSE_HITS: tuple[Pair, ...] = (
     Pair("Convert 5 km² to m²", "Convert 5 km2 to m2", "squared unit"),
     Pair("Is 10⁻³ small?", "Is 10-3 small?", "superscript minus"),
     Pair("What is 1,000 / 10?", "What is 1.000 / 10?", "thousands separator vs decimal point"),
-    Pair("Is it safe to mix bleach and ammonia?", "Is it not safe to mix bleach and ammonia?", "negation"),
+    Pair(
+        "Is it safe to mix bleach and ammonia?",
+        "Is it not safe to mix bleach and ammonia?",
+        "negation",
+    ),
     Pair("Do not delete the backup folder", "Do delete the backup folder", "negation"),
     Pair("Please delete the folder", "Delete the folder", "politeness words are words"),
     Pair(
@@ -131,7 +135,11 @@ CONSERVATIVE_MISSES: tuple[Pair, ...] = (
     Pair("How do I reset my password?", "how do I reset my password?", "case is kept"),
     Pair("How do I reset my password?", "HOW DO I RESET MY PASSWORD?", "case is kept"),
     Pair("How do I reset my password?", "How do I reset my password??!", "punctuation is kept"),
-    Pair("How do I reset my password?", "Ｈｏｗ ｄｏ Ｉ ｒｅｓｅｔ ｍｙ ｐａｓｓｗｏｒｄ？", "fullwidth is kept"),
+    Pair(
+        "How do I reset my password?",
+        "Ｈｏｗ ｄｏ Ｉ ｒｅｓｅｔ ｍｙ ｐａｓｓｗｏｒｄ？",
+        "fullwidth is kept",
+    ),
     Pair("5 µs", "5 μs", "micro sign vs Greek mu: no Unicode normalization"),
     Pair("café", "cafe\u0301", "no Unicode normalization, not even NFC"),
     Pair("a b", "a\tb", "tabs are kept"),

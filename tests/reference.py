@@ -14,7 +14,7 @@ import tiktoken
 import tiktoken.load
 
 # Unicode's space separators (Zs) and Python's str.splitlines line breaks.
-SPACES = " \u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u202f\u205f\u3000"
+SPACES = " \u00a0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) + "\u202f\u205f\u3000"
 LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
 TRANSPORT_FIELDS = frozenset(
     {

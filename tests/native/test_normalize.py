@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import unicodedata
+
 import pytest
 
 import router
@@ -28,7 +30,18 @@ def test_folds(text: str, expected: str) -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["What is 3²?", "x₂ + ½", "Ⅻ", "ＨＥＬＬＯ", "Straße", "ﬁne", "\u212a", "Why?!", "a\tb", "MiXeD"],
+    [
+        "What is 3²?",
+        "x₂ + ½",
+        "Ⅻ",
+        "ＨＥＬＬＯ",
+        "Straße",
+        "ﬁne",
+        "\u212a",
+        "Why?!",
+        "a\tb",
+        "MiXeD",
+    ],
 )
 def test_everything_but_blank_space_is_kept(text: str) -> None:
     assert router.normalize(text) == text
@@ -56,3 +69,10 @@ def test_old_options_are_gone() -> None:
 
 def test_docstring_visible() -> None:
     assert "blank space" in (router.normalize.__doc__ or "")
+
+
+def test_space_separators_are_exactly_unicode_zs() -> None:
+    for code in range(0x3001):
+        c = chr(code)
+        folded = router.normalize(f"a{c}{c}b") == "a b"
+        assert folded == (unicodedata.category(c) == "Zs"), hex(code)
