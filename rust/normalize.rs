@@ -247,18 +247,21 @@ const fn equal(w: u64, b: u8) -> u64 {
 }
 
 /// Fold 4 on the prose line at `i` (which does not start with blank space) into `out`; the
-/// index of the line break that ends it, or `b.len()`. Eight bytes at a time while they are
-/// printable ASCII without two spaces in a row.
+/// index of the line break that ends it, or `b.len()`. Eight bytes at a time up to the first
+/// that needs a look: not printable ASCII, or a space after a space.
 fn prose(b: &[u8], mut i: usize, out: &mut Vec<u8>) -> usize {
     loop {
         let mut after_space = false;
         while let Some(chunk) = b.get(i..i + 8) {
             let w = u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8]));
-            if w & HIGHS != 0 || at_least(w, 0x20) != HIGHS {
-                break;
-            }
+            // A non-ASCII byte only spoils its own lane of these masks, and it is flagged itself.
             let spaces = equal(w, b' ');
-            if spaces & (spaces << 8 | u64::from(after_space) << 7) != 0 {
+            let doubled = spaces & (spaces << 8 | u64::from(after_space) << 7);
+            let special = (w | !at_least(w, 0x20) | doubled) & HIGHS;
+            if special != 0 {
+                let k = (special.trailing_zeros() / 8) as usize;
+                out.extend_from_slice(&chunk[..k]);
+                i += k;
                 break;
             }
             out.extend_from_slice(chunk);
@@ -267,7 +270,7 @@ fn prose(b: &[u8], mut i: usize, out: &mut Vec<u8>) -> usize {
         }
         let Some(&c) = b.get(i) else { return i };
         if space_len(b, i) > 0 {
-            // The run's first space may already be out, copied with the eight bytes before it.
+            // The run's first space may already be out, copied by the eight-byte loop.
             if i == 0 || b[i - 1] != b' ' {
                 out.push(b' ');
             }
