@@ -28,7 +28,7 @@ class NativeError(Exception):
     """Root of every error raised by router._native."""
 
 class RequestDecodeError(NativeError):
-    """The body is not UTF-8 JSON, is nested too deep, or has an out-of-range number."""
+    """The body is not UTF-8 JSON, is nested too deep, or has a number beyond f64's range."""
 
 class RequestShapeError(NativeError):
     """The request body is JSON of the wrong shape, e.g. `messages` is not an array."""
@@ -36,8 +36,8 @@ class RequestShapeError(NativeError):
 class InvalidArgumentError(NativeError):
     """An argument has an unsupported value, e.g. an unknown encoding or a negative limit."""
 
-def normalize(text: str, *, strip_punctuation: bool = True, strip_filler: bool = False) -> str:
-    """Normalize a prompt for cache matching (NFKC, case fold, whitespace); idempotent."""
+def normalize(text: str) -> str:
+    """Normalize a prompt for the "normalized" cache level (blank space only); idempotent."""
 
 def fingerprint(body: bytes, *, namespace: str = "", level: str = "exact") -> bytes:
     """The 16-byte cache key of a raw request body (xxh3-128 over its canonical form)."""
