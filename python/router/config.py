@@ -178,7 +178,7 @@ class CacheConfig(_Section, frozen=True):
 
     # Off unless asked for: a cache changes what a proxy answers, so it is an explicit choice.
     enabled: bool = False
-    # "normalized" also folds case, spacing, punctuation and look-alike characters in prompts.
+    # "normalized" also folds blank space in prompts (runs, ends of lines; never in code).
     level: Literal["exact", "normalized"] = "exact"
     max_bytes: Annotated[int, msgspec.Meta(gt=0)] = 64 << 20
     # A response bigger than this is served but never stored (and never buffered for storing).
