@@ -89,7 +89,19 @@ class RegionConfig(_Section, frozen=True):
     # The request id goes to the region in this header, always as a UUID (the client's id when
     # it is one; one derived from it otherwise); "" sends none.
     request_id_header: str = "X-Request-Id"
+    # The route active probes ask, from the server root; unset: from `kind` (a route that does
+    # not wait for the model), else [health] path with its 404 fallback.
+    health_path: str | None = None
 
+    def probe_path(self) -> str | None:
+        """The region's own probe path, if it has one (set, or known for its kind)."""
+        if self.health_path is not None:
+            return self.health_path
+        return _PROBE_PATHS.get(self.kind)
+
+
+# Health routes that answer without waiting for the model (a busy server must not look dead).
+_PROBE_PATHS = {"vllm": "/health", "llama-server": "/health", "sim": "/health"}
 
 FallbackOn = Literal["unavailable", "overloaded", "server_error", "timeout", "context_length"]
 
@@ -213,6 +225,8 @@ class HealthConfig(_Section, frozen=True):
     path: str = "/health"
     # Used for a region whose `path` answers 404 (llama.cpp, OpenAI).
     fallback_path: str = "/v1/models"
+    # A PEM bundle trusted besides the system store for https regions (a private CA).
+    ca_file: str | None = None
     # Statuses that count as a good probe; empty means any 2xx.
     expected_statuses: tuple[int, ...] = ()
     healthy_after: _POSITIVE = 2
