@@ -74,7 +74,10 @@ _KNOBS = msgspec.json.Decoder(_Knobs)
 
 def knobs(body: bytes) -> dict[str, Any]:
     """The policy-relevant request fields as a mapping (the body is already validated JSON)."""
-    k = _KNOBS.decode(body)
+    try:
+        k = _KNOBS.decode(body)
+    except (msgspec.MsgspecError, RecursionError):
+        return {"temperature": "unreadable", "n": None, "tools": None, "functions": None}
     return {"temperature": k.temperature, "n": k.n, "tools": k.tools, "functions": k.functions}
 
 

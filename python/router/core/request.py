@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -52,6 +53,8 @@ class _Chat(msgspec.Struct):
     max_tokens: Any = None
     max_completion_tokens: Any = None
     n: Any = None
+    # Decoded here so a number no float holds (1e999) is a 400 now, not a 500 later.
+    temperature: Any = None
 
 
 class _Completion(msgspec.Struct):
@@ -63,6 +66,7 @@ class _Completion(msgspec.Struct):
     stream_options: _StreamOptions | None = None
     max_tokens: Any = None
     n: Any = None
+    temperature: Any = None
 
 
 class _Embedding(msgspec.Struct):
@@ -198,6 +202,47 @@ def whole_number(value: object, param: str, minimum: int = 0) -> int | None:
     return number
 
 
+# Top-level fields the router acts on: a second copy of one is refused (a region whose parser
+# keeps the first value would see another model, limit or stream flag than the router did).
+_ACTED = (
+    "model",
+    "messages",
+    "prompt",
+    "input",
+    "stream",
+    "stream_options",
+    "max_tokens",
+    "max_completion_tokens",
+    "n",
+    "temperature",
+    "user",
+    "tools",
+    "functions",
+)
+_ACTED_KEY = re.compile(rb'"(' + b"|".join(k.encode() for k in _ACTED) + rb')"\s*:')
+
+
+def _check_duplicates(body: bytes) -> None:
+    """400 when a field the router acts on appears twice at the top level."""
+    found = _ACTED_KEY.findall(body)
+    if len(found) == len(set(found)):
+        return  # the usual case: one scan, no second copy anywhere
+    top: list[list[tuple[str, object]]] = []
+
+    def pairs(items: list[tuple[str, object]]) -> dict[str, object]:
+        top.append(items)
+        return dict(items)
+
+    try:
+        json.loads(body, object_pairs_hook=pairs)
+    except (RecursionError, ValueError):
+        raise InvalidRequest("Request body is nested too deeply.") from None
+    keys = [key for key, _ in top[-1]] if top else []
+    for name in _ACTED:
+        if keys.count(name) > 1:
+            raise InvalidRequest(f"`{name}` is given more than once.", param=name)
+
+
 def _check_count(count: int, limit: int, param: str) -> None:
     if count > limit:
         raise InvalidRequest(
@@ -244,6 +289,9 @@ def parse_body(endpoint: str, body: bytes, *, max_items: int = 2048) -> ParsedRe
         decoded = _DECODERS[endpoint].decode(body)
     except msgspec.MsgspecError as exc:
         raise _invalid(exc) from None
+    except RecursionError:
+        raise InvalidRequest("Request body is nested too deeply.") from None
+    _check_duplicates(body)
     stream = False
     include_usage = False
     if isinstance(decoded, _Chat):
