@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable, MutableMapping
+from collections.abc import AsyncIterator, Callable, Mapping, MutableMapping
 from typing import Any
 
 import msgspec
@@ -129,6 +129,15 @@ class Tap:
             if payload != sse.DONE and self._flight is not None:
                 self._flight.publish(payload)
 
+    def wanted(self) -> bool:
+        """Whether coalesced followers read this exchange (it outlives its own client then)."""
+        return self._flight is not None and self._flight.followers > 0
+
+    def detach(self) -> None:
+        """The exchange goes on without its leader's client; its end settles the flight."""
+        if self._flight is not None:
+            self._flight.detached = True
+
     def end(self, clean: bool) -> None:
         """The stream ended: `clean` when the upstream finished without error or abort."""
         if not clean:
@@ -225,8 +234,11 @@ async def serve(
     if not cache.config.coalesce:
         tap = Tap(cache, ctx, key, namespace, rule, store=decision.store, flight=None)
         return await _origin(request, ctx, cache, XCache.MISS, origin, tap)
+    # Only requests whose forwarded headers match share one upstream exchange: a header can
+    # change the answer (or the error), and no client may get another's.
+    flight_key = (key, _forwarded(request.headers))
     for _ in range(FOLLOW_RETRIES + 1):
-        flight, leads = cache.flights.join(key)
+        flight, leads = cache.flights.join(flight_key)
         if leads:
             with cache.flights.lead(flight):
                 # A flight that ended while this request awaited tier 2 may have just stored it.
@@ -280,6 +292,38 @@ async def _replay(
     # Headers, events and the chunked terminator in one write.
     await resp.write_eof(b"".join(sse.encode(c) for c in entry.chunks) + sse.encode_done())
     return resp
+
+
+# Headers that never change an answer: transport, identity, SDK telemetry, tracing.
+_VOLATILE = frozenset(
+    {
+        "accept",
+        "accept-encoding",
+        "authorization",
+        "cache-control",
+        "connection",
+        "content-length",
+        "content-type",
+        "host",
+        "traceparent",
+        "tracestate",
+        "user-agent",
+        "x-api-key",
+        "x-request-id",
+        "x-router-timeout-ms",
+    }
+)
+
+
+def _forwarded(headers: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """The request's headers that could change a region's answer, in a stable order."""
+    out = []
+    for name, value in headers.items():
+        low = name.lower()
+        if low not in _VOLATILE and not low.startswith("x-stainless-"):
+            out.append((low, value))
+    out.sort()
+    return tuple(out)
 
 
 class _Rejoin(Exception):

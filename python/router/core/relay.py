@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from aiohttp import web
@@ -11,6 +12,7 @@ from router.core.context import RequestContext
 from router.core.responses import stream_error_event
 from router.core.stages import Continuer, Tap
 from router.core.stream import DEFAULT_MAX_EVENT_BYTES, DONE_EVENT, StreamState, passable
+from router.core.transport import UpstreamResponse
 from router.core.upstream import Opened
 from router.net import http1, sse
 from router.net.idle import IdleWatch
@@ -25,6 +27,64 @@ class _Truncated(Exception):
 
 class _TooLarge(Exception):
     """The region's stream passed [server] max_response_bytes."""
+
+
+# Streams still read for the cache's other readers after the client that started them left.
+_DRAINING: set[asyncio.Task[None]] = set()
+
+
+async def _drain(
+    upstream: UpstreamResponse,
+    splitter: sse.Splitter,
+    state: StreamState,
+    tap: Tap,
+    idle_timeout: float,
+    room: int,
+) -> None:
+    """Read the rest of a stream into the tap alone: others still read this exchange."""
+    complete = False
+    content = upstream.content
+    try:
+        async with IdleWatch(idle_timeout) as idle:
+            while True:
+                idle.waiting()
+                chunk = await content.readany()
+                idle.busy()
+                if not chunk:
+                    break
+                room -= len(chunk)
+                if room < 0:
+                    return
+                data = passable(splitter.feed(chunk), state, False)
+                if data:
+                    tap.chunk(data)
+        complete = not splitter.pending and state.complete
+        if complete and not state.done:
+            tap.chunk(DONE_EVENT)
+    except (http1.ClientError, TimeoutError, sse.EventTooLarge) as exc:
+        log.warning("stream kept for coalesced readers broke: %s", exc)
+    finally:
+        tap.end(complete)
+        if complete:
+            upstream.release()
+        else:
+            upstream.close()
+
+
+def _hand_off(
+    upstream: UpstreamResponse,
+    splitter: sse.Splitter,
+    state: StreamState,
+    tap: Tap,
+    idle_timeout: float,
+    room: int,
+) -> None:
+    tap.detach()
+    task = asyncio.get_running_loop().create_task(
+        _drain(upstream, splitter, state, tap, idle_timeout, room)
+    )
+    _DRAINING.add(task)
+    task.add_done_callback(_DRAINING.discard)
 
 
 def whole(ctx: RequestContext, opened: Opened, tap: Tap | None) -> web.Response:
@@ -66,6 +126,8 @@ async def relay_stream(
     splitter = sse.Splitter(max_event_bytes)
     state = StreamState()
     complete = False
+    # Whether the rest of the stream went to a background reader (the client left, others read).
+    handed = False
     size = 0
 
     async def send(data: bytes) -> None:
@@ -119,7 +181,11 @@ async def relay_stream(
         ) as exc:
             transport = request.transport
             if transport is None or transport.is_closing():
-                # A write to the client failed: it left, so there is nobody to tell.
+                # A write to the client failed: it left, so there is nobody to tell; but the
+                # cache's coalesced readers of this exchange still get the whole answer.
+                if tap is not None and tap.wanted() and not isinstance(exc, _Truncated):
+                    _hand_off(upstream, splitter, state, tap, idle_timeout, max_bytes - size)
+                    handed = True
                 return resp
             timeout = isinstance(exc, TimeoutError)
             reason = "idle timeout" if timeout else str(exc) or "disconnect"
@@ -134,6 +200,12 @@ async def relay_stream(
                 "request %s: stream from %s over %d bytes", ctx.request_id, ctx.region, max_bytes
             )
             await resp.write(stream_error_event(f"The region's answer exceeded {max_bytes} bytes."))
+        except asyncio.CancelledError:
+            # The client left (aiohttp cancels its handler): others may still read this.
+            if tap is not None and tap.wanted():
+                _hand_off(upstream, splitter, state, tap, idle_timeout, max_bytes - size)
+                handed = True
+            raise
         if state.invalid:
             log.warning(
                 "request %s: dropped %d events from %s that were not JSON",
@@ -142,12 +214,13 @@ async def relay_stream(
                 ctx.region,
             )
     finally:
-        if tap is not None:
-            tap.end(complete)
-        if complete:
-            upstream.release()
-        else:
-            # Closing (not releasing) the connection is what tells the region to stop generating.
-            upstream.close()
+        if not handed:
+            if tap is not None:
+                tap.end(complete)
+            if complete:
+                upstream.release()
+            else:
+                # Closing (not releasing) the connection tells the region to stop generating.
+                upstream.close()
     await resp.write_eof()
     return resp
