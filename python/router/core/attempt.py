@@ -45,6 +45,8 @@ _REQUEST_CODES = frozenset(
         "string_above_max_length",
     }
 )
+# Failures after which the next attempt is free of the retry budget (see RequestContext).
+_FREE = frozenset({FailureKind.CONNECT, FailureKind.SPILL})
 # Same-region retries wait this long (times 2^n, jittered), unless the region said how long.
 _BACKOFF_S = 0.25
 # At most this many attempts at one region for one request.
@@ -409,7 +411,13 @@ class Attempts:
         failures: dict[str, AttemptError] = {}
         while True:
             upstream, delay = self._next(tries, failures)
-            if upstream is None or not gate(ctx):
+            if upstream is None:
+                break
+            if last is not None:
+                ctx.free_retry = last.kind in _FREE or (
+                    last.kind == FailureKind.DISCONNECT and upstream.name != last.region
+                )
+            if not gate(ctx):
                 break
             if delay > 0:
                 await asyncio.sleep(delay)

@@ -114,6 +114,7 @@ class RequestContext:
         "deadline",
         "endpoint",
         "fallback",
+        "free_retry",
         "grant",
         "hedged",
         "last_failure",
@@ -157,6 +158,9 @@ class RequestContext:
         # The region a hedge was sent to, and why the last failed attempt failed.
         self.hedged: str | None = None
         self.last_failure: FailureKind | None = None
+        # Whether the next attempt costs the retry budget nothing: the failed one never reached
+        # its region, or broke its connection and the next goes to another region.
+        self.free_retry = False
         # A stream that may be continued elsewhere: what was sent so far.
         self.tracker: StreamGuard | None = None
         self.queue_depth: int | None = None

@@ -19,8 +19,6 @@ log = logging.getLogger("router")
 
 # Failures that come with an answer from the region: it is up, the model there is failing.
 _ANSWERED = frozenset({FailureKind.STATUS, FailureKind.INVALID, FailureKind.TOO_LARGE})
-# Failures after which another attempt is free of the retry budget: the region never saw them.
-_FREE = frozenset({FailureKind.CONNECT, FailureKind.SPILL})
 # A client's overall deadline: the OpenAI SDKs send their timeout as x-stainless-timeout (s).
 _DEADLINE_HEADERS = (("x-router-timeout-ms", 0.001), ("x-stainless-timeout", 1.0))
 
@@ -210,8 +208,9 @@ class RetryState:
         deadline = ctx.deadline
         if deadline is not None and now >= deadline:
             return False
-        if ctx.last_failure in _FREE:
-            # Nothing reached the region: retrying costs it nothing, so no budget is spent.
+        if ctx.free_retry:
+            # The failed attempt never reached its region, or its connection broke and this one
+            # goes elsewhere: no region gets a request twice, so no budget is spent.
             return True
         if not budget.try_retry(now):
             log.warning("request %s: retry budget exhausted, not retrying", ctx.request_id)
