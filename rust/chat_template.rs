@@ -630,7 +630,7 @@ mod tests {
             r#"{"messages":[]}"#,
             true,
         );
-        assert_eq!(none, "true null");
+        assert_eq!(none, "True null");
         let err = ChatTemplate::new("{{ raise_exception('no system role') }}", "", "")
             .unwrap()
             .render_request(br#"{"messages":[]}"#, true)

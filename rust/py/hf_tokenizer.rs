@@ -7,10 +7,13 @@ use std::path::PathBuf;
 
 use pyo3::prelude::*;
 use pyo3::pybacked::{PyBackedBytes, PyBackedStr};
+use pyo3::types::PyString;
 
 use crate::chat_template::{self, RenderError};
 use crate::hf_tokenizer::{self, EncodeError, LoadError};
-use crate::py::errors::{request_error, ChatTemplateError, TokenizeError, TokenizerLoadError};
+use crate::py::errors::{
+    request_error, ChatTemplateError, InvalidArgumentError, TokenizeError, TokenizerLoadError,
+};
 use crate::py::normalize::DETACH_MIN_BYTES;
 
 fn load_error(py: Python<'_>, err: &LoadError) -> PyErr {
@@ -34,6 +37,14 @@ fn render_error(err: RenderError) -> PyErr {
         RenderError::Request(e) => request_error(e),
         RenderError::Template(e) => ChatTemplateError::new_err(e.to_string()),
     }
+}
+
+/// The UTF-8 of a Python string as an owned Rust value (it keeps a reference to the immutable
+/// str), or a typed error for lone surrogates as elsewhere in the module.
+fn owned_text(text: Bound<'_, PyString>, what: &str) -> PyResult<PyBackedStr> {
+    PyBackedStr::try_from(text).map_err(|_| {
+        InvalidArgumentError::new_err(format!("{what} is not valid Unicode (lone surrogate)"))
+    })
 }
 
 /// Run `work` with the GIL released when the input is large enough for that to pay off. Inputs
@@ -87,9 +98,10 @@ impl HfTokenizer {
     fn count(
         &self,
         py: Python<'_>,
-        text: PyBackedStr,
+        text: Bound<'_, PyString>,
         add_special_tokens: bool,
     ) -> PyResult<usize> {
+        let text = owned_text(text, "text")?;
         maybe_detach(py, text.len(), move || {
             self.inner.count(&text, add_special_tokens)
         })
@@ -101,9 +113,10 @@ impl HfTokenizer {
     fn encode(
         &self,
         py: Python<'_>,
-        text: PyBackedStr,
+        text: Bound<'_, PyString>,
         add_special_tokens: bool,
     ) -> PyResult<Vec<u32>> {
+        let text = owned_text(text, "text")?;
         maybe_detach(py, text.len(), move || {
             self.inner.encode(&text, add_special_tokens)
         })
@@ -115,9 +128,13 @@ impl HfTokenizer {
     fn count_many(
         &self,
         py: Python<'_>,
-        texts: Vec<PyBackedStr>,
+        texts: Vec<Bound<'_, PyString>>,
         add_special_tokens: bool,
     ) -> PyResult<Vec<usize>> {
+        let texts = texts
+            .into_iter()
+            .map(|text| owned_text(text, "each text"))
+            .collect::<PyResult<Vec<_>>>()?;
         let total: usize = texts.iter().map(|t| t.len()).sum();
         maybe_detach(py, total, move || {
             texts
