@@ -13,7 +13,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use minijinja::syntax::SyntaxConfig;
 use minijinja::value::{Kwargs, ValueKind};
-use minijinja::{context, Environment, Error, ErrorKind, Value};
+use minijinja::{context, Environment, Error, ErrorKind, State, Value};
 
 use crate::json::{parse_object, Node, Num, RequestError};
 
@@ -100,7 +100,8 @@ impl ChatTemplate {
                 .lstrip_blocks(true)
                 .build()?,
         );
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.set_unknown_method_callback(python_method);
+        env.add_filter("trim", trim);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
@@ -312,6 +313,38 @@ fn to_value(node: &Node<'_>) -> Value {
                 .map(|(k, v)| (k.to_string(), to_value(v)))
                 .collect::<BTreeMap<_, _>>(),
         ),
+    }
+}
+
+/// Python's `str.isspace`: Unicode `White_Space` plus the four ASCII separators 0x1C-0x1F.
+fn is_python_space(c: char) -> bool {
+    c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
+}
+
+/// Python's methods on template values (minijinja-contrib), with `strip`, `lstrip` and `rstrip`
+/// stripping what Python strips.
+fn python_method(
+    state: &mut State,
+    value: &Value,
+    method: &str,
+    args: &[Value],
+) -> Result<Value, Error> {
+    if let (Some(s), []) = (value.as_str(), args) {
+        match method {
+            "strip" => return Ok(Value::from(s.trim_matches(is_python_space))),
+            "lstrip" => return Ok(Value::from(s.trim_start_matches(is_python_space))),
+            "rstrip" => return Ok(Value::from(s.trim_end_matches(is_python_space))),
+            _ => {}
+        }
+    }
+    minijinja_contrib::pycompat::unknown_method_callback(state, value, method, args)
+}
+
+/// Jinja's `trim(value, chars=None)`: Python's `value.strip(chars)`.
+fn trim(value: &str, chars: Option<&str>) -> String {
+    match chars {
+        Some(chars) => value.trim_matches(|c| chars.contains(c)).to_owned(),
+        None => value.trim_matches(is_python_space).to_owned(),
     }
 }
 
@@ -637,6 +670,13 @@ mod tests {
             .unwrap_err();
         assert!(err.to_string().contains("no system role"), "{err}");
         assert!(ChatTemplate::new("{% for %}", "", "").is_err());
+    }
+
+    #[test]
+    fn strip_and_trim_strip_what_python_strips() {
+        let t = "{{ messages[0].content.strip() }}|{{ messages[0].content | trim }}|{{ messages[0].content.lstrip() }}|{{ 'xxaxx' | trim('x') }}";
+        let body = r#"[{"role":"user","content":"\u001c\u00a0 a \u2028\u001f"}]"#;
+        assert_eq!(render(t, body, true), "a|a|a \u{2028}\u{1f}|a");
     }
 
     #[test]
