@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use pyo3::prelude::*;
 use pyo3::pybacked::{PyBackedBytes, PyBackedStr};
-use pyo3::types::PyString;
+use pyo3::types::{PyBytes, PyString};
 
 use crate::chat_template::{self, RenderError};
 use crate::hf_tokenizer::{self, EncodeError, LoadError};
@@ -48,8 +48,9 @@ fn owned_text(text: Bound<'_, PyString>, what: &str) -> PyResult<PyBackedStr> {
 }
 
 /// Run `work` with the GIL released when the input is large enough for that to pay off. Inputs
-/// are already Rust values (`PyBackedStr`/`PyBackedBytes` own a reference to their immutable
-/// Python object), so nothing Python is touched meanwhile.
+/// are already Rust values (`PyBackedStr`/`PyBackedBytes` hold a reference to their immutable
+/// Python object, taken and later dropped with the GIL held), so nothing Python is touched
+/// meanwhile.
 fn maybe_detach<T: Send>(py: Python<'_>, len: usize, work: impl FnOnce() -> T + Send) -> T {
     if len >= DETACH_MIN_BYTES {
         py.detach(work)
@@ -102,7 +103,7 @@ impl HfTokenizer {
         add_special_tokens: bool,
     ) -> PyResult<usize> {
         let text = owned_text(text, "text")?;
-        maybe_detach(py, text.len(), move || {
+        maybe_detach(py, text.len(), || {
             self.inner.count(&text, add_special_tokens)
         })
         .map_err(|e| encode_error(&e))
@@ -117,7 +118,7 @@ impl HfTokenizer {
         add_special_tokens: bool,
     ) -> PyResult<Vec<u32>> {
         let text = owned_text(text, "text")?;
-        maybe_detach(py, text.len(), move || {
+        maybe_detach(py, text.len(), || {
             self.inner.encode(&text, add_special_tokens)
         })
         .map_err(|e| encode_error(&e))
@@ -136,7 +137,7 @@ impl HfTokenizer {
             .map(|text| owned_text(text, "each text"))
             .collect::<PyResult<Vec<_>>>()?;
         let total: usize = texts.iter().map(|t| t.len()).sum();
-        maybe_detach(py, total, move || {
+        maybe_detach(py, total, || {
             texts
                 .iter()
                 .map(|text| self.inner.count(text, add_special_tokens))
@@ -155,12 +156,13 @@ impl HfTokenizer {
         &self,
         py: Python<'_>,
         template: &Bound<'_, ChatTemplate>,
-        body: PyBackedBytes,
+        body: Bound<'_, PyBytes>,
         add_generation_prompt: bool,
         add_special_tokens: bool,
     ) -> PyResult<usize> {
         let template = &template.get().inner;
-        let counted = maybe_detach(py, body.len(), move || {
+        let body = PyBackedBytes::from(body);
+        let counted = maybe_detach(py, body.len(), || {
             let rendered = template
                 .render_request(&body, add_generation_prompt)
                 .map_err(ChatCountError::Render)?;
@@ -222,10 +224,11 @@ impl ChatTemplate {
     fn render(
         &self,
         py: Python<'_>,
-        body: PyBackedBytes,
+        body: Bound<'_, PyBytes>,
         add_generation_prompt: bool,
     ) -> PyResult<String> {
-        maybe_detach(py, body.len(), move || {
+        let body = PyBackedBytes::from(body);
+        maybe_detach(py, body.len(), || {
             self.inner.render_request(&body, add_generation_prompt)
         })
         .map_err(render_error)

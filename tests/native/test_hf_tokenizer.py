@@ -338,6 +338,8 @@ def test_template_errors() -> None:
         template.render(b'{"messages": "hi"}')
     with pytest.raises(router.RequestShapeError):
         template.render(b"{}")
+    with pytest.raises(TypeError):
+        template.render("[]")  # type: ignore[arg-type]
     assert router.ChatTemplate("{{ strftime_now('%Y') }}").render(b"[]") >= "2025"
 
 
