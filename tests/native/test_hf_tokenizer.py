@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -367,3 +368,13 @@ def test_count_chat_counts_bos_once(tmp_path: Path) -> None:
     hello = native.count("hello")
     assert native.count_chat(template, body) == hello + 1
     assert native.count_chat(template, body, add_special_tokens=True) == hello + 1
+
+
+def test_concurrent_counts_agree(bpe_file: Path) -> None:
+    # Texts of 1 KiB and more are counted with the GIL released: threads share one tokenizer.
+    native = router.HfTokenizer(bpe_file)
+    texts = [t * 50 for t in TEXTS[1:6]]
+    expected = native.count_many(texts)
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(lambda _: [native.count(t) for t in texts], range(16)))
+    assert all(r == expected for r in results)
