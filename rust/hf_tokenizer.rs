@@ -8,7 +8,7 @@ use std::fmt;
 use std::panic::{self, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 
-use tokenizers::Tokenizer;
+use tokenizers::{Model, OffsetReferential, OffsetType, PostProcessor, PreTokenizer, Tokenizer};
 
 /// Why a tokenizer file could not be loaded.
 #[derive(Debug)]
@@ -125,15 +125,38 @@ impl HfTokenizer {
         Ok(encoding.get_ids().to_vec())
     }
 
-    /// Number of tokens of `text`, as `encode(text, add_special_tokens).len()`.
+    /// Number of tokens of `text`, as `encode(text, add_special_tokens).len()`: the same
+    /// pipeline (added tokens, normalizer, pre-tokenizer, model) without building the
+    /// `Encoding` (token strings, offsets, masks), then the post-processor's token count.
     pub fn count(&self, text: &str, add_special_tokens: bool) -> Result<usize, EncodeError> {
-        if text.is_empty() && !add_special_tokens {
-            return Ok(0);
+        let specials = if add_special_tokens {
+            self.inner
+                .get_post_processor()
+                .map_or(0, |p| p.added_tokens(false))
+        } else {
+            0
+        };
+        if text.is_empty() {
+            return Ok(specials);
         }
-        self.inner
-            .encode_fast(text, add_special_tokens)
-            .map(|encoding| encoding.len())
-            .map_err(|e| EncodeError(e.to_string()))
+        let fail = |e: tokenizers::Error| EncodeError(e.to_string());
+        let mut pieces = self
+            .inner
+            .get_added_vocabulary()
+            .extract_and_normalize(self.inner.get_normalizer(), text);
+        if let Some(pre_tokenizer) = self.inner.get_pre_tokenizer() {
+            pre_tokenizer.pre_tokenize(&mut pieces).map_err(fail)?;
+        }
+        let model = self.inner.get_model();
+        pieces
+            .tokenize(|piece| model.tokenize(piece.get()))
+            .map_err(fail)?;
+        let tokens: usize = pieces
+            .get_splits(OffsetReferential::Normalized, OffsetType::None)
+            .iter()
+            .map(|(_, _, tokens)| tokens.as_ref().map_or(0, Vec::len))
+            .sum();
+        Ok(tokens + specials)
     }
 
     /// Tokens of a rendered chat prompt. Without `add_special_tokens` the text is counted as is
