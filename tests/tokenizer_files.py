@@ -108,3 +108,43 @@ def wordpiece(path: Path) -> Path:
         ("[SEP]", tokenizer.token_to_id("[SEP]")), ("[CLS]", tokenizer.token_to_id("[CLS]"))
     )
     return _save(tokenizer, path)
+
+
+def llama2_style_bpe(path: Path) -> Path:
+    """A SentencePiece-style BPE as Llama 2 and Mistral ship it: spaces become "▁" in the
+    normalizer, no pre-tokenizer, byte fallback and an unknown token, BOS in front."""
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tokenizer.normalizer = normalizers.Sequence(
+        [normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")]
+    )
+    tokenizer.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+    )
+    trainer = trainers.BpeTrainer(
+        vocab_size=500,
+        special_tokens=["<unk>", "<s>", "</s>", "<0x0A>", "<0xF0>", "<0x9F>"],
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(CORPUS * 4, trainer=trainer)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A",
+        pair="<s> $A <s> $B",
+        special_tokens=[("<s>", tokenizer.token_to_id("<s>"))],
+    )
+    return _save(tokenizer, path)
+
+
+def unigram_metaspace(path: Path) -> Path:
+    """A SentencePiece Unigram (T5 style): NFKC, "▁" word boundaries, an unknown token."""
+    tokenizer = Tokenizer(models.Unigram())
+    tokenizer.normalizer = normalizers.NFKC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    tokenizer.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    trainer = trainers.UnigramTrainer(
+        vocab_size=300,
+        special_tokens=["<pad>", "</s>", "<unk>"],
+        unk_token="<unk>",
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(CORPUS * 4, trainer=trainer)
+    return _save(tokenizer, path)

@@ -31,7 +31,13 @@ TEXTS = [
     "x" * 5000,
 ]
 
-KINDS = ["byte_level_bpe", "llama3_style_bpe", "wordpiece"]
+KINDS = [
+    "byte_level_bpe",
+    "llama3_style_bpe",
+    "wordpiece",
+    "llama2_style_bpe",
+    "unigram_metaspace",
+]
 
 
 @pytest.fixture(scope="module", params=KINDS)

@@ -15,10 +15,10 @@ from tests.property.test_tokens_props import ADVERSARIAL_TEXT, TEXT
 tokenizers = pytest.importorskip("tokenizers", reason="the tokenizers package is a dev extra")
 pytest.importorskip("jinja2", reason="jinja2 is a dev extra")
 from tests import tokenizer_files  # noqa: E402  (needs tokenizers)
-from tests.native.test_hf_tokenizer import CHATML, LLAMA3, jinja_render  # noqa: E402
+from tests.native.test_hf_tokenizer import CHATML, KINDS, LLAMA3, jinja_render  # noqa: E402
 
 
-@pytest.fixture(scope="module", params=["byte_level_bpe", "llama3_style_bpe", "wordpiece"])
+@pytest.fixture(scope="module", params=KINDS)
 def tokenizer_file(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Path:
