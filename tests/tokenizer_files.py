@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tokenizers import (
+    Regex,
     Tokenizer,
     decoders,
     models,
@@ -80,7 +81,7 @@ def llama3_style_bpe(path: Path, vocab_size: int = 600, corpus: list[str] = CORP
     )
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(pattern, behavior="isolated", invert=False),
+            pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )
