@@ -2,9 +2,11 @@
 
 pub mod bucket;
 mod casefold;
+pub mod chat_messages;
 pub mod chat_template;
 pub mod fingerprint;
 pub mod hf_tokenizer;
+pub mod jinja_python;
 pub mod json;
 pub mod normalize;
 pub mod pretokenize;
