@@ -396,10 +396,10 @@ class Attempts:
     async def first(self) -> Opened:
         """Try the candidates until one answers; raise the last AttemptError if none does.
 
-        Each candidate once, in order; then, when every one has failed, the same region again
-        (at most twice per region, after a backoff or the region's own Retry-After when it fits
-        the client's deadline) if its failure may pass: never after a silence or a broken
-        answer. The retry policy gates every attempt after the first.
+        Each candidate once, in order; then, when it is the only region serving the model, the
+        same region again (at most twice, after a backoff or the region's own Retry-After when
+        it fits the client's deadline) if its failure may pass: never after a silence or a
+        broken answer. The retry policy gates every attempt after the first.
         """
         ctx = self.ctx
         gate = self.retry.allow
@@ -457,6 +457,9 @@ class Attempts:
         for upstream in self.candidates:
             if upstream.name not in tries:
                 return upstream, 0.0
+        if len(self.candidates) > 1:
+            # Another region serves the model: its failure is the answer, not a reason to wait.
+            return None, 0.0
         deadline = self.ctx.deadline
         now = time.monotonic()
         for upstream in self.candidates:

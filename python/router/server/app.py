@@ -10,6 +10,7 @@ import msgspec
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from router.access import tokenizers
 from router.access.auth import Authenticator
 from router.access.limits import Limiter, Limits, auth_preparer, rate_limit_headers
 from router.cache.serving import CacheLayer, cache_headers
@@ -127,7 +128,9 @@ def build_app(config: Config, config_path: Path | None = None) -> web.Applicatio
     rollout = app[ROLLOUT] = RolloutRuntime(config)
     reloader.register("rollout", rollout.prepare_reload, ("rollout", "models"))
     # How much: per-key limits, then per-region admission slots.
-    limiter = Limiter.from_config(config.limits, auth.tenants)
+    limiter = Limiter.from_config(
+        config.limits, auth.tenants, tokenizers.load(config.tokenizers.models)
+    )
     reloader.register("auth", auth_preparer(auth, limiter), ("auth",))
     app.cleanup_ctx.append(_closing(limiter.close))
     admission = Admission.from_config(config.admission)
