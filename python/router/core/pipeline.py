@@ -310,6 +310,7 @@ class Pipeline:
                         max_event_bytes=config.server.max_event_bytes,
                         continuer=features.continuer,
                         attempts=attempts,
+                        strip_usage=opened.usage_added,
                     )
                 finally:
                     timer.end("stream")
