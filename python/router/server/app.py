@@ -16,8 +16,9 @@ from router.access.limits import Limiter, Limits, auth_preparer, rate_limit_head
 from router.cache.serving import CacheLayer, cache_headers
 from router.config import Config
 from router.core.admin import AdminRoutes
+from router.core.client_limit import InFlightPerIp
 from router.core.context import request_id
-from router.core.pipeline import CONTEXT, Features, InFlightPerIp, Pipeline
+from router.core.pipeline import CONTEXT, Features, Pipeline
 from router.core.request import CHAT, COMPLETIONS, EMBEDDINGS
 from router.core.responses import error_response
 from router.core.stages import AttemptObserver, ResponseDecorator
