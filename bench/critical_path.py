@@ -244,9 +244,12 @@ async def _drive(
 ) -> dict[str, float]:
     expected = await expected_answer(urls["direct"], stream)
     tallies = await run_cell(urls, pids, stream, PACED_CAP, rate, duration, 0.5, rounds, expected)
-    bad = sum(t.errors for t in tallies.values())
+    bad = {name: t.errors for name, t in tallies.items() if t.errors}
+    if any("@" not in name for name in bad):
+        raise RuntimeError(f"answers differed from the region's own: {bad}")
     if bad:
-        raise RuntimeError(f"{bad} answers differed from the region's own")
+        # The baseline tree's own bugs are its own: reported, not fatal.
+        print(f"baseline answers that differed from the region's own: {bad}", file=sys.stderr)
     return {name: quantile(t.latencies, 0.5) for name, t in tallies.items()}
 
 
