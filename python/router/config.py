@@ -100,8 +100,14 @@ class RegionConfig(_Section, frozen=True):
         return _PROBE_PATHS.get(self.kind)
 
 
-# Health routes that answer without waiting for the model (a busy server must not look dead).
-_PROBE_PATHS = {"vllm": "/health", "llama-server": "/health", "sim": "/health"}
+# Health routes that answer without waiting for the model (a busy server must not look dead,
+# and llama-cpp-python's /v1/models waits for the model lock, then can interrupt a stream).
+_PROBE_PATHS = {
+    "vllm": "/health",
+    "llama-server": "/health",
+    "llama-cpp-python": "/openapi.json",
+    "sim": "/health",
+}
 
 FallbackOn = Literal["unavailable", "overloaded", "server_error", "timeout", "context_length"]
 
