@@ -23,6 +23,7 @@ from router.core.stages import AttemptObserver, Hedger, Opener, RetryPolicy, Slo
 from router.core.timing import QUEUE
 from router.core.transport import UpstreamResponse
 from router.core.upstream import Opened, Upstream, response_headers
+from router.errors import UpstreamError
 from router.net import http1, sse
 
 log = logging.getLogger("router")
@@ -236,7 +237,23 @@ async def open_attempt(
                         break
                     first += more
                 if not first:
-                    raise AttemptError(name, FailureKind.DISCONNECT, "empty stream")
+                    # A clean end before any byte: the server refused the request its own way
+                    # (llama-cpp-python answers a prompt over its context so); every region
+                    # would, so it is one clean error, tried nowhere else.
+                    error = UpstreamError(
+                        "The region ended the stream before sending anything; the prompt may "
+                        "exceed the model's context.",
+                        code="empty_stream",
+                    )
+                    raise AttemptError(
+                        name,
+                        FailureKind.REQUEST,
+                        "empty stream",
+                        retryable=False,
+                        status=502,
+                        headers=CIMultiDict({"Content-Type": "application/json"}),
+                        body=error.body(),
+                    )
                 headers_out = response_headers(resp.headers)
                 encoding = headers_out.get("Content-Encoding", "identity").strip().lower()
                 if encoding != "identity":

@@ -301,3 +301,13 @@ async def test_a_content_policy_refusal_never_falls_back() -> None:
     assert json.loads(raw)["error"]["message"] == "refused: policy"
     assert "x-router-fallback-model" not in headers
     assert len(regions["b"].requests) == 0
+
+
+async def test_a_stream_that_ends_before_any_byte_is_one_clean_error_tried_nowhere_else() -> None:
+    # llama-cpp-python answers a streamed prompt over its context with 200 and an empty body.
+    empty = LocalReply(200, SSE, [])
+    app, regions = app_for({"a": scripted(empty), "b": scripted(empty)})
+    status, raw, _ = await post(app, stream=True)
+    assert status == 502
+    assert json.loads(raw)["error"]["code"] == "empty_stream"
+    assert (len(regions["a"].requests), len(regions["b"].requests)) == (1, 0)
