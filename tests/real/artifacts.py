@@ -30,17 +30,19 @@ def llama_server_bin() -> Path:
     return version_dir() / "bin" / "llama-server"
 
 
-def python_target() -> Path:
-    """A `pip install --target` directory holding llama-cpp-python[server] and its extras."""
-    return version_dir() / "site"
+def venv_python() -> Path:
+    """The interpreter of the venv that holds llama-cpp-python[server] (not the test one)."""
+    return version_dir() / "venv" / "bin" / "python"
 
 
 def require() -> None:
     """Raise ArtifactsMissing, naming what is missing, unless both servers are built."""
     missing = [
         str(path)
-        for path in (llama_server_bin(), python_target() / "llama_cpp" / "server" / "__main__.py")
+        for path in (llama_server_bin(), version_dir() / "venv" / ".installed")
         if not path.exists()
     ]
     if missing:
-        raise ArtifactsMissing(f"real-server artifacts missing ({', '.join(missing)}): {MISSING_HINT}")
+        raise ArtifactsMissing(
+            f"real-server artifacts missing ({', '.join(missing)}): {MISSING_HINT}"
+        )

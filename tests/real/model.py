@@ -12,6 +12,7 @@ both count the same tokens. Weights are seeded: the same parameters give the sam
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import re
 from collections import Counter
@@ -96,7 +97,7 @@ def learn_merges(n_merges: int) -> list[tuple[str, str]]:
         pairs: Counter[tuple[str, str]] = Counter()
         for word, count in words.items():
             seq = seqs[word]
-            for pair in zip(seq, seq[1:], strict=False):
+            for pair in itertools.pairwise(seq):
                 pairs[pair] += count
         if not pairs:
             break
