@@ -99,6 +99,8 @@ def llama_cpp_python_args(
         "--n_threads", str(THREADS),
         "--n_threads_batch", str(THREADS),
         "--embedding", json.dumps(embedding),
+        # mean pooling, as llama-server's --pooling mean (without it: one vector per token)
+        *(["--kv_overrides", "llama.pooling_type=int:1"] if embedding else []),
         *extra,
     ]  # fmt: skip
 
