@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from openai import OpenAI
 from tokenizers import Tokenizer
 
 from tests.real.artifacts import llama_server_bin, venv_python
@@ -29,7 +30,7 @@ from tests.real.servers import MODEL_ALIAS, start_llama_cpp_python, start_llama_
 from tests.support import Proc
 
 LONG_PROMPT = "The router sends each request to the nearest healthy region. " * 150
-CHAT = [{"role": "user", "content": "Tell me about the sea."}]
+CHAT: list[Any] = [{"role": "user", "content": "Tell me about the sea."}]
 
 
 def request(
@@ -366,25 +367,30 @@ def section_routes() -> None:
 
 
 def section_speed() -> None:
-    print("== a 400-token stream at temperature 0")
-    body = chat(400, stream=True, stream_options={"include_usage": True})
+    """With the OpenAI SDK (httpx): reading the stream line by line with http.client made
+    llama-server's stream 5-15 times slower (11-27 s for 400 tokens), an artefact of that client."""
+    print("== a 400-token stream at temperature 0 (OpenAI SDK)")
     with servers("llama-server", "llama-cpp-python") as (ls, lcp):
         for name, proc in (("llama-server", ls), ("llama-cpp-python", lcp)):
-            for _ in range(2):
-                out: list[bytes] = []
-                first: list[float] = []
+            api = OpenAI(base_url=proc.url + "/v1", api_key="x", max_retries=0, timeout=300)
+            for stream in (False, True, True):
                 start = time.monotonic()
-                stream_raw(proc, "/v1/chat/completions", body, out, threading.Event(), first)
-                total = time.monotonic() - start
-                datas = [json.loads(ln[5:]) for ln in out if ln.startswith(b"data: {")]
-                usage = [d["usage"] for d in datas if d.get("usage")]
-                tokens = usage[-1]["completion_tokens"] if usage else 0
-                ttft = first[0] - start
-                print(
-                    f"  {name}: first chunk {ttft * 1000:.0f} ms, total {total:.2f} s, "
-                    f"{len(datas)} chunks, completion_tokens={tokens}, "
-                    f"{tokens / (total - ttft):.0f} tok/s after the first chunk"
-                )
+                first = 0.0
+                if stream:
+                    chunks = 0
+                    for _ in api.chat.completions.create(
+                        model=MODEL_ALIAS, messages=CHAT, max_tokens=400, temperature=0, stream=True
+                    ):
+                        chunks += 1
+                        first = first or time.monotonic() - start
+                    what = f"stream, {chunks} chunks, first after {first * 1000:.0f} ms"
+                else:
+                    api.chat.completions.create(
+                        model=MODEL_ALIAS, messages=CHAT, max_tokens=400, temperature=0
+                    )
+                    what = "non-stream"
+                took = time.monotonic() - start
+                print(f"  {name} {what}: {took:.2f} s, {400 / took:.0f} tok/s")
 
 
 SECTIONS: dict[str, Callable[[], None]] = {
