@@ -3,12 +3,12 @@ PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps vocab build build-runtime lint test test-rust test-python bench bench-scenarios demo clean
+.PHONY: setup system-deps vocab build build-runtime real-servers lint test test-rust test-python bench bench-scenarios demo clean
 
 system-deps:
 	@if ! command -v redis-server >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1 \
-		|| ! test -x /usr/sbin/nginx || ! command -v openssl >/dev/null 2>&1; then \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server chromium nginx openssl >/dev/null; \
+		|| ! test -x /usr/sbin/nginx || ! command -v openssl >/dev/null 2>&1 || ! command -v cmake >/dev/null 2>&1; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server chromium nginx openssl cmake >/dev/null; \
 	fi
 
 # tiktoken's cl100k/o200k vocabularies, offline: the tiktoken-rs crate ships them, and the tests
@@ -29,6 +29,11 @@ build-runtime:
 
 setup: system-deps vocab build
 
+# llama.cpp's llama-server and the llama-cpp-python server for tests/real, built once from the
+# llama-cpp-python sdist and cached in $${ROUTER_REAL_CACHE:-~/.cache/router-real} (tests/real/build.py).
+real-servers:
+	$(PYTHON) -m tests.real.build
+
 lint:
 	cargo fmt --check
 	cargo clippy --all-targets -- -D warnings
@@ -44,7 +49,7 @@ test-rust:
 test-python:
 	$(PYTHON) -m pytest $(PYTEST_ARGS)
 
-test: setup lint test-rust test-python
+test: setup lint test-rust real-servers test-python
 
 bench: build
 	$(PYTHON) -m pytest bench/micro --benchmark-only --benchmark-columns=min,median,mean,ops
