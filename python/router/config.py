@@ -105,7 +105,7 @@ class RegionConfig(_Section, frozen=True):
 _PROBE_PATHS = {
     "vllm": "/health",
     "llama-server": "/health",
-    "llama-cpp-python": "/openapi.json",
+    "llama-cpp-python": "/docs",
     "sim": "/health",
 }
 

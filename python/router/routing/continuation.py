@@ -282,12 +282,15 @@ class _Diverged(Exception):
 
 
 class _Catchup:
-    """Holds a regenerated stream back until it has passed the text the client has."""
+    """Holds a stream back until it has passed the text the client has: a regenerated answer
+    must repeat it exactly; a continuation may echo it first (llama-server returns the prefill
+    with the new text), or not (`echo`: then whatever it says is new)."""
 
-    __slots__ = ("have", "seen", "through")
+    __slots__ = ("echo", "have", "seen", "through")
 
-    def __init__(self, have: str) -> None:
+    def __init__(self, have: str, *, echo: bool = False) -> None:
         self.have = have
+        self.echo = echo
         self.seen = ""
         self.through = not have
 
@@ -306,20 +309,27 @@ class _Catchup:
         piece = delta.get("content") if isinstance(delta, dict) else None
         if not isinstance(piece, str) or not piece:
             if isinstance(choice, dict) and choice.get("finish_reason") is not None:
+                if self.echo:
+                    # It ended within an echo of the text, or right away: nothing new.
+                    self.through = True
+                    return event
                 raise _Diverged("ended before reaching the text already sent")
             return None
         seen = self.seen + piece
-        if len(seen) <= len(self.have):
-            if not self.have.startswith(seen):
-                raise _Diverged("the regenerated text differs")
+        if len(seen) <= len(self.have) and self.have.startswith(seen):
             self.seen = seen
             self.through = seen == self.have
             return None
-        if not seen.startswith(self.have):
-            raise _Diverged("the regenerated text differs")
+        if seen.startswith(self.have):
+            return self._emit(obj, delta, seen[len(self.have) :])
+        if self.echo:
+            return self._emit(obj, delta, seen)  # no echo after all: all of it is new
+        raise _Diverged("the regenerated text differs")
+
+    def _emit(self, obj: dict[str, Any], delta: object, text: str) -> bytes:
         self.through = True
-        assert isinstance(delta, dict)
-        delta["content"] = seen[len(self.have) :]
+        if isinstance(delta, dict):
+            delta["content"] = text
         return b"data: " + _ENCODE.encode(obj) + b"\n\n"
 
 
@@ -349,7 +359,8 @@ async def _continue_on(
         return False
     splitter = sse.Splitter(max_event_bytes)
     state = StreamState()
-    catchup = _Catchup(tracker.text if regenerate else "")
+    # Regenerated: must repeat what the client has; continued: may echo it first.
+    catchup = _Catchup(tracker.text, echo=not regenerate)
     sent = 0 if regenerate else tracker.events
     complete = False
     try:

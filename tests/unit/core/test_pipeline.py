@@ -241,3 +241,29 @@ async def test_a_sampled_request_is_never_regenerated() -> None:
         raw = await resp.read()
     assert texts(raw) == ("Hello", ["upstream_stream_error"])
     assert regions["b"].requests == []
+
+
+def echoes(prefill: str, *pieces: str) -> Handler:
+    """llama-server: continues a trailing assistant message, and sends the prefill back first."""
+
+    async def handle(path: str, raw: bytes, headers: CIMultiDict[str]) -> LocalReply:
+        assert json.loads(raw)["messages"][-1] == {"role": "assistant", "content": prefill}
+        end = {"index": 0, "delta": {}, "finish_reason": "stop"}
+        events = [delta(prefill)] + [delta(p) for p in pieces]
+        return LocalReply(
+            200, SSE, [*events, event({"id": "x", "choices": [end]}), b"data: [DONE]\n\n"]
+        )
+
+    return handle
+
+
+async def test_a_continuation_that_echoes_the_prefill_is_not_duplicated() -> None:
+    app, _ = app_for(
+        {"a": breaks_after("Hel", "lo"), "b": echoes("Hello", " world")},
+        RoutingConfig(midstream="resume"),
+        kind="llama-server",
+    )
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        resp = await client.post(CHAT, json=body(stream=True))
+        raw = await resp.read()
+    assert texts(raw) == ("Hello world", [])
