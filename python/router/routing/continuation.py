@@ -349,12 +349,23 @@ async def _continue_on(
     try:
         opened = await open_one(upstream, body)
     except AttemptError as exc:
-        log.warning("request %s: resume on %s failed: %s", ctx.request_id, upstream.name, exc)
+        log.warning(
+            "request %s: resume on %s failed: %s%s",
+            ctx.request_id,
+            upstream.name,
+            exc,
+            f" {exc.body[:500]!r}" if exc.body else "",
+        )
         return None
     resp = opened.response
     if resp is None:
+        # The region refused the continuation (e.g. a prefill it does not take): say how.
         log.warning(
-            "request %s: resume on %s failed: HTTP %d", ctx.request_id, upstream.name, opened.status
+            "request %s: resume on %s refused: HTTP %d %r",
+            ctx.request_id,
+            upstream.name,
+            opened.status,
+            (opened.body or b"")[:500],
         )
         return False
     splitter = sse.Splitter(max_event_bytes)
