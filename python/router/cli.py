@@ -104,16 +104,21 @@ def _load_config(path: str) -> Config | None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    """`router serve --config FILE`."""
-    import logging
-
+    """`router serve --config FILE`: exit 2 for a bad config, 1 when it cannot start (one line on
+    stderr, no traceback: a port in use, a certificate that will not load)."""
+    from router.errors import StartupError
+    from router.observability import logs
     from router.server.run import serve
 
     config = _load_config(args.config)
     if config is None:
         return 2
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    serve(config, Path(args.config))
+    logs.configure(config.observability.log_level, config.observability.log_format)
+    try:
+        serve(config, Path(args.config))
+    except StartupError as exc:
+        print(f"router: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import difflib
+import os
 import re
 import tomllib
-from collections.abc import Callable
+import typing
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
+from router import config_env
 from router.errors import ConfigError
 
 
@@ -17,13 +21,28 @@ class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     """Base of every config section: immutable, keyword-only, unknown keys rejected."""
 
 
+class TlsConfig(_Section, frozen=True):
+    """[server.tls] / [server.admin_tls]: TLS on a listener; the files are read again on reload."""
+
+    # PEM certificate chain (leaf first) and its private key.
+    cert_file: str
+    key_file: str
+    # PEM CA bundle: when set, clients must present a certificate it signed (mutual TLS).
+    client_ca_file: str | None = None
+    # Oldest protocol accepted; TLS 1.0 and 1.1 are never offered.
+    min_version: Literal["1.2", "1.3"] = "1.2"
+
+
 class ServerConfig(_Section, frozen=True):
     """[server]: where the router listens and how long it waits on clients."""
 
     listen: str = "127.0.0.1:8080"
-    # Optional second listener serving the same app (bind it to a private interface for
-    # /metrics and admin endpoints).
+    # Optional admin listener: when set, /metrics, /status* and /admin/* are served only there
+    # and /v1 only on `listen` (bind it to a private interface); /healthz and /readyz on both.
     admin_listen: str | None = None
+    # TLS on `listen` (unset: plain HTTP) and on `admin_listen` (unset: plain HTTP).
+    tls: TlsConfig | None = None
+    admin_tls: TlsConfig | None = None
     max_body_bytes: int = 1 << 20
     # Slow-loris protection: a connection must complete a request head within header_timeout_s of
     # connecting or of its previous response (aiohttp's keep-alive timer, so this is also the idle
@@ -418,12 +437,66 @@ def _check_rollout(config: Config, source: str) -> None:
             raise fail(f"{where}.deployments", "expected at least one positive weight")
 
 
-def loads(text: str, source: str = "<config>") -> Config:
-    """Decode and check config text; `source` names the file in errors."""
+_UNKNOWN = re.compile(r"^Object contains unknown field `(?P<name>[^`]*)`$")
+_INDEX = re.compile(r"\[[^\]]*\]")
+
+
+def _struct_at(path: str) -> type[msgspec.Struct] | None:
+    """The Struct decoding `$.a.b[0].c` (dict keys and list indexes stepped over)."""
+    parts = [p for p in _INDEX.sub("", path).split(".") if p]
+    cls: Any = Config
+    for part in parts:
+        hints = typing.get_type_hints(cls, include_extras=True)
+        if part not in hints:
+            # A key of a table of sections (cache.models.<name>): already inside its value type.
+            continue
+        cls = _struct_in(hints[part])
+        if cls is None:
+            return None
+    return cls if isinstance(cls, type) and issubclass(cls, msgspec.Struct) else None
+
+
+def _struct_in(tp: Any) -> type[msgspec.Struct] | None:
+    for candidate in (tp, *typing.get_args(tp)):
+        if isinstance(candidate, type) and issubclass(candidate, msgspec.Struct):
+            return candidate
+        if typing.get_origin(candidate) in (tuple, dict):
+            found = _struct_in(typing.get_args(candidate)[-1])
+            if found is not None:
+                return found
+    return None
+
+
+def _hint(what: str, path: str) -> str:
+    """What to add to a validation error: a close field name, or how to hash a raw key."""
+    unknown = _UNKNOWN.match(what)
+    if unknown is not None:
+        cls = _struct_at(path)
+        names = list(cls.__struct_fields__) if cls is not None else []
+        close = difflib.get_close_matches(unknown["name"], names, n=1, cutoff=0.6)
+        return f" (did you mean `{close[0]}`?)" if close else ""
+    if path.endswith("sha256") and "matching" in what:
+        return (
+            " (this field holds the SHA-256 hex of a key, never the key itself: "
+            "run `router hash-key KEY`, or `router keygen` for a new key and its hash)"
+        )
+    return ""
+
+
+def loads(text: str, source: str = "<config>", env: Mapping[str, str] | None = None) -> Config:
+    """Decode and check config text; `source` names the file in errors; `env` overrides
+    per-host fields (config_env: ROUTER_<SECTION>_<FIELD>)."""
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{source}: invalid TOML: {exc}") from None
+    if env is not None:
+        try:
+            applied = config_env.apply(raw, env)
+        except ValueError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
+        if applied:
+            source += " (with " + ", ".join(name for name, _ in applied) + ")"
     try:
         config = msgspec.convert(raw, Config)
     except msgspec.ValidationError as exc:
@@ -432,17 +505,19 @@ def loads(text: str, source: str = "<config>") -> Config:
         path = match["path"]
         what = match["what"]
         if path is None:
-            raise ConfigError(f"{source}: {what}") from None
-        raise ConfigError(f"{source}: field `{_field_path(path)}`: {what}") from None
+            raise ConfigError(f"{source}: {what}{_hint(what, '')}") from None
+        field = _field_path(path)
+        raise ConfigError(f"{source}: field `{field}`: {what}{_hint(what, field)}") from None
     _check(config, source)
     return config
 
 
-def load(path: str | Path) -> Config:
-    """Read, decode and check the config file at `path`."""
+def load(path: str | Path, env: Mapping[str, str] | None = None) -> Config:
+    """Read, decode and check the config file at `path`, with the process environment's
+    overrides unless `env` is given."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{p}: cannot read config: {exc}") from None
-    return loads(text, str(p))
+    return loads(text, str(p), os.environ if env is None else env)

@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from router.core.timing import parse_server_timing
 from tests.integration.conftest import MODEL, region_toml, sim_config, start_router, start_sim
-from tests.support import Proc, router_cmd
+from tests.support import Proc, is_access_line, router_cmd
 
 HEADER = """
 [timeouts]
@@ -173,7 +173,7 @@ def test_known_sequence_is_reflected_exactly(env: Env) -> None:
     assert samples(r)[("router_requests_total", frozenset(miss_a.items()))] == 2
 
     log = r.access_lines(7)
-    assert len([ln for ln in r.output().splitlines() if ln.startswith("{")]) == 7
+    assert len([ln for ln in r.output().splitlines() if is_access_line(ln)]) == 7
     assert [line["status"] for line in log] == [200, 200, 200, 200, 404, 400, 200]
     assert [line["cache"] for line in log[:4]] == ["miss", "miss", "hit", "bypass"]
     assert log[6]["region"] == "b"

@@ -271,11 +271,17 @@ def build(
     return Observer(telemetry_from_config(config, passive.states, models), passive)
 
 
-def add_routes(app: web.Application, observer: Observer, config: ObservabilityConfig) -> None:
-    """/metrics, /status, /status.json; the access log is flushed when the app stops."""
+def add_routes(
+    app: web.Application,
+    observer: Observer,
+    config: ObservabilityConfig,
+    routes: web.Application | None = None,
+) -> None:
+    """/metrics, /status, /status.json on `routes` (default `app`); the access log is flushed
+    when `app` stops."""
     telemetry = observer.telemetry
-    metrics.add_routes(app, telemetry)
-    status.add_routes(app, telemetry, refresh_ms=config.status_refresh_ms)
+    metrics.add_routes(routes or app, telemetry)
+    status.add_routes(routes or app, telemetry, refresh_ms=config.status_refresh_ms)
 
     async def close(app: web.Application) -> None:
         # The buffered access lines are written before the process exits.

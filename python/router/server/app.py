@@ -7,11 +7,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import msgspec
-from aiohttp import web
+from aiohttp import web, web_response
 from aiohttp.typedefs import Middleware
 
 from router.access.auth import Authenticator
 from router.access.limits import Limiter, Limits, auth_preparer, rate_limit_headers
+from router.cache.admin import CACHE
 from router.cache.serving import CacheLayer, cache_headers
 from router.config import Config
 from router.core.admin import AdminRoutes
@@ -59,6 +60,18 @@ class RouterState:
 CONFIG: web.AppKey[Config] = web.AppKey("config")
 STATE: web.AppKey[RouterState] = web.AppKey("state")
 PIPELINE: web.AppKey[Pipeline] = web.AppKey("pipeline")
+# The app behind `admin_listen` (/metrics, /status*, /admin/*), set only when that is configured;
+# it shares every feature with the client app and starts after it.
+ADMIN_APP: web.AppKey[web.Application] = web.AppKey("admin_app")
+# What the Server header says: no Python or aiohttp version for a scanner to match.
+SERVER_HEADER = "router"
+
+
+def _hide_versions() -> None:
+    """aiohttp fills in `Server: Python/x aiohttp/y` on every response, its own 400s for
+    unparsable requests included (written before any app hook runs); its module default is the
+    one place that covers them all."""
+    web_response.SERVER_SOFTWARE = SERVER_HEADER  # type: ignore[attr-defined]
 
 
 def _models_body(config: Config) -> bytes:
@@ -109,10 +122,15 @@ def build_app(config: Config, config_path: Path | None = None) -> web.Applicatio
     """The router application for `config`; pools and probes start with it and stop with it."""
     # client_max_size is a backstop; read_body enforces max_body_bytes with a proper 413.
     app = web.Application(client_max_size=config.server.max_body_bytes + 1)
-    app[CONFIG] = config
-    state = app[STATE] = RouterState()
+    # With an admin listener, operator routes live on their own app so the client listener
+    # cannot reach them (and the admin listener serves no /v1).
+    ops = app
+    if config.server.admin_listen is not None:
+        ops = app[ADMIN_APP] = web.Application(client_max_size=1 << 20)
+    app[CONFIG] = ops[CONFIG] = config
+    state = app[STATE] = ops[STATE] = RouterState()
     live = LiveConfig(config, config_path)
-    reloader = app[RELOADER] = Reloader(live)
+    reloader = app[RELOADER] = ops[RELOADER] = Reloader(live)
     app.cleanup_ctx.append(sighup_ctx(reloader))
     pools = app[POOLS] = RegionPools.opening(config)
     app.cleanup_ctx.append(pools.lifetime)
@@ -120,9 +138,9 @@ def build_app(config: Config, config_path: Path | None = None) -> web.Applicatio
     # Who asks: one authenticator, whose admin check also guards every admin route.
     auth = Authenticator.from_config(config.auth)
     auth.warn_if_disabled()
-    admin = AdminRoutes(app.router, auth.check_admin)
+    admin = AdminRoutes(ops.router, auth.check_admin)
     # Which version: the rollout table and its canary monitor.
-    rollout = app[ROLLOUT] = RolloutRuntime(config)
+    rollout = app[ROLLOUT] = ops[ROLLOUT] = RolloutRuntime(config)
     reloader.register("rollout", rollout.prepare_reload, ("rollout", "models"))
     # How much: per-key limits, then per-region admission slots.
     limiter = Limiter.from_config(config.limits, auth.tenants)
@@ -130,7 +148,9 @@ def build_app(config: Config, config_path: Path | None = None) -> web.Applicatio
     app.cleanup_ctx.append(_closing(limiter.close))
     admission = Admission.from_config(config.admission)
     # Where: health (probes + passive), nearest-healthy selection, retries, hedges, continuation.
-    health = app[routing_admin.HEALTH] = Health(config.health, config.regions)
+    health = app[routing_admin.HEALTH] = ops[routing_admin.HEALTH] = Health(
+        config.health, config.regions
+    )
     health.in_flight_of = admission.in_flight
     app.cleanup_ctx.append(lifetime(health))
     reloader.register("health", health_preparer(health), ("health",))
@@ -154,14 +174,16 @@ def build_app(config: Config, config_path: Path | None = None) -> web.Applicatio
             health, admission.in_flight, admission.depth
         )
         observers.append(observer.attempt)
-        telemetry.add_routes(app, observer, config.observability)
+        telemetry.add_routes(app, observer, config.observability, routes=ops)
     observers += [canary_hook(rollout), passive_hook(health)]
     # Answers already known: the response cache.
     cache = None
     if config.cache.enabled:
         cache = CacheLayer(config)
         app.cleanup_ctx.append(cache.lifetime)
-        cache.add_routes(app, auth.check_admin)
+        cache.add_routes(ops, auth.check_admin)
+        if ops is not app:
+            ops.on_startup.append(_sharing_cache(app))
     decorators: list[ResponseDecorator] = [version_header, rate_limit_headers, routing_headers]
     if cache is not None:
         decorators.append(cache_headers)
@@ -186,6 +208,7 @@ def build_app(config: Config, config_path: Path | None = None) -> web.Applicatio
 
     app.on_response_prepare.append(pipeline.on_prepare)
     app.middlewares.append(_errors(pipeline))
+    _hide_versions()
     for endpoint in (CHAT, COMPLETIONS, EMBEDDINGS):
         app.router.add_post(endpoint, pipeline.handler(endpoint))
 
@@ -206,12 +229,24 @@ def build_app(config: Config, config_path: Path | None = None) -> web.Applicatio
         return web.json_response({"status": "ready"})
 
     app.router.add_get("/v1/models", models)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
+    for probes in {id(app): app, id(ops): ops}.values():
+        probes.router.add_get("/healthz", healthz)
+        probes.router.add_get("/readyz", readyz)
+    if ops is not app:
+        ops.middlewares.append(_errors(pipeline))
     routing_admin.add_routes(admin)
     rollout_admin.add_routes(admin)
     reload.add_routes(admin)
     return app
+
+
+def _sharing_cache(app: web.Application) -> Callable[[web.Application], Awaitable[None]]:
+    """The admin app's startup hook: the cache the client app opened serves its admin routes."""
+
+    async def share(ops: web.Application) -> None:
+        ops[CACHE] = app[CACHE]
+
+    return share
 
 
 def _closing(

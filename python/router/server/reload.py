@@ -127,7 +127,7 @@ class Reloader:
                     after,
                 )
         message = f"config reloaded from {source} (generation {self.live.generation})"
-        log.warning("%s", message)
+        log.info("%s", message)
         return ReloadResult(applied=True, generation=self.live.generation, message=message)
 
     def _reject(self, reason: str) -> ReloadResult:
