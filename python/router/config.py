@@ -26,6 +26,7 @@ class TlsConfig(_Section, frozen=True):
 
     # PEM certificate chain (leaf first) and its private key.
     cert_file: str
+    # PEM private key of the certificate (unencrypted; keep it readable by the router only).
     key_file: str
     # PEM CA bundle: when set, clients must present a certificate it signed (mutual TLS).
     client_ca_file: str | None = None
@@ -36,28 +37,35 @@ class TlsConfig(_Section, frozen=True):
 class ServerConfig(_Section, frozen=True):
     """[server]: where the router listens and how long it waits on clients."""
 
+    # Client listener, `host:port` (`/v1`, plus /metrics, /status* and /admin/* when admin_listen
+    # is unset).
     listen: str = "127.0.0.1:8080"
     # Optional admin listener: when set, /metrics, /status* and /admin/* are served only there
     # and /v1 only on `listen` (bind it to a private interface); /healthz and /readyz on both.
     admin_listen: str | None = None
-    # TLS on `listen` (unset: plain HTTP) and on `admin_listen` (unset: plain HTTP).
+    # TLS on `listen` (unset: plain HTTP).
     tls: TlsConfig | None = None
+    # TLS on `admin_listen`, optionally requiring client certificates (unset: plain HTTP).
     admin_tls: TlsConfig | None = None
+    # Largest request body accepted (413 above it).
     max_body_bytes: int = 1 << 20
     # Slow-loris protection: a connection must complete a request head within header_timeout_s of
     # connecting or of its previous response (aiohttp's keep-alive timer, so this is also the idle
     # keep-alive timeout), and send its body within body_timeout_s.
     header_timeout_s: float = 10.0
+    # See header_timeout_s: a request body must arrive within this.
     body_timeout_s: float = 30.0
     # On SIGTERM: stop accepting, then give in-flight requests this long to finish.
     drain_timeout_s: float = 10.0
-    # Protects the router itself: request-line and per-header size (aiohttp answers 400 above
-    # them), header count, messages (or prompt/input items) per request, requests in flight
-    # from one client IP (0 = no cap; 429 above it), and a region's response body.
+    # Largest request line and single header (aiohttp answers 400 above them).
     max_header_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 16384
+    # Most request headers (400 above it).
     max_headers: Annotated[int, msgspec.Meta(ge=8)] = 128
+    # Most messages (or prompt/input items) in one request (400 above it).
     max_messages: Annotated[int, msgspec.Meta(ge=1)] = 2048
+    # Requests in flight from one client IP (0 = no cap; 429 above it).
     max_in_flight_per_ip: Annotated[int, msgspec.Meta(ge=0)] = 256
+    # Largest region response body relayed; a larger one is a failed attempt.
     max_response_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 64 << 20
     # Young-generation GC threshold once started (CPython's default is 700; 0 keeps it).
     # Fewer passes over in-flight requests' objects: a third less CPU per request at c=128.
@@ -67,25 +75,34 @@ class ServerConfig(_Section, frozen=True):
 class TimeoutsConfig(_Section, frozen=True):
     """[timeouts]: upstream deadlines, in seconds."""
 
+    # Opening a connection to a region.
     connect: float = 2.0
     # Until response headers, and for streams the first body chunk. Regions usually send a
     # non-stream answer's headers only once it is complete, so this also bounds non-stream
     # generation time: keep it above the longest non-stream answer you expect.
     first_byte: float = 30.0
+    # Longest pause between two chunks of a streamed answer.
     idle: float = 30.0
+    # A whole exchange with a region, streams included.
     total: float = 600.0
 
 
 class RegionConfig(_Section, frozen=True):
     """One [[regions]] entry: an OpenAI-compatible endpoint serving some models."""
 
+    # Unique region name, used in logs, metrics and admin calls.
     name: str
+    # The region's OpenAI-compatible base URL, up to and including `/v1`.
     base_url: str
+    # Model names this region serves.
     models: tuple[str, ...]
+    # Environment variable holding the region's API key (sent as a bearer token); unset: none.
     api_key_env: str | None = None
+    # Relative share of traffic among regions of equal score.
     weight: float = 1.0
     # Added to the region's measured latency when ranking; lower means preferred.
     bias_ms: float = 0.0
+    # Most connections open to this region at once.
     max_connections: int = 256
     # Idle pooled connections are dropped after this; keep it below the region's own keep-alive
     # timeout (uvicorn, used by vLLM, closes after 5 s) so a reused connection is never stale.
@@ -95,6 +112,7 @@ class RegionConfig(_Section, frozen=True):
 class ModelsConfig(_Section, frozen=True):
     """[models]: client-facing aliases -> the model name regions serve."""
 
+    # Alias -> served model name; clients may send either.
     aliases: dict[str, str] = msgspec.field(default_factory=dict)
 
 
@@ -105,13 +123,18 @@ _POSITIVE = Annotated[int, msgspec.Meta(ge=1)]
 class ApiKeyConfig(_Section, frozen=True):
     """One [[auth.keys]] entry: a key (by SHA-256 hex, see `router hash-key`) and its tenant."""
 
+    # SHA-256 hex of the key (`router hash-key KEY`; `router keygen` makes a new key and its hash).
     sha256: _SHA256_HEX
+    # Tenant name: metrics, access log, cache namespace and limits are per tenant.
     tenant: str
     models: tuple[str, ...] = ()  # empty: every model
     requests_per_minute: _POSITIVE | None = None  # None: unlimited
+    # Prompt plus completion tokens per minute (reserved up front, settled on the answer).
     tokens_per_minute: _POSITIVE | None = None
     request_burst: _POSITIVE | None = None  # None: one minute's worth
+    # Tokens that may be spent at once (None: one minute's worth).
     token_burst: _POSITIVE | None = None
+    # Requests in flight at once for this key (per router process; None: unlimited).
     max_concurrent: _POSITIVE | None = None
     priority: int = 0  # higher waits less in admission queues
     cache_namespace: str | None = None  # None: the tenant name
@@ -120,21 +143,28 @@ class ApiKeyConfig(_Section, frozen=True):
 class AuthConfig(_Section, frozen=True):
     """[auth]: API keys and tenants; `enabled = false` serves everyone anonymously (local use)."""
 
+    # Require an API key on /v1 (false: everyone is one anonymous tenant).
     enabled: bool = True
     keys: tuple[ApiKeyConfig, ...] = ()
+    # SHA-256 hex of the admin token guarding /admin/* (`router keygen` makes one); unset: admin
+    # routes refused.
     admin_token_sha256: _SHA256_HEX | None = None
 
 
 class LimitsConfig(_Section, frozen=True):
     """[limits]: per-key request/token rates, local or shared by instances through Redis."""
 
+    # Where rate-limit buckets live: this process, or Redis shared by every router.
     backend: Literal["local", "redis"] = "local"
+    # Redis for the shared backend (a password in it never reaches the logs).
     redis_url: str = "redis://127.0.0.1:6379/0"
     # When Redis is unreachable: "open" keeps serving with local limits, "closed" answers 503.
     on_redis_error: Literal["open", "closed"] = "open"
     # Per Redis call; an outage costs the requests in flight this once, then none at all.
     redis_timeout_ms: Annotated[float, msgspec.Meta(gt=0)] = 250.0
+    # After a Redis failure, use local limits for this long before trying Redis again.
     redis_retry_s: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+    # Prefix of every Redis key the limiter writes.
     redis_key_prefix: str = "router:rl:"
     # Tokens reserved for the completion when a request sets no max_tokens.
     default_max_tokens: Annotated[int, msgspec.Meta(ge=0)] = 256
@@ -143,20 +173,30 @@ class LimitsConfig(_Section, frozen=True):
 class AdmissionConfig(_Section, frozen=True):
     """[admission]: per-region in-flight caps and the bounded priority wait queue."""
 
+    # Requests in flight to one region at once; more wait in the queue.
     max_in_flight: _POSITIVE = 256
+    # Per-region overrides of max_in_flight, by region name.
     region_max_in_flight: dict[str, _POSITIVE] = msgspec.field(default_factory=dict)
+    # Requests that may wait for a slot per region; beyond it, the next region is tried.
     queue_size: Annotated[int, msgspec.Meta(ge=0)] = 256
+    # Longest wait for a slot before trying the next region.
     max_wait_s: Annotated[float, msgspec.Meta(ge=0)] = 2.0
 
 
 class CacheModelConfig(_Section, frozen=True):
     """[cache.models.<model>]: per-model overrides of the [cache] defaults (unset: inherit)."""
 
+    # Cache this model (unset: [cache] enabled).
     enabled: bool | None = None
+    # Key level for this model (unset: [cache] level).
     level: Literal["exact", "normalized"] | None = None
+    # Entry lifetime for this model (unset: [cache] ttl_s).
     ttl_s: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    # Highest cacheable temperature for this model (unset: [cache] max_temperature).
     max_temperature: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    # Unset temperature cacheable for this model (unset: [cache] value).
     cache_unset_temperature: bool | None = None
+    # Requests with tools cacheable for this model (unset: [cache] value).
     allow_tools: bool | None = None
 
 
@@ -167,19 +207,26 @@ class CacheConfig(_Section, frozen=True):
     enabled: bool = False
     # "normalized" also folds case, spacing, punctuation and look-alike characters in prompts.
     level: Literal["exact", "normalized"] = "exact"
+    # Memory for the in-process tier; least recently used entries go first.
     max_bytes: Annotated[int, msgspec.Meta(gt=0)] = 64 << 20
     # A response bigger than this is served but never stored (and never buffered for storing).
     max_entry_bytes: Annotated[int, msgspec.Meta(gt=0)] = 1 << 20
+    # How long an entry is served.
     ttl_s: Annotated[float, msgspec.Meta(gt=0)] = 300.0
     # Cacheable only when temperature <= max_temperature; unset temperature means the upstream
     # default (1.0 for OpenAI), so it is cacheable only when cache_unset_temperature says so.
     max_temperature: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    # See max_temperature: cache requests that set no temperature.
     cache_unset_temperature: bool = False
+    # Cache requests that offer tools (their answers may call them).
     allow_tools: bool = False
     # Concurrent identical misses share one upstream request.
     coalesce: bool = True
+    # The shared Redis tier (unset: in-process tier only).
     redis_url: Annotated[str, msgspec.Meta(pattern=r"^(redis|rediss|unix)://")] | None = None
+    # Prefix of every Redis key the cache writes.
     redis_prefix: str = "router:cache"
+    # Per Redis call; a slower call counts as a miss.
     redis_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 0.05
     # After a Redis failure, skip it for this long before trying again.
     redis_retry_s: Annotated[float, msgspec.Meta(gt=0)] = 1.0
@@ -192,24 +239,34 @@ _SECONDS = Annotated[float, msgspec.Meta(gt=0)]
 class HealthConfig(_Section, frozen=True):
     """[health]: active probes (Rust prober thread), thresholds that flip health, ejection."""
 
+    # Probe regions actively (passive health from traffic applies either way).
     enabled: bool = True
+    # Time between probes of one region.
     interval_s: _SECONDS = 1.0
     # +/- this fraction of interval_s at random, so regions are not probed in lockstep.
     jitter: Annotated[float, msgspec.Meta(ge=0, lt=1)] = 0.1
+    # A probe slower than this failed.
     timeout_s: _SECONDS = 0.8
+    # Probed with GET, relative to the region's origin.
     path: str = "/health"
     # Used for a region whose `path` answers 404 (llama.cpp, OpenAI).
     fallback_path: str = "/v1/models"
     # Statuses that count as a good probe; empty means any 2xx.
     expected_statuses: tuple[int, ...] = ()
+    # Consecutive good probes that make an unhealthy region healthy.
     healthy_after: _POSITIVE = 2
+    # Consecutive failed probes that make a healthy region unhealthy.
     unhealthy_after: _POSITIVE = 2
+    # Weight of the newest sample in the moving averages of RTT and TTFT.
     ewma_alpha: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.3
+    # Samples kept per region for its latency quantiles.
     window: _POSITIVE = 64
     # Outlier ejection: this many consecutive 5xx / connect failures / timeouts from real traffic
     # eject a region for base_ejection_s * 2^(k-1) (capped); a good probe afterwards reinstates it.
     eject_after: _POSITIVE = 5
+    # See eject_after: the first ejection's length.
     base_ejection_s: _SECONDS = 5.0
+    # See eject_after: the longest ejection.
     max_ejection_s: _SECONDS = 60.0
     # A TTFT estimate older than this (no traffic since) stops counting in the score, so a
     # region that was slow once gets traffic, and a fresh measurement, again.
@@ -221,20 +278,25 @@ class RoutingConfig(_Section, frozen=True):
 
     # Regions whose score (RTT + TTFT + bias) is within this of the best share load (P2C).
     tolerance_ms: Annotated[float, msgspec.Meta(ge=0)] = 20.0
+    # Regions tried for one request, the first included.
     max_attempts: _POSITIVE = 3
     # Retries (attempts after the first) stay under min + ratio * requests over the window.
     retry_budget_ratio: Annotated[float, msgspec.Meta(ge=0, le=10)] = 0.2
+    # See retry_budget_ratio: retries always allowed per window.
     retry_budget_min: Annotated[int, msgspec.Meta(ge=0)] = 10
+    # See retry_budget_ratio: the window.
     retry_budget_window_s: _SECONDS = 10.0
     # Give up on a region that sent no first byte in this long (None: timeouts.first_byte).
     ttft_timeout_s: _SECONDS | None = None
     # Endpoints (e.g. "/v1/chat/completions") that hedge: after hedge_delay_ms without a first
     # byte (None: the region's p95 TTFT), also ask the next region; the first byte wins.
     hedge_endpoints: tuple[str, ...] = ()
+    # See hedge_endpoints.
     hedge_delay_ms: _SECONDS | None = None
     # A stream that breaks after tokens were sent: "error" ends it with an SSE error event,
     # "resume" continues on another region with the streamed text as an assistant prefill.
     midstream: Literal["error", "resume"] = "error"
+    # Continuations of one broken stream at most (midstream = "resume").
     max_resumes: Annotated[int, msgspec.Meta(ge=0)] = 2
     # When no region is available, still try them (ejected first) instead of answering 503.
     panic_routing: bool = True
@@ -250,11 +312,15 @@ class ObservabilityConfig(_Section, frozen=True):
     # Lines are written in batches at most this long after the first (Envoy flushes every
     # second); 0 writes each line at once. A SIGKILL loses at most this much of the log.
     access_log_flush_ms: Annotated[int, msgspec.Meta(ge=0, le=60_000)] = 1000
+    # Level of the operational logs and of the access log.
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # Format of the access log and the operational logs: JSON lines or plain text.
     log_format: Literal["json", "plain"] = "json"
     # SLO objectives over a rolling window: TTFT p95 and 5xx ratio.
     slo_ttft_p95_ms: Annotated[float, msgspec.Meta(gt=0)] = 200.0
+    # See slo_ttft_p95_ms: the 5xx ratio objective.
     slo_error_rate: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.001
+    # See slo_ttft_p95_ms: the rolling window.
     slo_window_s: Annotated[float, msgspec.Meta(gt=0)] = 300.0
     # Relative error of the streaming TTFT quantiles.
     quantile_accuracy: Annotated[float, msgspec.Meta(gt=0, lt=0.5)] = 0.01
@@ -265,11 +331,13 @@ class ObservabilityConfig(_Section, frozen=True):
 class DeploymentConfig(_Section, frozen=True):
     """One [[rollout.models.<alias>.deployments]] entry: a version of an alias."""
 
+    # Version tag, unique within the alias (metrics, rollback, x-model-version).
     version: str
     # The name regions serve it under (a model in some region's `models`).
     model: str
     # Regions allowed to serve this version; empty means every region serving `model`.
     regions: tuple[str, ...] = ()
+    # Share of the alias's traffic this version gets (relative to the others).
     weight: Annotated[float, msgspec.Meta(ge=0)] = 0.0
 
 
@@ -286,7 +354,9 @@ class RolloutModelConfig(_Section, frozen=True):
 class CanaryConfig(_Section, frozen=True):
     """[rollout.canary]: when a canary counts as worse than stable; whether to roll it back."""
 
+    # Roll a worse canary back to stable automatically (else only report it).
     auto_rollback: bool = False
+    # Samples older than this are forgotten.
     window_s: Annotated[float, msgspec.Meta(gt=0)] = 60.0
     # Both versions need this many requests in the window before they are compared.
     min_samples: Annotated[int, msgspec.Meta(ge=1)] = 50
@@ -296,6 +366,7 @@ class CanaryConfig(_Section, frozen=True):
     max_ttft_p95_ratio: Annotated[float, msgspec.Meta(gt=1)] = 2.0
     # Per-version memory cap; the oldest samples go first.
     max_samples: Annotated[int, msgspec.Meta(ge=1)] = 4096
+    # How often the canary is compared with stable.
     check_interval_s: Annotated[float, msgspec.Meta(gt=0)] = 1.0
 
 

@@ -164,6 +164,7 @@ def render() -> str:
     for path, title, cls in _sections(Config, "", "top level"):
         doc = (cls.__doc__ or "").strip()
         doc = doc.split(":", 1)[1].strip() if doc.startswith("[") and ":" in doc else doc
+        doc = doc[:1].upper() + doc[1:]
         out += [f"## {title}" if path else "## Top level", "", doc, ""]
         out += ["| field | type | default | meaning |", "|---|---|---|---|"]
         comments = field_comments(cls)
@@ -181,9 +182,10 @@ def render() -> str:
 
 def _fallback(name: str, tp: Any) -> str:
     sub = _section_type(tp)
-    if sub is not None:
-        return (sub.__doc__ or "").strip().split(":", 1)[-1].strip()
-    return ""
+    if sub is None:
+        return ""
+    doc = (sub.__doc__ or "").strip().split(":", 1)[-1].strip()
+    return doc[:1].upper() + doc[1:]
 
 
 if __name__ == "__main__":
