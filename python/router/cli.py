@@ -28,6 +28,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     hash_key.add_argument("key", nargs="?", help="the key (read from stdin when omitted)")
     hash_key.set_defaults(handler=_hash_key)
+    keygen = commands.add_parser(
+        "keygen", help="print a new random API key (or admin token) and its SHA-256 for config"
+    )
+    keygen.add_argument("--prefix", default="sk-router-", help="text before the random part")
+    keygen.set_defaults(handler=_keygen)
     _add_bench(commands)
     _add_top(commands)
     return parser
@@ -62,6 +67,19 @@ def _hash_key(args: argparse.Namespace) -> int:
         print("router hash-key: no key given (argument or stdin)", file=sys.stderr)
         return 2
     print(hash_key(key))
+    return 0
+
+
+def _keygen(args: argparse.Namespace) -> int:
+    """`router keygen`: a key to hand out, and the line that goes in config instead of it."""
+    import secrets
+
+    from router.access.auth import hash_key
+
+    key = args.prefix + secrets.token_urlsafe(32)
+    print(f"key:    {key}")
+    print(f"sha256: {hash_key(key)}")
+    print(f'config: sha256 = "{hash_key(key)}"   # in [[auth.keys]], or admin_token_sha256')
     return 0
 
 

@@ -10,7 +10,7 @@ import msgspec
 from aiohttp import web, web_response
 from aiohttp.typedefs import Middleware
 
-from router.access.auth import Authenticator
+from router.access.auth import Authenticator, Tenant
 from router.access.limits import Limiter, Limits, auth_preparer, rate_limit_headers
 from router.cache.admin import CACHE
 from router.cache.serving import CacheLayer, cache_headers
@@ -74,11 +74,12 @@ def _hide_versions() -> None:
     web_response.SERVER_SOFTWARE = SERVER_HEADER  # type: ignore[attr-defined]
 
 
-def _models_body(config: Config) -> bytes:
-    """GET /v1/models, computed from a config."""
+def _models_body(config: Config, tenant: Tenant) -> bytes:
+    """GET /v1/models: the models of `config` that `tenant`'s key may use."""
     data = [
         {"id": name, "object": "model", "created": 0, "owned_by": "router"}
         for name in config.served_models()
+        if tenant.allows(name)
     ]
     return msgspec.json.encode({"object": "list", "data": data})
 
@@ -213,9 +214,9 @@ def build_app(config: Config, config_path: Path | None = None) -> web.Applicatio
         app.router.add_post(endpoint, pipeline.handler(endpoint))
 
     async def models(request: web.Request) -> web.Response:
-        auth.authenticate(request.headers)
+        tenant = auth.authenticate(request.headers)
         # From the live config, so models added or removed by a reload show up at once.
-        body = _models_body(live.config)
+        body = _models_body(live.config, tenant)
         return web.Response(body=body, content_type="application/json")
 
     async def healthz(request: web.Request) -> web.Response:
