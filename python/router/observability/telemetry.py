@@ -16,6 +16,7 @@ from router.core.timing import REGION_TTFT, TOTAL, TTFT, server_timing, totals
 from router.core.upstream import Upstream
 from router.observability import metrics, status
 from router.observability.access_log import AccessLog, AccessRecord, CacheResult
+from router.observability.build import build_info
 from router.observability.metrics import RegionSource, RegionState, Telemetry
 from router.observability.slo import SloTargets, SloTracker
 
@@ -258,7 +259,7 @@ def telemetry_from_config(
         flush_interval_s=config.access_log_flush_ms / 1000.0,
     )
     slo = SloTracker(targets, alpha=config.quantile_accuracy)
-    return Telemetry(slo=slo, regions=regions, log=log, models=models)
+    return Telemetry(slo=slo, regions=regions, log=log, models=models, build=build_info())
 
 
 def build(

@@ -174,6 +174,7 @@ def build_app(config: Config, config_path: Path | None = None) -> web.Applicatio
         observer.telemetry.regions = telemetry.health_source(
             health, admission.in_flight, admission.depth
         )
+        observer.telemetry.generation = lambda: live.generation
         observers.append(observer.attempt)
         telemetry.add_routes(app, observer, config.observability, routes=ops)
     observers += [canary_hook(rollout), passive_hook(health)]
