@@ -87,6 +87,15 @@ def _add_core(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     """`serve`, `check-config`, `sim-region`, `demo`: the router core's commands."""
     serve = commands.add_parser("serve", help="run the router with a config file")
     serve.add_argument("--config", required=True, metavar="FILE", help="TOML config file")
+    serve.add_argument(
+        "--workers",
+        metavar="N",
+        help='worker processes sharing the listeners ("auto": one per usable CPU); '
+        "overrides [server] workers",
+    )
+    # Set by the supervisor on the workers it starts: INDEX:GENERATION, and the private socket.
+    serve.add_argument("--worker", help=argparse.SUPPRESS)
+    serve.add_argument("--ops-socket", help=argparse.SUPPRESS)
     serve.set_defaults(handler=_serve)
     check = commands.add_parser("check-config", help="validate a config file and exit")
     check.add_argument("file", metavar="FILE")
@@ -126,14 +135,33 @@ def _serve(args: argparse.Namespace) -> int:
     stderr, no traceback: a port in use, a certificate that will not load)."""
     from router.errors import StartupError
     from router.observability import logs
-    from router.server.run import serve
+    from router.server.run import Worker, serve
+    from router.server.supervisor import cpu_count, supervise
 
     config = _load_config(args.config)
     if config is None:
         return 2
+    wanted = args.workers if args.workers is not None else config.server.workers
+    if wanted == "auto":
+        workers = cpu_count()
+    elif isinstance(wanted, int) or (isinstance(wanted, str) and wanted.isdigit()):
+        workers = int(wanted)
+    else:
+        workers = 0
+    if workers < 1:
+        print(f'router serve: --workers must be a positive number or "auto", got {wanted!r}',
+              file=sys.stderr)  # fmt: skip
+        return 2
     logs.configure(config.observability.log_level, config.observability.log_format)
     try:
-        serve(config, Path(args.config))
+        if args.worker is not None:
+            index, _, generation = args.worker.partition(":")
+            worker = Worker(int(index), int(generation or 0), args.ops_socket)
+            serve(config, Path(args.config), worker)
+        elif workers > 1:
+            return supervise(config, Path(args.config), workers)
+        else:
+            serve(config, Path(args.config))
     except StartupError as exc:
         print(f"router: {exc}", file=sys.stderr)
         return 1

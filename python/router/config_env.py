@@ -13,6 +13,7 @@ ENV_PREFIX = "ROUTER_"
 OVERRIDABLE: tuple[tuple[str, ...], ...] = (
     ("server", "listen"),
     ("server", "admin_listen"),
+    ("server", "workers"),
     ("server", "tls", "cert_file"),
     ("server", "tls", "key_file"),
     ("server", "admin_tls", "cert_file"),
@@ -24,7 +25,7 @@ OVERRIDABLE: tuple[tuple[str, ...], ...] = (
     ("observability", "log_level"),
     ("observability", "log_format"),
 )
-_INTEGER: frozenset[tuple[str, ...]] = frozenset()
+_INTEGER = frozenset({("server", "workers")})
 
 
 def env_name(*path: str) -> str:

@@ -119,8 +119,11 @@ def _request_id(request: web.Request) -> str:
     return ctx.request_id if ctx is not None else request_id(request.headers.get("X-Request-Id"))
 
 
-def build_app(config: Config, config_path: Path | None = None) -> web.Application:
-    """The router application for `config`; pools and probes start with it and stop with it."""
+def build_app(
+    config: Config, config_path: Path | None = None, generation: int = 0
+) -> web.Application:
+    """The router application for `config`; pools and probes start with it and stop with it.
+    `generation` is the config generation to start at (a restarted worker's siblings')."""
     # client_max_size is a backstop; read_body enforces max_body_bytes with a proper 413.
     app = web.Application(client_max_size=config.server.max_body_bytes + 1)
     # With an admin listener, operator routes live on their own app so the client listener
@@ -130,7 +133,7 @@ def build_app(config: Config, config_path: Path | None = None) -> web.Applicatio
         ops = app[ADMIN_APP] = web.Application(client_max_size=1 << 20)
     app[CONFIG] = ops[CONFIG] = config
     state = app[STATE] = ops[STATE] = RouterState()
-    live = LiveConfig(config, config_path)
+    live = LiveConfig(config, config_path, generation)
     reloader = app[RELOADER] = ops[RELOADER] = Reloader(live)
     app.cleanup_ctx.append(sighup_ctx(reloader))
     pools = app[POOLS] = RegionPools.opening(config)

@@ -8,6 +8,7 @@ import logging
 import signal
 import ssl
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import uvloop
@@ -41,26 +42,49 @@ def make_runner(app: web.Application, config: Config) -> web.AppRunner:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Worker:
+    """A worker process of `router serve --workers N`: which one, the config generation its
+    siblings are at, and the private socket its operator routes answer the supervisor on."""
+
+    index: int
+    generation: int = 0
+    ops_socket: str | None = None
+
+
+def listen_error(listen: str, what: str, exc: OSError) -> StartupError:
+    """The one line an operator reads when `listen` cannot be bound."""
+    reason = {
+        errno.EADDRINUSE: "address already in use (another process listens there)",
+        errno.EACCES: "permission denied (ports below 1024 need privileges)",
+        errno.EADDRNOTAVAIL: "no such local address",
+    }.get(exc.errno or 0, exc.strerror or str(exc))
+    return StartupError(f"cannot listen on {listen} ({what}): {reason}")
+
+
 async def start_site(
     runner: web.BaseRunner,
     listen: str,
     ssl_context: ssl.SSLContext | None = None,
     what: str = "listener",
+    reuse_port: bool = False,
 ) -> str:
-    """Listen on `listen` (`runner` set up); its URL, or StartupError naming the address."""
+    """Listen on `listen` (`runner` set up); its URL, or StartupError naming the address.
+    `reuse_port`: share the address with sibling workers (the kernel spreads connections)."""
     host, port = parse_listen(listen)
     site = web.TCPSite(
-        runner, host, port, backlog=1024, reuse_address=True, ssl_context=ssl_context
+        runner,
+        host,
+        port,
+        backlog=1024,
+        reuse_address=True,
+        reuse_port=reuse_port or None,
+        ssl_context=ssl_context,
     )
     try:
         await site.start()
     except OSError as exc:
-        reason = {
-            errno.EADDRINUSE: "address already in use (another process listens there)",
-            errno.EACCES: "permission denied (ports below 1024 need privileges)",
-            errno.EADDRNOTAVAIL: "no such local address",
-        }.get(exc.errno or 0, exc.strerror or str(exc))
-        raise StartupError(f"cannot listen on {listen} ({what}): {reason}") from None
+        raise listen_error(listen, what, exc) from None
     return f"{'https' if ssl_context is not None else 'http'}://{host}:{port}"
 
 
@@ -71,11 +95,12 @@ async def run_until_signal(
     on_stop: Callable[[], None] | None = None,
     extra: Callable[[], Awaitable[None]] | None = None,
     ssl_context: ssl.SSLContext | None = None,
+    reuse_port: bool = False,
 ) -> None:
     """Serve on `listen` until SIGTERM/SIGINT; `runner.cleanup()` then drains in-flight work."""
     await runner.setup()
     try:
-        url = await start_site(runner, listen, ssl_context, "listen")
+        url = await start_site(runner, listen, ssl_context, "listen", reuse_port)
         if extra is not None:
             await extra()
     except BaseException:
@@ -102,6 +127,7 @@ async def serve_async(
     config: Config,
     on_ready: Callable[[str], None] | None = None,
     config_path: Path | None = None,
+    worker: Worker | None = None,
 ) -> None:
     """Serve the router for `config` until a stop signal; SIGHUP reloads `config_path` (and the
     certificate files). StartupError when a listener or certificate cannot be set up."""
@@ -109,7 +135,7 @@ async def serve_async(
         listeners = Listeners(config)
     except ConfigError as exc:
         raise StartupError(f"{config_path or 'config'}: {exc}") from None
-    app = build_app(config, config_path)
+    app = build_app(config, config_path, worker.generation if worker is not None else 0)
     app[RELOADER].register("tls", listeners.preparer(), ())
     runner = make_runner(app, config)
     admin_runner: web.AppRunner | None = None
@@ -124,27 +150,41 @@ async def serve_async(
         nonlocal admin_runner
         # Startup hooks have run: what they built lives as long as the process.
         gctune.tune(config.server.gc_gen0_threshold)
-        if config.server.admin_listen is not None:
-            admin_runner = make_runner(app[ADMIN_APP], config)
-            await admin_runner.setup()
-            url = await start_site(
-                admin_runner, config.server.admin_listen, listeners.admin, "admin_listen"
-            )
-            log.info("admin listener on %s (/metrics, /status, /admin)", url)
+        if config.server.admin_listen is None:
+            return
+        admin_runner = make_runner(app[ADMIN_APP], config)
+        await admin_runner.setup()
+        if worker is not None and worker.ops_socket is not None:
+            # The supervisor owns admin_listen and asks each worker here.
+            await web.UnixSite(admin_runner, worker.ops_socket).start()
+            return
+        url = await start_site(
+            admin_runner, config.server.admin_listen, listeners.admin, "admin_listen"
+        )
+        log.info("admin listener on %s (/metrics, /status, /admin)", url)
 
     try:
         await run_until_signal(
-            runner, config.server.listen, on_ready, draining, started, listeners.client
+            runner,
+            config.server.listen,
+            on_ready,
+            draining,
+            started,
+            listeners.client,
+            reuse_port=worker is not None,
         )
     finally:
         if admin_runner is not None:
             await admin_runner.cleanup()
 
 
-def serve(config: Config, config_path: Path | None = None) -> None:
-    """Blocking entry point of `router serve`."""
+def serve(config: Config, config_path: Path | None = None, worker: Worker | None = None) -> None:
+    """Blocking entry point of `router serve` (and of each worker of `--workers N`)."""
 
     def ready(url: str) -> None:
-        log.info("router listening on %s", url)
+        if worker is None:
+            log.info("router listening on %s", url)
+        else:
+            log.info("worker %d listening on %s", worker.index, url)
 
-    uvloop.run(serve_async(config, ready, config_path))
+    uvloop.run(serve_async(config, ready, config_path, worker))

@@ -1,0 +1,116 @@
+"""`router serve --workers 2` as real processes: both workers serve one port, a killed worker
+is restarted at its siblings' config generation, SIGHUP reloads all, the admin listener shows
+the whole machine, SIGTERM stops everything."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.integration.conftest import MODEL, RouterFactory, SimFactory, regions_toml
+from tests.support import Proc, free_port, wait_for_port
+
+
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+def _metrics(admin: int) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{admin}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def _series(m: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str) -> list[float]:
+    return [v for (n, _), v in m.items() if n == name]
+
+
+def _chat(router: Proc) -> int:
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}).encode()
+    req = urllib.request.Request(
+        router.url + "/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        status: int = resp.status
+        return status
+
+
+def _until(check: object, what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():  # type: ignore[operator]
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+@pytest.mark.timeout(120)
+def test_two_workers_share_the_port_restart_reload_and_stop(
+    sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    admin = free_port()
+    header = f'[server]\nadmin_listen = "127.0.0.1:{admin}"\nworkers = 2\n'
+    router = router_proc(regions_toml(sim_region("a"), header=header))
+    wait_for_port(admin, proc=router.popen)
+    _until(lambda: len(_children(router.popen.pid)) == 2, "two workers")
+    for _ in range(2):
+        wait_for_port(router.port, proc=router.popen)
+    assert [_chat(router) for _ in range(20)] == [200] * 20
+
+    # The admin listener is the machine: every worker's requests, both workers' views.
+    def counted() -> bool:
+        m = _metrics(admin)
+        return sum(_series(m, "router_requests_total")) == 20 and _series(m, "router_workers") == [
+            2.0
+        ]
+
+    _until(counted, "20 requests over 2 workers in /metrics")
+    m = _metrics(admin)
+    assert len(_series(m, "router_config_generation")) == 2
+    assert _series(m, "process_resident_memory_bytes")[0] > 0
+    with urllib.request.urlopen(f"http://127.0.0.1:{admin}/status.json", timeout=10) as resp:
+        status = json.loads(resp.read())
+    assert status["workers"] == 2
+    assert status["overall"]["requests"] == 20
+
+    # SIGHUP: checked once, applied by both.
+    router.popen.send_signal(signal.SIGHUP)
+    router.wait_output("by 2 workers (generation 1)")
+    _until(
+        lambda: _series(_metrics(admin), "router_config_generation") == [1.0, 1.0],
+        "both workers at generation 1",
+    )
+
+    # A worker killed outright is replaced, at generation 1 like its sibling.
+    victim = _children(router.popen.pid)[0]
+    os.kill(victim, signal.SIGKILL)
+    router.wait_output("restarting it")
+    _until(
+        lambda: len(_children(router.popen.pid)) == 2 and victim not in _children(router.popen.pid),
+        "a new worker",
+    )
+    _until(
+        lambda: (
+            _series(_metrics(admin), "router_config_generation") == [1.0, 1.0]
+            and _series(_metrics(admin), "router_worker_restarts_total") == [1.0]
+        ),
+        "the new worker at generation 1",
+    )
+    assert [_chat(router) for _ in range(10)] == [200] * 10
+
+    # SIGTERM: the supervisor drains every worker and exits cleanly.
+    workers = _children(router.popen.pid)
+    router.popen.send_signal(signal.SIGTERM)
+    assert router.popen.wait(timeout=60) == 0
+    for pid in workers:
+        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text()
