@@ -472,7 +472,7 @@ def table(cells: Sequence[Cell]) -> str:
         if "/s" in c.mode and key in relay and c.target not in ("direct", "tcp-relay"):
             over = f"{c.p50_ms - relay[key].p50_ms:+.2f}"
         ratio = ""
-        if c.target.startswith("router") and "/s" not in c.mode:
+        if c.target.startswith("router") and "/s" not in c.mode and key in passthrough:
             ratio = f"{100 * c.rps / passthrough[key].rps:.0f}%"
         metric = " (TTFT)" if c.mode.startswith("stream") else ""
         lines.append(

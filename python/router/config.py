@@ -329,6 +329,13 @@ class ObservabilityConfig(_Section, frozen=True):
     quantile_accuracy: Annotated[float, msgspec.Meta(gt=0, lt=0.5)] = 0.01
     # How often the /status page polls /status.json.
     status_refresh_ms: Annotated[int, msgspec.Meta(ge=100)] = 1000
+    # OpenTelemetry traces over OTLP/HTTP to this URL (e.g. "http://collector:4318/v1/traces");
+    # unset: no tracing. Needs `pip install 'router[otel]'`.
+    otlp_endpoint: str | None = None
+    # The `service.name` resource attribute of the router's spans.
+    service_name: str = "router"
+    # Fraction of new traces sampled; a client's sampled traceparent is always followed.
+    trace_sample_ratio: Annotated[float, msgspec.Meta(ge=0, le=1)] = 1.0
 
 
 class DeploymentConfig(_Section, frozen=True):

@@ -24,6 +24,7 @@ OVERRIDABLE: tuple[tuple[str, ...], ...] = (
     ("cache", "redis_url"),
     ("observability", "log_level"),
     ("observability", "log_format"),
+    ("observability", "otlp_endpoint"),
 )
 _INTEGER = frozenset({("server", "workers")})
 

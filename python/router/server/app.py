@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 from aiohttp import web, web_response
@@ -23,6 +24,8 @@ from router.core.responses import error_response
 from router.core.stages import AttemptObserver, ResponseDecorator
 from router.errors import ApiError, InvalidRequest, NotFound
 from router.observability import telemetry
+from router.observability.tracing import Tracing
+from router.observability.tracing import lifetime as tracing_lifetime
 from router.rollout import admin as rollout_admin
 from router.rollout.runtime import ROLLOUT, RolloutRuntime, canary_hook, version_header
 from router.routing import admin as routing_admin
@@ -41,6 +44,9 @@ from router.routing.runtime import (
 from router.server import reload
 from router.server.pools import POOLS, RegionPools, regions_preparer
 from router.server.reload import RELOADER, LiveConfig, Reloader, health_preparer, sighup_ctx
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.export import SpanExporter
 
 log = logging.getLogger("router")
 
@@ -120,10 +126,14 @@ def _request_id(request: web.Request) -> str:
 
 
 def build_app(
-    config: Config, config_path: Path | None = None, generation: int = 0
+    config: Config,
+    config_path: Path | None = None,
+    generation: int = 0,
+    span_exporter: SpanExporter | None = None,
 ) -> web.Application:
     """The router application for `config`; pools and probes start with it and stop with it.
-    `generation` is the config generation to start at (a restarted worker's siblings')."""
+    `generation` is the config generation to start at (a restarted worker's siblings');
+    `span_exporter` replaces the OTLP exporter (tests)."""
     # client_max_size is a backstop; read_body enforces max_body_bytes with a proper 413.
     app = web.Application(client_max_size=config.server.max_body_bytes + 1)
     # With an admin listener, operator routes live on their own app so the client listener
@@ -181,6 +191,11 @@ def build_app(
         observers.append(observer.attempt)
         telemetry.add_routes(app, observer, config.observability, routes=ops)
     observers += [canary_hook(rollout), passive_hook(health)]
+    # Traces (optional): a span per request and per attempt.
+    tracing = Tracing.from_config(config.observability, span_exporter)
+    if tracing is not None:
+        observers.append(tracing.attempt)
+        app.cleanup_ctx.append(tracing_lifetime(tracing))
     # Answers already known: the response cache.
     cache = None
     if config.cache.enabled:
@@ -212,6 +227,9 @@ def build_app(
     )
 
     app.on_response_prepare.append(pipeline.on_prepare)
+    if tracing is not None:
+        # Outermost, so the request span sees the status every other layer settled on.
+        app.middlewares.append(tracing.middleware())
     app.middlewares.append(_errors(pipeline))
     _hide_versions()
     for endpoint in (CHAT, COMPLETIONS, EMBEDDINGS):

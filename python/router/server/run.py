@@ -133,9 +133,9 @@ async def serve_async(
     certificate files). StartupError when a listener or certificate cannot be set up."""
     try:
         listeners = Listeners(config)
+        app = build_app(config, config_path, worker.generation if worker is not None else 0)
     except ConfigError as exc:
         raise StartupError(f"{config_path or 'config'}: {exc}") from None
-    app = build_app(config, config_path, worker.generation if worker is not None else 0)
     app[RELOADER].register("tls", listeners.preparer(), ())
     runner = make_runner(app, config)
     admin_runner: web.AppRunner | None = None
