@@ -4,15 +4,19 @@ own sent on to the region, GenAI attributes on the request and attempt spans."""
 
 from __future__ import annotations
 
+import asyncio
+import signal
 from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from router.config import loads
 from router.server.app import build_app
-from tests.integration.conftest import MODEL, SimFactory, regions_toml, sim_stats
+from tests.integration.conftest import MODEL, RouterFactory, SimFactory, regions_toml, sim_stats
+from tests.support import free_port
 
 pytest.importorskip("opentelemetry.sdk")
 from opentelemetry.sdk.trace import ReadableSpan
@@ -104,3 +108,57 @@ async def test_a_request_without_traceparent_starts_a_trace(
     (request,) = _by_kind(exporter.get_finished_spans(), SpanKind.SERVER)
     assert request.parent is None
     assert request.context.trace_id != 0
+
+
+async def test_spans_reach_a_real_otlp_http_receiver(
+    sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    received: list[ExportTraceServiceRequest] = []
+
+    async def traces(request: web.Request) -> web.Response:
+        message = ExportTraceServiceRequest()
+        message.ParseFromString(await request.read())
+        received.append(message)
+        return web.Response(content_type="application/x-protobuf", body=b"")
+
+    receiver = web.Application()
+    receiver.router.add_post("/v1/traces", traces)
+    runner = web.AppRunner(receiver)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        header = (
+            f'[observability]\notlp_endpoint = "http://127.0.0.1:{port}/v1/traces"\n'
+            'service_name = "router-under-test"\n'
+        )
+        router = await asyncio.to_thread(router_proc, regions_toml(sim_region("a"), header=header))
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(router.url + "/v1/chat/completions", json=body) as resp,
+        ):
+            assert resp.status == 200
+        # SIGTERM: the app stops and the batch processor flushes to the receiver.
+        router.popen.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(router.popen.wait, 30) == 0
+    finally:
+        await runner.cleanup()
+    spans = [
+        (resource.resource, span)
+        for message in received
+        for resource in message.resource_spans
+        for scope in resource.scope_spans
+        for span in scope.spans
+    ]
+    names = sorted(span.name for _, span in spans)
+    assert names == [f"chat {MODEL}", f"chat {MODEL}"]
+    service = {
+        a.key: a.value.string_value for a in spans[0][0].attributes if a.key == "service.name"
+    }
+    assert service == {"service.name": "router-under-test"}
