@@ -70,14 +70,19 @@ def test_two_workers_share_the_port_restart_reload_and_stop(
     # The admin listener is the machine: every worker's requests, both workers' views.
     def counted() -> bool:
         m = _metrics(admin)
-        return sum(_series(m, "router_requests_total")) == 20 and _series(m, "router_workers") == [
-            2.0
-        ]
+        # Both workers answer the supervisor (each has its own generation series).
+        return (
+            sum(_series(m, "router_requests_total")) == 20
+            and _series(m, "router_workers") == [2.0]
+            and len(_series(m, "router_config_generation")) == 2
+        )
 
     _until(counted, "20 requests over 2 workers in /metrics")
     m = _metrics(admin)
-    assert len(_series(m, "router_config_generation")) == 2
+    assert _series(m, "router_config_generation") == [0.0, 0.0]
     assert _series(m, "process_resident_memory_bytes")[0] > 0
+    with urllib.request.urlopen(f"http://127.0.0.1:{admin}/healthz", timeout=10) as resp:
+        assert resp.headers["Server"] == "router"
     with urllib.request.urlopen(f"http://127.0.0.1:{admin}/status.json", timeout=10) as resp:
         status = json.loads(resp.read())
     assert status["workers"] == 2

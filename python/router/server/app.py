@@ -73,7 +73,7 @@ ADMIN_APP: web.AppKey[web.Application] = web.AppKey("admin_app")
 SERVER_HEADER = "router"
 
 
-def _hide_versions() -> None:
+def hide_versions() -> None:
     """aiohttp fills in `Server: Python/x aiohttp/y` on every response, its own 400s for
     unparsable requests included (written before any app hook runs); its module default is the
     one place that covers them all."""
@@ -231,7 +231,7 @@ def build_app(
         # Outermost, so the request span sees the status every other layer settled on.
         app.middlewares.append(tracing.middleware())
     app.middlewares.append(_errors(pipeline))
-    _hide_versions()
+    hide_versions()
     for endpoint in (CHAT, COMPLETIONS, EMBEDDINGS):
         app.router.add_post(endpoint, pipeline.handler(endpoint))
 

@@ -37,6 +37,7 @@ from router.config import Config, load, parse_listen
 from router.core.admin import json_response
 from router.errors import ApiError, ConfigError, InvalidRequest, StartupError
 from router.observability.merge import merge_metrics, merge_status
+from router.server.app import hide_versions
 from router.server.run import listen_error
 from router.server.tls import Listeners
 
@@ -85,6 +86,7 @@ class Supervisor:
             _Slot(i, os.path.join(self._dir, f"w{i}.sock") if split else None) for i in range(count)
         ]
         self.auth = Authenticator.from_config(config.auth)
+        self.listeners = Listeners(config)
         self._done = asyncio.Event()
 
     # ---- workers ----
@@ -162,6 +164,14 @@ class Supervisor:
             )
             log.error("%s", message)
             return False, message
+        try:
+            # The supervisor's own admin listener re-reads its certificate like the workers do.
+            commit_tls = self.listeners.preparer()(self.config, new)
+        except ConfigError as exc:
+            message = f"config reload rejected, workers stay at generation {self.generation}: {exc}"
+            log.error("%s", message)
+            return False, message
+        commit_tls()
         self.config = new
         self.auth = Authenticator.from_config(new.auth)
         self.generation += 1
@@ -221,6 +231,7 @@ class Supervisor:
         listen = self.config.server.admin_listen
         if listen is None:
             return None
+        hide_versions()
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/status.json", self._status_json)
@@ -232,7 +243,7 @@ class Supervisor:
         runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await runner.setup()
         host, port = parse_listen(listen)
-        ssl_context = Listeners(self.config).admin
+        ssl_context = self.listeners.admin
         try:
             await web.TCPSite(
                 runner, host, port, reuse_address=True, ssl_context=ssl_context
