@@ -130,10 +130,12 @@ def build_app(
     config_path: Path | None = None,
     generation: int = 0,
     span_exporter: SpanExporter | None = None,
+    shared_stdout: bool = False,
 ) -> web.Application:
     """The router application for `config`; pools and probes start with it and stop with it.
     `generation` is the config generation to start at (a restarted worker's siblings');
-    `span_exporter` replaces the OTLP exporter (tests)."""
+    `span_exporter` replaces the OTLP exporter (tests); `shared_stdout`: sibling workers
+    write to the same stdout."""
     # client_max_size is a backstop; read_body enforces max_body_bytes with a proper 413.
     app = web.Application(client_max_size=config.server.max_body_bytes + 1)
     # With an admin listener, operator routes live on their own app so the client listener
@@ -180,7 +182,10 @@ def build_app(
     routing.on_change.append(midstream.retune)
     # What it cost: Server-Timing, metrics, access log, SLOs, the status page.
     observer = telemetry.build(
-        config.observability, [r.name for r in config.regions], config.served_models()
+        config.observability,
+        [r.name for r in config.regions],
+        config.served_models(),
+        shared_stream=shared_stdout,
     )
     observers: list[AttemptObserver] = []
     if observer is not None:

@@ -133,7 +133,12 @@ async def serve_async(
     certificate files). StartupError when a listener or certificate cannot be set up."""
     try:
         listeners = Listeners(config)
-        app = build_app(config, config_path, worker.generation if worker is not None else 0)
+        app = build_app(
+            config,
+            config_path,
+            worker.generation if worker is not None else 0,
+            shared_stdout=worker is not None,
+        )
     except ConfigError as exc:
         raise StartupError(f"{config_path or 'config'}: {exc}") from None
     app[RELOADER].register("tls", listeners.preparer(), ())
