@@ -96,6 +96,7 @@ def _add_core(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     # Set by the supervisor on the workers it starts: INDEX:GENERATION, and the private socket.
     serve.add_argument("--worker", help=argparse.SUPPRESS)
     serve.add_argument("--ops-socket", help=argparse.SUPPRESS)
+    serve.add_argument("--state-file", help=argparse.SUPPRESS)
     serve.set_defaults(handler=_serve)
     check = commands.add_parser("check-config", help="validate a config file and exit")
     check.add_argument("file", metavar="FILE")
@@ -143,20 +144,20 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     wanted = args.workers if args.workers is not None else config.server.workers
     if wanted == "auto":
-        workers = cpu_count()
+        workers = min(cpu_count(), 64)
     elif isinstance(wanted, int) or (isinstance(wanted, str) and wanted.isdigit()):
         workers = int(wanted)
     else:
         workers = 0
-    if workers < 1:
-        print(f'router serve: --workers must be a positive number or "auto", got {wanted!r}',
+    if not 1 <= workers <= 64:
+        print(f'router serve: --workers must be 1 to 64 or "auto", got {wanted!r}',
               file=sys.stderr)  # fmt: skip
         return 2
     logs.configure(config.observability.log_level, config.observability.log_format)
     try:
         if args.worker is not None:
             index, _, generation = args.worker.partition(":")
-            worker = Worker(int(index), int(generation or 0), args.ops_socket)
+            worker = Worker(int(index), int(generation or 0), args.ops_socket, args.state_file)
             serve(config, Path(args.config), worker)
         elif workers > 1:
             return supervise(config, Path(args.config), workers)

@@ -48,8 +48,9 @@ class ServerConfig(_Section, frozen=True):
     # TLS on `admin_listen`, optionally requiring client certificates (unset: plain HTTP).
     admin_tls: TlsConfig | None = None
     # Worker processes sharing the listeners (SO_REUSEPORT) under one supervisor; "auto": the
-    # CPUs this process may run on; 1: no supervisor. See docs/PRODUCTION.md for what is shared.
-    workers: Annotated[int, msgspec.Meta(ge=1, le=256)] | Literal["auto"] = 1
+    # CPUs this process may run on (at most 64); 1: no supervisor. See docs/PRODUCTION.md for
+    # what is shared.
+    workers: Annotated[int, msgspec.Meta(ge=1, le=64)] | Literal["auto"] = 1
     # Largest request body accepted (413 above it).
     max_body_bytes: int = 1 << 20
     # Slow-loris protection: a connection must complete a request head within header_timeout_s of

@@ -8,7 +8,9 @@ import json
 import os
 import signal
 import time
+import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -119,3 +121,49 @@ def test_two_workers_share_the_port_restart_reload_and_stop(
     assert router.popen.wait(timeout=60) == 0
     for pid in workers:
         assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text()
+
+
+KEY = "sk-workers-0123456789abcdef"
+
+
+def _keyed(router: Proc) -> int:
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}).encode()
+    req = urllib.request.Request(
+        router.url + "/v1/chat/completions",
+        data=body,
+        headers={
+            "Content-Type": "application/json",
+            "Authorization": f"Bearer {KEY}",
+            "Connection": "close",
+        },
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=20) as resp:
+            status: int = resp.status
+            return status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+@pytest.mark.timeout(120)
+def test_limits_are_exact_across_workers(
+    sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    from router.access.auth import hash_key
+
+    slow = sim_region("a", ttft_ms=1500)
+    header = (
+        "[server]\nworkers = 2\n[auth]\n[[auth.keys]]\n"
+        f'sha256 = "{hash_key(KEY)}"\ntenant = "t"\n'
+        "requests_per_minute = 6\nrequest_burst = 6\nmax_concurrent = 2\n"
+    )
+    router = router_proc(regions_toml(slow, header=header))
+    _until(lambda: len(_children(router.popen.pid)) == 2, "two workers")
+    time.sleep(1.0)  # both workers listening (each binds once started)
+    # Six at once on fresh connections (spread over both workers): two run, four are refused.
+    with ThreadPoolExecutor(6) as pool:
+        first = sorted(pool.map(lambda _: _keyed(router), range(6)))
+    assert first == [200, 200, 429, 429, 429, 429]
+    # The bucket held 6 requests for the machine; 2 went, so 4 more pass, one by one.
+    later = [_keyed(router) for _ in range(8)]
+    assert later == [200] * 4 + [429] * 4

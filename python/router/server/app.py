@@ -13,6 +13,7 @@ from aiohttp.typedefs import Middleware
 
 from router.access.auth import Authenticator, Tenant
 from router.access.limits import Limiter, Limits, auth_preparer, rate_limit_headers
+from router.access.shared_buckets import SharedBucketTable
 from router.cache.admin import CACHE
 from router.cache.serving import CacheLayer, cache_headers
 from router.config import Config
@@ -131,11 +132,12 @@ def build_app(
     generation: int = 0,
     span_exporter: SpanExporter | None = None,
     shared_stdout: bool = False,
+    machine: SharedBucketTable | None = None,
 ) -> web.Application:
     """The router application for `config`; pools and probes start with it and stop with it.
     `generation` is the config generation to start at (a restarted worker's siblings');
     `span_exporter` replaces the OTLP exporter (tests); `shared_stdout`: sibling workers
-    write to the same stdout."""
+    write to the same stdout; `machine`: the rate-limit table the workers share."""
     # client_max_size is a backstop; read_body enforces max_body_bytes with a proper 413.
     app = web.Application(client_max_size=config.server.max_body_bytes + 1)
     # With an admin listener, operator routes live on their own app so the client listener
@@ -159,7 +161,7 @@ def build_app(
     rollout = app[ROLLOUT] = ops[ROLLOUT] = RolloutRuntime(config)
     reloader.register("rollout", rollout.prepare_reload, ("rollout", "models"))
     # How much: per-key limits, then per-region admission slots.
-    limiter = Limiter.from_config(config.limits, auth.tenants)
+    limiter = Limiter.from_config(config.limits, auth.tenants, machine)
     reloader.register("auth", auth_preparer(auth, limiter), ("auth",))
     app.cleanup_ctx.append(_closing(limiter.close))
     admission = Admission.from_config(config.admission)

@@ -14,6 +14,7 @@ from pathlib import Path
 import uvloop
 from aiohttp import web
 
+from router.access.shared_buckets import SharedBucketTable
 from router.config import Config, parse_listen
 from router.errors import ConfigError, StartupError
 from router.server import gctune
@@ -50,6 +51,8 @@ class Worker:
     index: int
     generation: int = 0
     ops_socket: str | None = None
+    # The rate-limit and in-flight table the workers share (access.shared_buckets).
+    state_file: str | None = None
 
 
 def listen_error(listen: str, what: str, exc: OSError) -> StartupError:
@@ -133,11 +136,15 @@ async def serve_async(
     certificate files). StartupError when a listener or certificate cannot be set up."""
     try:
         listeners = Listeners(config)
+        machine = None
+        if worker is not None and worker.state_file is not None:
+            machine = SharedBucketTable(worker.state_file, worker.index)
         app = build_app(
             config,
             config_path,
             worker.generation if worker is not None else 0,
             shared_stdout=worker is not None,
+            machine=machine,
         )
     except ConfigError as exc:
         raise StartupError(f"{config_path or 'config'}: {exc}") from None

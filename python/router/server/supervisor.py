@@ -32,6 +32,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
+from router.access import shared_buckets
 from router.access.auth import Authenticator
 from router.config import Config, load, parse_listen
 from router.core.admin import json_response
@@ -87,6 +88,9 @@ class Supervisor:
         ]
         self.auth = Authenticator.from_config(config.auth)
         self.listeners = Listeners(config)
+        # Rate-limit buckets and in-flight counts every worker maps (exact across workers).
+        self.state_file = os.path.join(self._dir, "limits.table")
+        shared_buckets.create(self.state_file)
         self._done = asyncio.Event()
 
     # ---- workers ----
@@ -101,6 +105,8 @@ class Supervisor:
             str(self.path),
             "--worker",
             f"{slot.index}:{self.generation}",
+            "--state-file",
+            self.state_file,
         ]
         if slot.socket is not None:
             with contextlib.suppress(FileNotFoundError):
