@@ -1,7 +1,6 @@
 //! Native hot path of `router`: pure modules plus thin pyo3 wrappers under `py/`.
 
 pub mod bucket;
-mod casefold;
 pub mod fingerprint;
 pub mod json;
 pub mod normalize;

@@ -1,5 +1,6 @@
 """Type stubs for the native extension `router._native` (Rust, pyo3)."""
 
+from os import PathLike
 from typing import final
 
 __all__ = [
@@ -27,7 +28,7 @@ class NativeError(Exception):
     """Root of every error raised by router._native."""
 
 class RequestDecodeError(NativeError):
-    """The body is not UTF-8 JSON, is nested too deep, or has an out-of-range number."""
+    """The body is not UTF-8 JSON, is nested too deep, or has a number beyond f64's range."""
 
 class RequestShapeError(NativeError):
     """The request body is JSON of the wrong shape, e.g. `messages` is not an array."""
@@ -35,8 +36,8 @@ class RequestShapeError(NativeError):
 class InvalidArgumentError(NativeError):
     """An argument has an unsupported value, e.g. an unknown encoding or a negative limit."""
 
-def normalize(text: str, *, strip_punctuation: bool = True, strip_filler: bool = False) -> str:
-    """Normalize a prompt for cache matching (NFKC, case fold, whitespace); idempotent."""
+def normalize(text: str) -> str:
+    """Normalize a prompt for the "normalized" cache level (blank space only); idempotent."""
 
 def fingerprint(body: bytes, *, namespace: str = "", level: str = "exact") -> bytes:
     """The 16-byte cache key of a raw request body (xxh3-128 over its canonical form)."""
@@ -92,6 +93,9 @@ class RegionHealth:
     def name(self) -> str: ...
     @property
     def url(self) -> str: ...
+    @property
+    def probe_path(self) -> str:
+        """The request path of the next probe (base URL prefix included)."""
     @property
     def healthy(self) -> bool: ...
     @property
@@ -150,8 +154,8 @@ class Prober:
         interval_s: float = 1.0,
         jitter: float = 0.1,
         timeout_s: float = 0.8,
-        path: str = ...,
-        fallback_path: str = ...,
+        path: str = "/health",
+        fallback_path: str = "/v1/models",
         expected_statuses: list[int] = ...,
         healthy_after: int = 2,
         unhealthy_after: int = 2,
@@ -160,15 +164,17 @@ class Prober:
         eject_after: int = 5,
         base_ejection_s: float = 5.0,
         max_ejection_s: float = 60.0,
-    ) -> Prober: ...
+        ca_file: str | PathLike[str] | None = None,
+    ) -> Prober:
+        """Settings as keywords; https regions trust the system store plus `ca_file` (PEM)."""
     def configure(
         self,
         *,
         interval_s: float = 1.0,
         jitter: float = 0.1,
         timeout_s: float = 0.8,
-        path: str = ...,
-        fallback_path: str = ...,
+        path: str = "/health",
+        fallback_path: str = "/v1/models",
         expected_statuses: list[int] = ...,
         healthy_after: int = 2,
         unhealthy_after: int = 2,
@@ -177,6 +183,7 @@ class Prober:
         eject_after: int = 5,
         base_ejection_s: float = 5.0,
         max_ejection_s: float = 60.0,
+        ca_file: str | PathLike[str] | None = None,
     ) -> None:
         """Replace the probe settings (hot reload); regions and their history are kept."""
     def start(self) -> None:
@@ -185,8 +192,8 @@ class Prober:
         """Stop probing and join the thread (idempotent; also done on garbage collection)."""
     @property
     def running(self) -> bool: ...
-    def upsert_region(self, name: str, url: str) -> None:
-        """Add a region or change its URL (its history resets only when the URL changes)."""
+    def upsert_region(self, name: str, url: str, path: str | None = None) -> None:
+        """Add a region or change its URL (history reset) or own probe path (no 404 fallback)."""
     def remove_region(self, name: str) -> bool:
         """Stop probing a region and forget it; False if it was unknown."""
     def regions(self) -> list[str]:

@@ -31,7 +31,9 @@ from router.rollout import admin as rollout_admin
 from router.rollout.runtime import ROLLOUT, RolloutRuntime, canary_hook, version_header
 from router.routing import admin as routing_admin
 from router.routing.admission import Admission
+from router.routing.circuit import Circuits
 from router.routing.continuation import MidstreamPolicy
+from router.routing.fallback import Fallbacks
 from router.routing.health import Health, lifetime
 from router.routing.hedge import hedger
 from router.routing.runtime import (
@@ -175,6 +177,11 @@ def build_app(
     reloader.register("regions", regions_preparer(pools, health), ("regions",))
     routing = LiveRouting(config.routing)
     reloader.register("routing", routing.prepare, ("routing",))
+    fallbacks = Fallbacks(config.models)
+    reloader.register("fallbacks", fallbacks.prepare_reload, ("models",))
+    circuits = Circuits(
+        config.routing.circuit_after, config.routing.circuit_base_s, config.routing.circuit_max_s
+    )
     midstream = MidstreamPolicy(
         config.routing.midstream,
         idle_s=config.timeouts.idle,
@@ -197,7 +204,7 @@ def build_app(
         observer.telemetry.generation = lambda: live.generation
         observers.append(observer.attempt)
         telemetry.add_routes(app, observer, config.observability, routes=ops)
-    observers += [canary_hook(rollout), passive_hook(health)]
+    observers += [canary_hook(rollout), passive_hook(health, circuits)]
     # Traces (optional): a span per request and per attempt.
     tracing = Tracing.from_config(config.observability, span_exporter)
     if tracing is not None:
@@ -220,12 +227,13 @@ def build_app(
         rollout=rollout,
         filters=(Limits(auth, limiter),),
         retry=RetryState(routing),
-        selector=selector(health, routing),
+        selector=selector(health, routing, circuits),
         slots=admission,
         observers=tuple(observers),
         hedger=hedger(lambda: routing.config.hedge_endpoints, hedge_delay(health, routing)),
         continuer=midstream,
         cache=cache,
+        fallbacks=fallbacks,
         decorators=tuple(decorators),
         exchange=observer,
     )
