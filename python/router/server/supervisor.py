@@ -199,6 +199,12 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._done.set)
         admin = await self._admin_listener()
+        if self.config.server.admin_listen is None:
+            log.warning(
+                "workers without [server] admin_listen: /metrics and /status on %s show the "
+                "worker that answered, not the machine; set admin_listen for the merged view",
+                self.config.server.listen,
+            )
         log.info(
             "supervisor pid %d: %d workers on %s",
             os.getpid(),
