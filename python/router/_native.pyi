@@ -1,16 +1,22 @@
 """Type stubs for the native extension `router._native` (Rust, pyo3)."""
 
+import os
 from os import PathLike
 from typing import final
 
 __all__ = [
     "BucketTable",
+    "ChatTemplate",
+    "ChatTemplateError",
+    "HfTokenizer",
     "InvalidArgumentError",
     "NativeError",
     "Prober",
     "RegionHealth",
     "RequestDecodeError",
     "RequestShapeError",
+    "TokenizeError",
+    "TokenizerLoadError",
     "__version__",
     "canonical",
     "count_request_tokens",
@@ -36,6 +42,17 @@ class RequestShapeError(NativeError):
 class InvalidArgumentError(NativeError):
     """An argument has an unsupported value, e.g. an unknown encoding or a negative limit."""
 
+class TokenizerLoadError(NativeError):
+    """A tokenizer.json file is missing, unreadable, or not a tokenizer; `path` names the file."""
+
+    path: str
+
+class TokenizeError(NativeError):
+    """The tokenizer could not encode a text (e.g. no unknown token for a character)."""
+
+class ChatTemplateError(NativeError):
+    """A chat template has a syntax error, or rendering failed (e.g. its raise_exception)."""
+
 def normalize(text: str) -> str:
     """Normalize a prompt for the "normalized" cache level (blank space only); idempotent."""
 
@@ -59,6 +76,46 @@ def count_request_tokens(body: bytes, encoding: str) -> int:
 
 def preload_tokenizers() -> None:
     """Build the cl100k/o200k tokenizers now instead of on first use."""
+
+@final
+class HfTokenizer:
+    """A Hugging Face tokenizer.json (the Rust tokenizers crate), loaded once from a path."""
+
+    def __new__(cls, path: str | os.PathLike[str]) -> HfTokenizer: ...
+    @property
+    def path(self) -> str:
+        """The file the tokenizer was loaded from."""
+    @property
+    def vocab_size(self) -> int:
+        """Size of the vocabulary, added tokens included."""
+    def count(self, text: str, *, add_special_tokens: bool = False) -> int:
+        """Number of tokens in `text`, as len(tokenizers.Tokenizer.encode(text).ids)."""
+    def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of `text`, as tokenizers.Tokenizer.encode(text).ids."""
+    def count_many(self, texts: list[str], *, add_special_tokens: bool = False) -> list[int]:
+        """Number of tokens of each text, in order, with the GIL released once."""
+    def count_chat(
+        self,
+        template: ChatTemplate,
+        body: bytes,
+        *,
+        add_generation_prompt: bool = True,
+        add_special_tokens: bool = False,
+    ) -> int:
+        """Prompt tokens of a chat/messages/responses request body rendered with `template`."""
+    def token_to_id(self, token: str) -> int | None:
+        """The id of `token` in the vocabulary or the added tokens, or None."""
+
+@final
+class ChatTemplate:
+    """A model's Jinja chat template compiled once, rendered as transformers renders it."""
+
+    def __new__(cls, template: str, bos_token: str = "", eos_token: str = "") -> ChatTemplate: ...
+    def render(self, body: bytes, add_generation_prompt: bool = True) -> str:
+        """The prompt text of a chat/messages/responses request body or a messages array."""
+    @property
+    def bos_token(self) -> str:
+        """The BOS token string given at construction."""
 
 @final
 class BucketTable:

@@ -219,6 +219,29 @@ class LimitsConfig(_Section, frozen=True):
     default_max_tokens: Annotated[int, msgspec.Meta(ge=0)] = 256
 
 
+class TokenizerConfig(_Section, frozen=True):
+    """[tokenizers.models.<model>]: count a model's prompts exactly with its own tokenizer."""
+
+    # A Hugging Face tokenizer.json (loaded at start-up; nothing is downloaded).
+    file: str
+    # The model's chat template (a Jinja file, e.g. the `chat_template` of its
+    # tokenizer_config.json saved alone); unset: message texts only, plus a per-message overhead.
+    chat_template: str | None = None
+    bos_token: str = ""
+    eos_token: str = ""
+    # Tokens a message costs beyond its text when there is no template to render.
+    per_message: Annotated[int, msgspec.Meta(ge=0)] = 4
+    # Count the way llama.cpp does (the tokenizer adds BOS) rather than the template's own BOS.
+    add_special_tokens: bool = False
+
+
+class TokenizersConfig(_Section, frozen=True):
+    """[tokenizers]: model (as regions serve it, or its alias) -> tokenizer; others use the
+    built-in OpenAI encodings where the name says so, else an estimate of 4 bytes a token."""
+
+    models: dict[str, TokenizerConfig] = msgspec.field(default_factory=dict)
+
+
 class AdmissionConfig(_Section, frozen=True):
     """[admission]: per-region in-flight caps and the bounded priority wait queue."""
 
@@ -458,6 +481,7 @@ class Config(_Section, frozen=True):
     models: ModelsConfig = msgspec.field(default_factory=ModelsConfig)
     auth: AuthConfig = msgspec.field(default_factory=AuthConfig)
     limits: LimitsConfig = msgspec.field(default_factory=LimitsConfig)
+    tokenizers: TokenizersConfig = msgspec.field(default_factory=TokenizersConfig)
     admission: AdmissionConfig = msgspec.field(default_factory=AdmissionConfig)
     cache: CacheConfig = msgspec.field(default_factory=CacheConfig)
     health: HealthConfig = msgspec.field(default_factory=HealthConfig)

@@ -30,6 +30,8 @@ from tests.support import Proc, free_port, wait_for_port
 HEADER = """
 [server]
 max_body_bytes = 4096
+# The backpressure test streams 1 MiB tokens.
+max_event_bytes = 4194304
 header_timeout_s = 1.0
 body_timeout_s = 1.0
 drain_timeout_s = 10.0

@@ -111,6 +111,23 @@ def has_token(data: bytes) -> bool:
     return False
 
 
+_FIELDS = msgspec.json.Decoder(dict[str, msgspec.Raw])
+
+
+def with_usage(body: bytes) -> bytes:
+    """A stream request that also asks for the usage chunk (stream_options.include_usage)."""
+    fields = _FIELDS.decode(body)
+    options: dict[str, object] = {}
+    raw = fields.get("stream_options")
+    if raw is not None:
+        decoded = msgspec.json.decode(raw)
+        if isinstance(decoded, dict):
+            options = decoded
+    options["include_usage"] = True
+    fields["stream_options"] = msgspec.Raw(msgspec.json.encode(options))
+    return msgspec.json.encode(fields)
+
+
 def caused_by_request(body: bytes) -> bool:
     """Whether an error answer blames the request (OpenAI's invalid_request_error shape)."""
     if b"error" not in body:
@@ -372,15 +389,17 @@ class Attempts:
             ctx.queue_depth = slot.queue_depth
         headers = upstream.request_headers(self.headers_in, ctx.request_id)
         first_byte = self.retry.first_byte(ctx, self._first_byte)
+        usage_added = False
+        if body is None:
+            body = ctx.request.body
+            if ctx.meter is not None and upstream.reports_usage and not ctx.request.include_usage:
+                # Settle with the region's own numbers, not a count of the text.
+                body = with_usage(body)
+                usage_added = True
         try:
-            return await open_attempt(
-                upstream,
-                ctx,
-                ctx.request.body if body is None else body,
-                headers,
-                first_byte,
-                self.max_bytes,
-            )
+            opened = await open_attempt(upstream, ctx, body, headers, first_byte, self.max_bytes)
+            opened.usage_added = usage_added
+            return opened
         except BaseException:
             # This attempt's own slot: with hedging two attempts hold slots at once.
             if slot is not None:
@@ -396,10 +415,10 @@ class Attempts:
     async def first(self) -> Opened:
         """Try the candidates until one answers; raise the last AttemptError if none does.
 
-        Each candidate once, in order; then, when every one has failed, the same region again
-        (at most twice per region, after a backoff or the region's own Retry-After when it fits
-        the client's deadline) if its failure may pass: never after a silence or a broken
-        answer. The retry policy gates every attempt after the first.
+        Each candidate once, in order; then, when it is the only region serving the model, the
+        same region again (at most twice, after a backoff or the region's own Retry-After when
+        it fits the client's deadline) if its failure may pass: never after a silence or a
+        broken answer. The retry policy gates every attempt after the first.
         """
         ctx = self.ctx
         gate = self.retry.allow
@@ -457,6 +476,9 @@ class Attempts:
         for upstream in self.candidates:
             if upstream.name not in tries:
                 return upstream, 0.0
+        if len(self.candidates) > 1:
+            # Another region serves the model: its failure is the answer, not a reason to wait.
+            return None, 0.0
         deadline = self.ctx.deadline
         now = time.monotonic()
         for upstream in self.candidates:

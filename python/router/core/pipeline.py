@@ -18,6 +18,7 @@ from aiohttp import web
 
 from router.config import Config
 from router.core.attempt import Attempts
+from router.core.client_limit import InFlightPerIp
 from router.core.context import RequestContext, request_id
 from router.core.failure import AttemptError
 from router.core.relay import relay_stream, whole
@@ -40,7 +41,7 @@ from router.core.stages import (
     VersionRouter,
 )
 from router.core.upstream import CURRENT, Upstream, Upstreams
-from router.errors import ApiError, NotFound, RateLimited, Unavailable
+from router.errors import ApiError, NotFound, Unavailable
 
 log = logging.getLogger("router")
 
@@ -79,39 +80,6 @@ class _Unlimited:
 
     def first_byte(self, ctx: RequestContext, configured: float) -> float:
         return configured
-
-
-class InFlightPerIp:
-    """Counts in-flight requests per peer address; 429 above `limit` (0 disables the cap)."""
-
-    __slots__ = ("_counts", "limit")
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self._counts: dict[str, int] = {}
-
-    def in_flight(self, ip: str) -> int:
-        """Requests from `ip` being handled now."""
-        return self._counts.get(ip, 0)
-
-    def enter(self, ip: str) -> None:
-        """Count one more request from `ip`, or 429 when it already has `limit` in flight."""
-        current = self._counts.get(ip, 0)
-        if current >= self.limit:
-            raise RateLimited(
-                f"Too many concurrent requests from your address (limit {self.limit}).",
-                code="too_many_concurrent_requests",
-                headers={"Retry-After": "1"},
-            )
-        self._counts[ip] = current + 1
-
-    def leave(self, ip: str) -> None:
-        """One request from `ip` ended."""
-        left = self._counts[ip] - 1
-        if left:
-            self._counts[ip] = left
-        else:
-            del self._counts[ip]
 
 
 @dataclass(slots=True)
@@ -310,6 +278,7 @@ class Pipeline:
                         max_event_bytes=config.server.max_event_bytes,
                         continuer=features.continuer,
                         attempts=attempts,
+                        strip_usage=opened.usage_added,
                     )
                 finally:
                     timer.end("stream")

@@ -149,9 +149,12 @@ async def relay_stream(
                     size += len(chunk)
                     if size > max_bytes:
                         raise _TooLarge
-                    data = passable(splitter.feed(chunk), state, strip_usage)
+                    stripped: list[bytes] = []
+                    data = passable(splitter.feed(chunk), state, strip_usage, stripped)
                     if data:
                         await send(data)
+                    if stripped and meter is not None:
+                        meter.feed(b"".join(stripped))
                     idle.waiting()
                     chunk = await content.readany()
                     # A slow client is backpressure, not an idle upstream.

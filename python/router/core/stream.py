@@ -94,8 +94,11 @@ def payload_of(event: bytes) -> bytes | None:
     return sse.data_of(event)
 
 
-def passable(events: list[bytes], state: StreamState, strip_usage: bool) -> bytes:
-    """The events to relay: invalid ones dropped, a usage chunk nobody asked for too."""
+def passable(
+    events: list[bytes], state: StreamState, strip_usage: bool, stripped: list[bytes] | None = None
+) -> bytes:
+    """The events to relay: invalid ones dropped; a usage chunk nobody asked for too (into
+    `stripped`: the router asked for it, to settle the request with the region's numbers)."""
     out = []
     for event in events:
         payload = payload_of(event)
@@ -103,6 +106,8 @@ def passable(events: list[bytes], state: StreamState, strip_usage: bool) -> byte
             if not state.note(payload):
                 continue
             if strip_usage and state.usage_only:
+                if stripped is not None:
+                    stripped.append(event)
                 continue
         out.append(event)
     return b"".join(out)

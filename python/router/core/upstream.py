@@ -57,6 +57,8 @@ _REQUEST_DROP = _HOP | {
 # A region's cookies and CORS policy are not the router's to hand out.
 _RESPONSE_DROP = _HOP | {"date", "server", "set-cookie", "set-cookie2"}
 _CORS = "access-control-"
+# Servers that honour stream_options.include_usage (llama-cpp-python ignores it).
+_REPORTS_USAGE = frozenset({"vllm", "llama-server", "openai", "sim"})
 # Request ids the router sends upstream are UUIDs (llama-cpp-python refuses anything else).
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", re.I)
 _IDS = uuid.UUID("6f1a4e0e-8c1b-4c61-9d0e-2b5f1c3a7d40")
@@ -87,7 +89,17 @@ def record_connect(ns: int) -> None:
 class Upstream:
     """One region: its config, the credentials sent to it, and its connection pool."""
 
-    __slots__ = ("_base_path", "_secret", "auth", "base", "config", "id_header", "name", "pool")
+    __slots__ = (
+        "_base_path",
+        "_secret",
+        "auth",
+        "base",
+        "config",
+        "id_header",
+        "name",
+        "pool",
+        "reports_usage",
+    )
 
     def __init__(self, config: RegionConfig, pool: Transport, api_key: str | None):
         self.config = config
@@ -98,6 +110,8 @@ class Upstream:
         self.auth = f"Bearer {api_key}" if api_key else None
         self._secret = api_key.encode() if api_key else None
         self.id_header = config.request_id_header
+        # Whether its server sends a usage chunk when a stream asks for one.
+        self.reports_usage = config.kind in _REPORTS_USAGE
 
     def path(self, endpoint: str) -> str:
         """The region's request path for a router path such as /v1/chat/completions."""
@@ -135,7 +149,7 @@ class Upstream:
 class Opened:
     """An attempt that got a usable answer: a whole body, or a stream and its first chunk."""
 
-    __slots__ = ("body", "first", "headers", "response", "status", "upstream")
+    __slots__ = ("body", "first", "headers", "response", "status", "upstream", "usage_added")
 
     def __init__(
         self,
@@ -155,6 +169,8 @@ class Opened:
         # Stream: the live upstream response, its first chunk already read.
         self.response = response
         self.first = first
+        # The router added include_usage to the stream's request (its usage chunk is ours).
+        self.usage_added = False
 
 
 def response_headers(upstream: CIMultiDictProxy[str]) -> CIMultiDict[str]:

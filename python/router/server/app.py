@@ -11,6 +11,7 @@ import msgspec
 from aiohttp import web, web_response
 from aiohttp.typedefs import Middleware
 
+from router.access import tokenizers
 from router.access.auth import Authenticator, Tenant
 from router.access.limits import Limiter, Limits, auth_preparer, rate_limit_headers
 from router.access.shared_buckets import SharedBucketTable
@@ -18,8 +19,9 @@ from router.cache.admin import CACHE
 from router.cache.serving import CacheLayer, cache_headers
 from router.config import Config
 from router.core.admin import AdminRoutes
+from router.core.client_limit import InFlightPerIp
 from router.core.context import request_id
-from router.core.pipeline import CONTEXT, Features, InFlightPerIp, Pipeline
+from router.core.pipeline import CONTEXT, Features, Pipeline
 from router.core.request import CHAT, COMPLETIONS, EMBEDDINGS
 from router.core.responses import error_response
 from router.core.stages import AttemptObserver, ResponseDecorator
@@ -163,7 +165,9 @@ def build_app(
     rollout = app[ROLLOUT] = ops[ROLLOUT] = RolloutRuntime(config)
     reloader.register("rollout", rollout.prepare_reload, ("rollout", "models"))
     # How much: per-key limits, then per-region admission slots.
-    limiter = Limiter.from_config(config.limits, auth.tenants, machine)
+    limiter = Limiter.from_config(
+        config.limits, auth.tenants, machine, tokenizers.load(config.tokenizers.models)
+    )
     reloader.register("auth", auth_preparer(auth, limiter), ("auth",))
     app.cleanup_ctx.append(_closing(limiter.close))
     admission = Admission.from_config(config.admission)
