@@ -227,7 +227,9 @@ class TokenizerConfig(_Section, frozen=True):
     # The model's chat template (a Jinja file, e.g. the `chat_template` of its
     # tokenizer_config.json saved alone); unset: message texts only, plus a per-message overhead.
     chat_template: str | None = None
+    # The template's `bos_token` and `eos_token` variables (from tokenizer_config.json).
     bos_token: str = ""
+    # See bos_token.
     eos_token: str = ""
     # Tokens a message costs beyond its text when there is no template to render.
     per_message: Annotated[int, msgspec.Meta(ge=0)] = 4
