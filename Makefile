@@ -60,8 +60,17 @@ bench-scenarios:
 	$(PYTHON) -m bench.scenarios.agent_loop --results results/agent_loop
 	$(PYTHON) -m bench.scenarios.overhead_nginx --results results/overhead_nginx
 
-demo: build-runtime
-	router demo
+# `make demo` on a fresh machine: its own virtual environment (never the global interpreter),
+# the router with the openai SDK the printed example uses, then the demo itself.
+DEMO_VENV ?= .venv-demo
+demo:
+	@echo "==> [1/3] virtual environment $(DEMO_VENV)"
+	@test -x $(DEMO_VENV)/bin/python || $(PYTHON) -m venv $(DEMO_VENV)
+	@echo "==> [2/3] installing router and the openai SDK into it; the first time this compiles"
+	@echo "          the Rust extension (cargo, release mode): a few minutes on a small machine"
+	@$(DEMO_VENV)/bin/python -m pip install --disable-pip-version-check -e . openai
+	@echo "==> [3/3] starting three simulated regions and the router (Ctrl-C stops them)"
+	@$(DEMO_VENV)/bin/router demo
 
 clean:
 	rm -rf target dist python/router/*.so

@@ -172,6 +172,7 @@ async def drive(url: str, n: int, limit_s: float) -> list[float]:
 def end_to_end(n: int, rounds: int) -> None:
     """Router CPU per request with observability on vs off, same sim region."""
     from tests.integration.conftest import region_toml, start_router, start_sim
+    from tests.support import is_access_line
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -190,9 +191,9 @@ def end_to_end(n: int, rounds: int) -> None:
                     lat = asyncio.run(drive(proc.url, n, 120.0))
                     cpu[name].append((router_cpu_ns(proc.popen.pid) - before) / len(lat) / 1e3)
                     p50[name].append(statistics.median(lat))
-            lines = sum(1 for line in on.output().splitlines() if line.startswith("{"))
+            lines = sum(1 for line in on.output().splitlines() if is_access_line(line))
             assert lines == 200 + n * rounds, lines  # one access line per request, none lost
-            assert not any(line.startswith("{") for line in off.output().splitlines())
+            assert not any(is_access_line(line) for line in off.output().splitlines())
         finally:
             for proc in (on, off, sim):
                 proc.kill()

@@ -221,6 +221,17 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _tree_cpu_s(pid: int) -> float:
+    """CPU of a process and its current children (a supervisor's workers), in seconds."""
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    kids = [int(p) for p in children.read_text().split()] if children.exists() else []
+    total = _cpu_s(pid)
+    for kid in kids:
+        with contextlib.suppress(OSError):
+            total += _cpu_s(kid)
+    return total
+
+
 def quantile(values: Sequence[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -372,7 +383,7 @@ async def run_cell(
         for turn in range(rounds):
             for name in names[turn % len(names) :] + names[: turn % len(names)]:
                 url, tally = targets[name], tallies[name]
-                cpu_before, began = _cpu_s(pids[name]), time.perf_counter()
+                cpu_before, began = _tree_cpu_s(pids[name]), time.perf_counter()
                 if paced is None:
                     latencies, errors = await _load(
                         sessions[name], url, stream, concurrency, duration / rounds, expected
@@ -388,7 +399,7 @@ async def run_cell(
                         expected,
                     )
                 tally.elapsed += time.perf_counter() - began
-                tally.cpu += _cpu_s(pids[name]) - cpu_before
+                tally.cpu += _tree_cpu_s(pids[name]) - cpu_before
                 tally.latencies += latencies
                 tally.errors += errors
     return tallies
@@ -461,7 +472,7 @@ def table(cells: Sequence[Cell]) -> str:
         if "/s" in c.mode and key in relay and c.target not in ("direct", "tcp-relay"):
             over = f"{c.p50_ms - relay[key].p50_ms:+.2f}"
         ratio = ""
-        if c.target.startswith("router") and "/s" not in c.mode:
+        if c.target.startswith("router") and "/s" not in c.mode and key in passthrough:
             ratio = f"{100 * c.rps / passthrough[key].rps:.0f}%"
         metric = " (TTFT)" if c.mode.startswith("stream") else ""
         lines.append(
@@ -594,6 +605,48 @@ def _start(tmp: Path, place: Placement | None, started: dict[str, Proc]) -> None
     )
 
 
+def _start_workers(tmp: Path, counts: Sequence[int], started: dict[str, Proc]) -> None:
+    """The region and `router serve --workers N` for each N, every process on every CPU."""
+    started["direct"] = start_region(tmp, None)
+    for n in counts:
+        config = tmp / f"router-w{n}.toml"
+        port = router_config(config, started["direct"].port)
+        cmd = router_cmd("serve", "--config", str(config), "--workers", str(n))
+        started[f"router-w{n}"] = spawn(cmd, port, tmp / f"router-w{n}.log")
+        # Every worker listening before the load starts (the supervisor's children).
+        deadline = time.monotonic() + 20.0
+        pid = started[f"router-w{n}"].popen.pid
+        kids = Path(f"/proc/{pid}/task/{pid}/children")
+        while n > 1 and len(kids.read_text().split()) < n:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"router --workers {n} started fewer workers")
+            time.sleep(0.05)
+        time.sleep(1.0 if n > 1 else 0.0)
+
+
+def scaling(cells: Sequence[Cell], counts: Sequence[int]) -> str:
+    """RPS and CPU per request of each worker count relative to the first, per cell."""
+    base = f"router-w{counts[0]}"
+    lines = []
+    for cell in cells:
+        if cell.target != base:
+            continue
+        for n in counts[1:]:
+            other = next(
+                c
+                for c in cells
+                if c.target == f"router-w{n}"
+                and c.mode == cell.mode
+                and c.concurrency == cell.concurrency
+            )
+            lines.append(
+                f"{cell.mode:22} c={cell.concurrency:<4} workers {counts[0]} -> {n}: "
+                f"RPS x{other.rps / cell.rps:.2f} ({cell.rps:.0f} -> {other.rps:.0f}), "
+                f"CPU/request {cell.cpu_us:.0f} -> {other.cpu_us:.0f} us"
+            )
+    return "\n".join(lines)
+
+
 def _serving_pid(name: str, proc: Proc) -> int:
     """The process that does the work: nginx's (only) worker rather than its master."""
     pid = proc.popen.pid
@@ -637,6 +690,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path, help="also write the cells as JSON here")
     parser.add_argument(
+        "--workers",
+        type=int,
+        nargs="+",
+        metavar="N",
+        help="instead of the hops: `router serve --workers N` for each N (e.g. 1 2) against the "
+        "region directly, every process on every CPU, in the same run",
+    )
+    parser.add_argument(
         "--serve-passthrough", nargs=2, metavar=("PORT", "UPSTREAM"), help=argparse.SUPPRESS
     )
     parser.add_argument("--serve-core", metavar="CONFIG", help=argparse.SUPPRESS)
@@ -655,6 +716,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--duration must be in (0, 60] seconds")
     if not 1 <= args.rounds <= 100:
         parser.error("--rounds must be in [1, 100]")
+    if args.workers:
+        if any(not 1 <= n <= 64 for n in args.workers):
+            parser.error("--workers counts must be in [1, 64]")
+        return _workers_main(args)
     place = None
     if args.placement == "split":
         place = split_here()
@@ -690,6 +755,44 @@ def main(argv: Sequence[str] | None = None) -> int:
                 proc.kill(signal.SIGTERM if name == "nginx" else signal.SIGKILL)
     print(f"placement: {placement}")
     print(table(cells))
+    if args.json:
+        report = {"placement": placement, "cells": [asdict(c) for c in cells]}
+        args.json.write_text(json.dumps(report, indent=2))
+    bad = sum(c.errors for c in cells)
+    if bad:
+        print(f"{bad} responses did not match the region's own answer", file=sys.stderr)
+    return 1 if bad else 0
+
+
+def _workers_main(args: argparse.Namespace) -> int:
+    """`--workers 1 2`: RPS and CPU per request of each worker count, one run."""
+    placement = f"every process on every CPU ({len(os.sched_getaffinity(0))}), load generator too"
+    print(f"placement: {placement}", file=sys.stderr)
+    with tempfile.TemporaryDirectory(prefix="router-workers-") as tmp:
+        procs: dict[str, Proc] = {}
+        try:
+            _start_workers(Path(tmp), args.workers, procs)
+            path = "/v1/chat/completions"
+            targets = {name: proc.url + path for name, proc in procs.items()}
+            pids = {name: proc.popen.pid for name, proc in procs.items()}
+            cells = uvloop.run(
+                measure(
+                    targets,
+                    pids,
+                    args.concurrency,
+                    args.duration,
+                    args.warmup,
+                    args.rate,
+                    args.rounds,
+                )
+            )
+        finally:
+            for proc in procs.values():
+                # The supervisor drains and stops its workers on SIGTERM.
+                proc.kill(signal.SIGTERM)
+    print(f"placement: {placement}")
+    print(table(cells))
+    print(scaling(cells, args.workers))
     if args.json:
         report = {"placement": placement, "cells": [asdict(c) for c in cells]}
         args.json.write_text(json.dumps(report, indent=2))

@@ -41,6 +41,11 @@ def wait_for_port(
     raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout}s")
 
 
+def is_access_line(line: str) -> bool:
+    """A JSON access-log line (operational log lines in JSON carry `logger`, not `request_id`)."""
+    return line.startswith("{") and '"request_id":' in line and '"logger":' not in line
+
+
 @dataclass
 class Proc:
     """A child process started by a test, with its port and captured output file."""
@@ -79,7 +84,7 @@ class Proc:
         """The first `count` JSON access-log lines, polling: the router writes them in batches."""
         deadline = time.monotonic() + timeout
         while True:
-            lines = [ln for ln in self.output().splitlines() if ln.startswith("{")]
+            lines = [ln for ln in self.output().splitlines() if is_access_line(ln)]
             if len(lines) >= count or time.monotonic() > deadline:
                 break
             time.sleep(0.05)

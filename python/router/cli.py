@@ -28,6 +28,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     hash_key.add_argument("key", nargs="?", help="the key (read from stdin when omitted)")
     hash_key.set_defaults(handler=_hash_key)
+    keygen = commands.add_parser(
+        "keygen", help="print a new random API key (or admin token) and its SHA-256 for config"
+    )
+    keygen.add_argument("--prefix", default="sk-router-", help="text before the random part")
+    keygen.set_defaults(handler=_keygen)
     _add_bench(commands)
     _add_top(commands)
     return parser
@@ -65,10 +70,33 @@ def _hash_key(args: argparse.Namespace) -> int:
     return 0
 
 
+def _keygen(args: argparse.Namespace) -> int:
+    """`router keygen`: a key to hand out, and the line that goes in config instead of it."""
+    import secrets
+
+    from router.access.auth import hash_key
+
+    key = args.prefix + secrets.token_urlsafe(32)
+    print(f"key:    {key}")
+    print(f"sha256: {hash_key(key)}")
+    print(f'config: sha256 = "{hash_key(key)}"   # in [[auth.keys]], or admin_token_sha256')
+    return 0
+
+
 def _add_core(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """`serve`, `check-config`, `sim-region`, `demo`: the router core's commands."""
     serve = commands.add_parser("serve", help="run the router with a config file")
     serve.add_argument("--config", required=True, metavar="FILE", help="TOML config file")
+    serve.add_argument(
+        "--workers",
+        metavar="N",
+        help='worker processes sharing the listeners ("auto": one per usable CPU); '
+        "overrides [server] workers",
+    )
+    # Set by the supervisor on the workers it starts: INDEX:GENERATION, and the private socket.
+    serve.add_argument("--worker", help=argparse.SUPPRESS)
+    serve.add_argument("--ops-socket", help=argparse.SUPPRESS)
+    serve.add_argument("--state-file", help=argparse.SUPPRESS)
     serve.set_defaults(handler=_serve)
     check = commands.add_parser("check-config", help="validate a config file and exit")
     check.add_argument("file", metavar="FILE")
@@ -104,16 +132,40 @@ def _load_config(path: str) -> Config | None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    """`router serve --config FILE`."""
-    import logging
-
-    from router.server.run import serve
+    """`router serve --config FILE`: exit 2 for a bad config, 1 when it cannot start (one line on
+    stderr, no traceback: a port in use, a certificate that will not load)."""
+    from router.errors import StartupError
+    from router.observability import logs
+    from router.server.run import Worker, serve
+    from router.server.supervisor import cpu_count, supervise
 
     config = _load_config(args.config)
     if config is None:
         return 2
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    serve(config, Path(args.config))
+    wanted = args.workers if args.workers is not None else config.server.workers
+    if wanted == "auto":
+        workers = min(cpu_count(), 64)
+    elif isinstance(wanted, int) or (isinstance(wanted, str) and wanted.isdigit()):
+        workers = int(wanted)
+    else:
+        workers = 0
+    if not 1 <= workers <= 64:
+        print(f'router serve: --workers must be 1 to 64 or "auto", got {wanted!r}',
+              file=sys.stderr)  # fmt: skip
+        return 2
+    logs.configure(config.observability.log_level, config.observability.log_format)
+    try:
+        if args.worker is not None:
+            index, _, generation = args.worker.partition(":")
+            worker = Worker(int(index), int(generation or 0), args.ops_socket, args.state_file)
+            serve(config, Path(args.config), worker)
+        elif workers > 1:
+            return supervise(config, Path(args.config), workers)
+        else:
+            serve(config, Path(args.config))
+    except StartupError as exc:
+        print(f"router: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import difflib
+import os
 import re
 import tomllib
-from collections.abc import Callable
+import typing
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
+from router import config_env
 from router.errors import ConfigError
 
 
@@ -17,28 +21,55 @@ class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     """Base of every config section: immutable, keyword-only, unknown keys rejected."""
 
 
+class TlsConfig(_Section, frozen=True):
+    """[server.tls] / [server.admin_tls]: TLS on a listener; the files are read again on reload."""
+
+    # PEM certificate chain (leaf first) and its private key.
+    cert_file: str
+    # PEM private key of the certificate (unencrypted; keep it readable by the router only).
+    key_file: str
+    # PEM CA bundle: when set, clients must present a certificate it signed (mutual TLS).
+    client_ca_file: str | None = None
+    # Oldest protocol accepted; TLS 1.0 and 1.1 are never offered.
+    min_version: Literal["1.2", "1.3"] = "1.2"
+
+
 class ServerConfig(_Section, frozen=True):
     """[server]: where the router listens and how long it waits on clients."""
 
+    # Client listener, `host:port` (`/v1`, plus /metrics, /status* and /admin/* when admin_listen
+    # is unset).
     listen: str = "127.0.0.1:8080"
-    # Optional second listener serving the same app (bind it to a private interface for
-    # /metrics and admin endpoints).
+    # Optional admin listener: when set, /metrics, /status* and /admin/* are served only there
+    # and /v1 only on `listen` (bind it to a private interface); /healthz and /readyz on both.
     admin_listen: str | None = None
+    # TLS on `listen` (unset: plain HTTP).
+    tls: TlsConfig | None = None
+    # TLS on `admin_listen`, optionally requiring client certificates (unset: plain HTTP).
+    admin_tls: TlsConfig | None = None
+    # Worker processes sharing the listeners (SO_REUSEPORT) under one supervisor; "auto": the
+    # CPUs this process may run on (at most 64); 1: no supervisor. See docs/PRODUCTION.md for
+    # what is shared.
+    workers: Annotated[int, msgspec.Meta(ge=1, le=64)] | Literal["auto"] = 1
+    # Largest request body accepted (413 above it).
     max_body_bytes: int = 1 << 20
     # Slow-loris protection: a connection must complete a request head within header_timeout_s of
     # connecting or of its previous response (aiohttp's keep-alive timer, so this is also the idle
     # keep-alive timeout), and send its body within body_timeout_s.
     header_timeout_s: float = 10.0
+    # See header_timeout_s: a request body must arrive within this.
     body_timeout_s: float = 30.0
     # On SIGTERM: stop accepting, then give in-flight requests this long to finish.
     drain_timeout_s: float = 10.0
-    # Protects the router itself: request-line and per-header size (aiohttp answers 400 above
-    # them), header count, messages (or prompt/input items) per request, requests in flight
-    # from one client IP (0 = no cap; 429 above it), and a region's response body.
+    # Largest request line and single header (aiohttp answers 400 above them).
     max_header_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 16384
+    # Most request headers (400 above it).
     max_headers: Annotated[int, msgspec.Meta(ge=8)] = 128
+    # Most messages (or prompt/input items) in one request (400 above it).
     max_messages: Annotated[int, msgspec.Meta(ge=1)] = 2048
+    # Requests in flight from one client IP (0 = no cap; 429 above it).
     max_in_flight_per_ip: Annotated[int, msgspec.Meta(ge=0)] = 256
+    # Largest region response body relayed; a larger one is a failed attempt.
     max_response_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 64 << 20
     # A region's response head (status line and headers) over this many bytes, or with more
     # than max_headers fields, fails the attempt like a broken answer (fail over, else 502).
@@ -54,25 +85,34 @@ class ServerConfig(_Section, frozen=True):
 class TimeoutsConfig(_Section, frozen=True):
     """[timeouts]: upstream deadlines, in seconds."""
 
+    # Opening a connection to a region.
     connect: float = 2.0
     # Until response headers, and for streams the first body chunk. Regions usually send a
     # non-stream answer's headers only once it is complete, so this also bounds non-stream
     # generation time: keep it above the longest non-stream answer you expect.
     first_byte: float = 30.0
+    # Longest pause between two chunks of a streamed answer.
     idle: float = 30.0
+    # A whole exchange with a region, streams included.
     total: float = 600.0
 
 
 class RegionConfig(_Section, frozen=True):
     """One [[regions]] entry: an OpenAI-compatible endpoint serving some models."""
 
+    # Unique region name, used in logs, metrics and admin calls.
     name: str
+    # The region's OpenAI-compatible base URL, up to and including `/v1`.
     base_url: str
+    # Model names this region serves.
     models: tuple[str, ...]
+    # Environment variable holding the region's API key (sent as a bearer token); unset: none.
     api_key_env: str | None = None
+    # Relative share of traffic among regions of equal score.
     weight: float = 1.0
     # Added to the region's measured latency when ranking; lower means preferred.
     bias_ms: float = 0.0
+    # Most connections open to this region at once.
     max_connections: int = 256
     # Idle pooled connections are dropped after this; keep it below the region's own keep-alive
     # timeout (uvicorn, used by vLLM, closes after 5 s) so a reused connection is never stale.
@@ -115,11 +155,13 @@ FallbackOn = Literal["unavailable", "overloaded", "server_error", "timeout", "co
 class ModelsConfig(_Section, frozen=True):
     """[models]: client-facing aliases -> the model name regions serve; model fallbacks."""
 
+    # Alias -> served model name; clients may send either.
     aliases: dict[str, str] = msgspec.field(default_factory=dict)
     # Per client-facing model, the models to try in order when no region could answer it
     # (each with its own regions). Never on an error the request caused, except too long a
     # prompt when "context_length" is listed (a larger-context model can take it).
     fallbacks: dict[str, tuple[str, ...]] = msgspec.field(default_factory=dict)
+    # The failures that move a request on to the next model of its fallback chain.
     fallback_on: tuple[FallbackOn, ...] = (
         "unavailable",
         "overloaded",
@@ -136,13 +178,18 @@ _POSITIVE = Annotated[int, msgspec.Meta(ge=1)]
 class ApiKeyConfig(_Section, frozen=True):
     """One [[auth.keys]] entry: a key (by SHA-256 hex, see `router hash-key`) and its tenant."""
 
+    # SHA-256 hex of the key (`router hash-key KEY`; `router keygen` makes a new key and its hash).
     sha256: _SHA256_HEX
+    # Tenant name: metrics, access log, cache namespace and limits are per tenant.
     tenant: str
     models: tuple[str, ...] = ()  # empty: every model
     requests_per_minute: _POSITIVE | None = None  # None: unlimited
+    # Prompt plus completion tokens per minute (reserved up front, settled on the answer).
     tokens_per_minute: _POSITIVE | None = None
     request_burst: _POSITIVE | None = None  # None: one minute's worth
+    # Tokens that may be spent at once (None: one minute's worth).
     token_burst: _POSITIVE | None = None
+    # Requests in flight at once for this key (per router process; None: unlimited).
     max_concurrent: _POSITIVE | None = None
     priority: int = 0  # higher waits less in admission queues
     cache_namespace: str | None = None  # None: the tenant name
@@ -151,21 +198,28 @@ class ApiKeyConfig(_Section, frozen=True):
 class AuthConfig(_Section, frozen=True):
     """[auth]: API keys and tenants; `enabled = false` serves everyone anonymously (local use)."""
 
+    # Require an API key on /v1 (false: everyone is one anonymous tenant).
     enabled: bool = True
     keys: tuple[ApiKeyConfig, ...] = ()
+    # SHA-256 hex of the admin token guarding /admin/* (`router keygen` makes one); unset: admin
+    # routes refused.
     admin_token_sha256: _SHA256_HEX | None = None
 
 
 class LimitsConfig(_Section, frozen=True):
     """[limits]: per-key request/token rates, local or shared by instances through Redis."""
 
+    # Where rate-limit buckets live: this process, or Redis shared by every router.
     backend: Literal["local", "redis"] = "local"
+    # Redis for the shared backend (a password in it never reaches the logs).
     redis_url: str = "redis://127.0.0.1:6379/0"
     # When Redis is unreachable: "open" keeps serving with local limits, "closed" answers 503.
     on_redis_error: Literal["open", "closed"] = "open"
     # Per Redis call; an outage costs the requests in flight this once, then none at all.
     redis_timeout_ms: Annotated[float, msgspec.Meta(gt=0)] = 250.0
+    # After a Redis failure, use local limits for this long before trying Redis again.
     redis_retry_s: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+    # Prefix of every Redis key the limiter writes.
     redis_key_prefix: str = "router:rl:"
     # Tokens reserved for the completion when a request sets no max_tokens.
     default_max_tokens: Annotated[int, msgspec.Meta(ge=0)] = 256
@@ -179,7 +233,9 @@ class TokenizerConfig(_Section, frozen=True):
     # The model's chat template (a Jinja file, e.g. the `chat_template` of its
     # tokenizer_config.json saved alone); unset: message texts only, plus a per-message overhead.
     chat_template: str | None = None
+    # The template's `bos_token` and `eos_token` variables (from tokenizer_config.json).
     bos_token: str = ""
+    # See bos_token.
     eos_token: str = ""
     # Tokens a message costs beyond its text when there is no template to render.
     per_message: Annotated[int, msgspec.Meta(ge=0)] = 4
@@ -197,20 +253,30 @@ class TokenizersConfig(_Section, frozen=True):
 class AdmissionConfig(_Section, frozen=True):
     """[admission]: per-region in-flight caps and the bounded priority wait queue."""
 
+    # Requests in flight to one region at once; more wait in the queue.
     max_in_flight: _POSITIVE = 256
+    # Per-region overrides of max_in_flight, by region name.
     region_max_in_flight: dict[str, _POSITIVE] = msgspec.field(default_factory=dict)
+    # Requests that may wait for a slot per region; beyond it, the next region is tried.
     queue_size: Annotated[int, msgspec.Meta(ge=0)] = 256
+    # Longest wait for a slot before trying the next region.
     max_wait_s: Annotated[float, msgspec.Meta(ge=0)] = 2.0
 
 
 class CacheModelConfig(_Section, frozen=True):
     """[cache.models.<model>]: per-model overrides of the [cache] defaults (unset: inherit)."""
 
+    # Cache this model (unset: [cache] enabled).
     enabled: bool | None = None
+    # Key level for this model (unset: [cache] level).
     level: Literal["exact", "normalized"] | None = None
+    # Entry lifetime for this model (unset: [cache] ttl_s).
     ttl_s: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    # Highest cacheable temperature for this model (unset: [cache] max_temperature).
     max_temperature: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    # Unset temperature cacheable for this model (unset: [cache] value).
     cache_unset_temperature: bool | None = None
+    # Requests with tools cacheable for this model (unset: [cache] value).
     allow_tools: bool | None = None
 
 
@@ -221,19 +287,26 @@ class CacheConfig(_Section, frozen=True):
     enabled: bool = False
     # "normalized" also folds blank space in prompts (runs, ends of lines; never in code).
     level: Literal["exact", "normalized"] = "exact"
+    # Memory for the in-process tier; least recently used entries go first.
     max_bytes: Annotated[int, msgspec.Meta(gt=0)] = 64 << 20
     # A response bigger than this is served but never stored (and never buffered for storing).
     max_entry_bytes: Annotated[int, msgspec.Meta(gt=0)] = 1 << 20
+    # How long an entry is served.
     ttl_s: Annotated[float, msgspec.Meta(gt=0)] = 300.0
     # Cacheable only when temperature <= max_temperature; unset temperature means the upstream
     # default (1.0 for OpenAI), so it is cacheable only when cache_unset_temperature says so.
     max_temperature: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    # See max_temperature: cache requests that set no temperature.
     cache_unset_temperature: bool = False
+    # Cache requests that offer tools (their answers may call them).
     allow_tools: bool = False
     # Concurrent identical misses share one upstream request.
     coalesce: bool = True
+    # The shared Redis tier (unset: in-process tier only).
     redis_url: Annotated[str, msgspec.Meta(pattern=r"^(redis|rediss|unix)://")] | None = None
+    # Prefix of every Redis key the cache writes.
     redis_prefix: str = "router:cache"
+    # Per Redis call; a slower call counts as a miss.
     redis_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 0.05
     # After a Redis failure, skip it for this long before trying again.
     redis_retry_s: Annotated[float, msgspec.Meta(gt=0)] = 1.0
@@ -246,11 +319,15 @@ _SECONDS = Annotated[float, msgspec.Meta(gt=0)]
 class HealthConfig(_Section, frozen=True):
     """[health]: active probes (Rust prober thread), thresholds that flip health, ejection."""
 
+    # Probe regions actively (passive health from traffic applies either way).
     enabled: bool = True
+    # Time between probes of one region.
     interval_s: _SECONDS = 1.0
     # +/- this fraction of interval_s at random, so regions are not probed in lockstep.
     jitter: Annotated[float, msgspec.Meta(ge=0, lt=1)] = 0.1
+    # A probe slower than this failed.
     timeout_s: _SECONDS = 0.8
+    # Probed with GET, relative to the region's origin.
     path: str = "/health"
     # Used for a region whose `path` answers 404 (llama.cpp, OpenAI).
     fallback_path: str = "/v1/models"
@@ -258,14 +335,20 @@ class HealthConfig(_Section, frozen=True):
     ca_file: str | None = None
     # Statuses that count as a good probe; empty means any 2xx.
     expected_statuses: tuple[int, ...] = ()
+    # Consecutive good probes that make an unhealthy region healthy.
     healthy_after: _POSITIVE = 2
+    # Consecutive failed probes that make a healthy region unhealthy.
     unhealthy_after: _POSITIVE = 2
+    # Weight of the newest sample in the moving averages of RTT and TTFT.
     ewma_alpha: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.3
+    # Samples kept per region for its latency quantiles.
     window: _POSITIVE = 64
     # Outlier ejection: this many consecutive 5xx / connect failures / timeouts from real traffic
     # eject a region for base_ejection_s * 2^(k-1) (capped); a good probe afterwards reinstates it.
     eject_after: _POSITIVE = 5
+    # See eject_after: the first ejection's length.
     base_ejection_s: _SECONDS = 5.0
+    # See eject_after: the longest ejection.
     max_ejection_s: _SECONDS = 60.0
     # A TTFT estimate older than this (no traffic since) stops counting in the score, so a
     # region that was slow once gets traffic, and a fresh measurement, again.
@@ -277,10 +360,13 @@ class RoutingConfig(_Section, frozen=True):
 
     # Regions whose score (RTT + TTFT + bias) is within this of the best share load (P2C).
     tolerance_ms: Annotated[float, msgspec.Meta(ge=0)] = 20.0
+    # Regions tried for one request, the first included.
     max_attempts: _POSITIVE = 3
     # Retries (attempts after the first) stay under min + ratio * requests over the window.
     retry_budget_ratio: Annotated[float, msgspec.Meta(ge=0, le=10)] = 0.2
+    # See retry_budget_ratio: retries always allowed per window.
     retry_budget_min: Annotated[int, msgspec.Meta(ge=0)] = 10
+    # See retry_budget_ratio: the window.
     retry_budget_window_s: _SECONDS = 10.0
     # Give up on a region that sent no first byte in this long (None: timeouts.first_byte).
     ttft_timeout_s: _SECONDS | None = None
@@ -292,10 +378,12 @@ class RoutingConfig(_Section, frozen=True):
     # Endpoints (e.g. "/v1/chat/completions") that hedge: after hedge_delay_ms without a first
     # byte (None: the region's p95 TTFT), also ask the next region; the first byte wins.
     hedge_endpoints: tuple[str, ...] = ()
+    # See hedge_endpoints.
     hedge_delay_ms: _SECONDS | None = None
     # A stream that breaks after tokens were sent: "error" ends it with an SSE error event,
     # "resume" continues on another region with the streamed text as an assistant prefill.
     midstream: Literal["error", "resume"] = "error"
+    # Continuations of one broken stream at most (midstream = "resume").
     max_resumes: Annotated[int, msgspec.Meta(ge=0)] = 2
     # When no region is available, still try them (ejected first) instead of answering 503.
     panic_routing: bool = True
@@ -304,7 +392,9 @@ class RoutingConfig(_Section, frozen=True):
     # one request tries it again. A region that answers with an error is alive: its other
     # models keep their traffic (ejection is for regions that cannot be reached).
     circuit_after: _POSITIVE = 3
+    # See circuit_after: how long a circuit first stays open.
     circuit_base_s: _SECONDS = 5.0
+    # See circuit_after: the longest a circuit stays open.
     circuit_max_s: _SECONDS = 30.0
 
 
@@ -318,26 +408,39 @@ class ObservabilityConfig(_Section, frozen=True):
     # Lines are written in batches at most this long after the first (Envoy flushes every
     # second); 0 writes each line at once. A SIGKILL loses at most this much of the log.
     access_log_flush_ms: Annotated[int, msgspec.Meta(ge=0, le=60_000)] = 1000
+    # Level of the operational logs and of the access log.
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # Format of the access log and the operational logs: JSON lines or plain text.
     log_format: Literal["json", "plain"] = "json"
     # SLO objectives over a rolling window: TTFT p95 and 5xx ratio.
     slo_ttft_p95_ms: Annotated[float, msgspec.Meta(gt=0)] = 200.0
+    # See slo_ttft_p95_ms: the 5xx ratio objective.
     slo_error_rate: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.001
+    # See slo_ttft_p95_ms: the rolling window.
     slo_window_s: Annotated[float, msgspec.Meta(gt=0)] = 300.0
     # Relative error of the streaming TTFT quantiles.
     quantile_accuracy: Annotated[float, msgspec.Meta(gt=0, lt=0.5)] = 0.01
     # How often the /status page polls /status.json.
     status_refresh_ms: Annotated[int, msgspec.Meta(ge=100)] = 1000
+    # OpenTelemetry traces over OTLP/HTTP to this URL (e.g. "http://collector:4318/v1/traces");
+    # unset: no tracing. Needs `pip install 'router[otel]'`.
+    otlp_endpoint: str | None = None
+    # The `service.name` resource attribute of the router's spans.
+    service_name: str = "router"
+    # Fraction of new traces sampled; a client's sampled traceparent is always followed.
+    trace_sample_ratio: Annotated[float, msgspec.Meta(ge=0, le=1)] = 1.0
 
 
 class DeploymentConfig(_Section, frozen=True):
     """One [[rollout.models.<alias>.deployments]] entry: a version of an alias."""
 
+    # Version tag, unique within the alias (metrics, rollback, x-model-version).
     version: str
     # The name regions serve it under (a model in some region's `models`).
     model: str
     # Regions allowed to serve this version; empty means every region serving `model`.
     regions: tuple[str, ...] = ()
+    # Share of the alias's traffic this version gets (relative to the others).
     weight: Annotated[float, msgspec.Meta(ge=0)] = 0.0
 
 
@@ -354,7 +457,9 @@ class RolloutModelConfig(_Section, frozen=True):
 class CanaryConfig(_Section, frozen=True):
     """[rollout.canary]: when a canary counts as worse than stable; whether to roll it back."""
 
+    # Roll a worse canary back to stable automatically (else only report it).
     auto_rollback: bool = False
+    # Samples older than this are forgotten.
     window_s: Annotated[float, msgspec.Meta(gt=0)] = 60.0
     # Both versions need this many requests in the window before they are compared.
     min_samples: Annotated[int, msgspec.Meta(ge=1)] = 50
@@ -364,6 +469,7 @@ class CanaryConfig(_Section, frozen=True):
     max_ttft_p95_ratio: Annotated[float, msgspec.Meta(gt=1)] = 2.0
     # Per-version memory cap; the oldest samples go first.
     max_samples: Annotated[int, msgspec.Meta(ge=1)] = 4096
+    # How often the canary is compared with stable.
     check_interval_s: Annotated[float, msgspec.Meta(gt=0)] = 1.0
 
 
@@ -514,12 +620,66 @@ def _check_rollout(config: Config, source: str) -> None:
             raise fail(f"{where}.deployments", "expected at least one positive weight")
 
 
-def loads(text: str, source: str = "<config>") -> Config:
-    """Decode and check config text; `source` names the file in errors."""
+_UNKNOWN = re.compile(r"^Object contains unknown field `(?P<name>[^`]*)`$")
+_INDEX = re.compile(r"\[[^\]]*\]")
+
+
+def _struct_at(path: str) -> type[msgspec.Struct] | None:
+    """The Struct decoding `$.a.b[0].c` (dict keys and list indexes stepped over)."""
+    parts = [p for p in _INDEX.sub("", path).split(".") if p]
+    cls: Any = Config
+    for part in parts:
+        hints = typing.get_type_hints(cls, include_extras=True)
+        if part not in hints:
+            # A key of a table of sections (cache.models.<name>): already inside its value type.
+            continue
+        cls = _struct_in(hints[part])
+        if cls is None:
+            return None
+    return cls if isinstance(cls, type) and issubclass(cls, msgspec.Struct) else None
+
+
+def _struct_in(tp: Any) -> type[msgspec.Struct] | None:
+    for candidate in (tp, *typing.get_args(tp)):
+        if isinstance(candidate, type) and issubclass(candidate, msgspec.Struct):
+            return candidate
+        if typing.get_origin(candidate) in (tuple, dict):
+            found = _struct_in(typing.get_args(candidate)[-1])
+            if found is not None:
+                return found
+    return None
+
+
+def _hint(what: str, path: str) -> str:
+    """What to add to a validation error: a close field name, or how to hash a raw key."""
+    unknown = _UNKNOWN.match(what)
+    if unknown is not None:
+        cls = _struct_at(path)
+        names = list(cls.__struct_fields__) if cls is not None else []
+        close = difflib.get_close_matches(unknown["name"], names, n=1, cutoff=0.6)
+        return f" (did you mean `{close[0]}`?)" if close else ""
+    if path.endswith("sha256") and "matching" in what:
+        return (
+            " (this field holds the SHA-256 hex of a key, never the key itself: "
+            "run `router hash-key KEY`, or `router keygen` for a new key and its hash)"
+        )
+    return ""
+
+
+def loads(text: str, source: str = "<config>", env: Mapping[str, str] | None = None) -> Config:
+    """Decode and check config text; `source` names the file in errors; `env` overrides
+    per-host fields (config_env: ROUTER_<SECTION>_<FIELD>)."""
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{source}: invalid TOML: {exc}") from None
+    if env is not None:
+        try:
+            applied = config_env.apply(raw, env)
+        except ValueError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
+        if applied:
+            source += " (with " + ", ".join(name for name, _ in applied) + ")"
     try:
         config = msgspec.convert(raw, Config)
     except msgspec.ValidationError as exc:
@@ -528,17 +688,19 @@ def loads(text: str, source: str = "<config>") -> Config:
         path = match["path"]
         what = match["what"]
         if path is None:
-            raise ConfigError(f"{source}: {what}") from None
-        raise ConfigError(f"{source}: field `{_field_path(path)}`: {what}") from None
+            raise ConfigError(f"{source}: {what}{_hint(what, '')}") from None
+        field = _field_path(path)
+        raise ConfigError(f"{source}: field `{field}`: {what}{_hint(what, field)}") from None
     _check(config, source)
     return config
 
 
-def load(path: str | Path) -> Config:
-    """Read, decode and check the config file at `path`."""
+def load(path: str | Path, env: Mapping[str, str] | None = None) -> Config:
+    """Read, decode and check the config file at `path`, with the process environment's
+    overrides unless `env` is given."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{p}: cannot read config: {exc}") from None
-    return loads(text, str(p))
+    return loads(text, str(p), os.environ if env is None else env)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import socket
+import sys
 
 import uvloop
 from aiohttp import web
@@ -61,6 +63,14 @@ def demo_config(router_port: int, region_ports: list[int]) -> Config:
     return loads(DEFAULT_CONFIG.format(router_port=router_port, regions=regions), "<demo config>")
 
 
+def _python() -> str:
+    """The interpreter to show: this one when it has the openai SDK (make demo installs it in
+    its virtual environment), else `python` after installing the SDK."""
+    if importlib.util.find_spec("openai") is not None:
+        return sys.executable
+    return "pip install openai && python"
+
+
 def banner(url: str) -> str:
     """What the demo prints once it is ready."""
     return f"""
@@ -70,7 +80,7 @@ router demo: listening on {url}  (regions: {", ".join(f"{n} {r:g} ms" for n, r i
     -d '{{"model": "gpt-4o-mini", "stream": true,
          "messages": [{{"role": "user", "content": "Hi"}}]}}'
 
-  python -c "from openai import OpenAI; c = OpenAI(base_url='{url}/v1', api_key='demo'); \\
+  {_python()} -c "from openai import OpenAI; c = OpenAI(base_url='{url}/v1', api_key='demo'); \\
 print(c.chat.completions.create(model='gpt-4o-mini', \\
 messages=[{{'role': 'user', 'content': 'Hi'}}]).choices[0].message.content)"
 

@@ -15,6 +15,11 @@ class ConfigError(RouterError):
     """A config file that cannot be used; the message names the file and the field."""
 
 
+class StartupError(RouterError):
+    """The router could not start (a port in use, a certificate that will not load): the
+    message is the one line an operator needs."""
+
+
 class ApiError(RouterError):
     """An error answered to the client as `{"error": {"message", "type", "code"}}`."""
 

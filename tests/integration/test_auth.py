@@ -125,6 +125,15 @@ async def test_model_list_needs_a_key(router: Proc) -> None:
             assert resp.status == 200
 
 
+async def test_model_list_shows_only_the_keys_models(router: Proc) -> None:
+    async with aiohttp.ClientSession() as session:
+        for name, expected in (("alpha", ["sim-1"]), ("beta", ["sim-1", "sim-2"])):
+            headers = {"Authorization": f"Bearer {KEYS[name]}"}
+            async with session.get(router.url + "/v1/models", headers=headers) as resp:
+                listed = [m["id"] for m in (await resp.json())["data"]]
+            assert listed == expected, name
+
+
 @pytest.mark.parametrize(
     ("method", "path"),
     [

@@ -6,7 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
-from bench.overhead import Cell, on_cpus, split_placement, table
+from bench.overhead import Cell, on_cpus, scaling, split_placement, table
 from bench.procs import NGINX
 
 from tests.support import run_bench
@@ -66,4 +66,23 @@ def test_a_short_run_measures_every_target_without_mismatches(tmp_path: Path) ->
         targets.add("nginx")
     modes = {"non-stream", "non-stream @50/s", "stream", "stream @50/s"}
     assert {(c["target"], c["mode"]) for c in cells} == {(t, m) for t in targets for m in modes}
+    assert all(c["errors"] == 0 and c["requests"] > 0 for c in cells)
+
+
+def test_scaling_compares_each_worker_count_with_the_first() -> None:
+    cells = [
+        _cell("router-w1", "non-stream", 5.0, rps=1000),
+        _cell("router-w2", "non-stream", 4.0, rps=1500),
+    ]
+    (line,) = scaling(cells, [1, 2]).splitlines()
+    assert "workers 1 -> 2: RPS x1.50 (1000 -> 1500)" in line
+
+
+def test_a_short_workers_run_answers_correctly(tmp_path: Path) -> None:
+    out = tmp_path / "workers.json"
+    args = ["--workers", "1", "2", "--duration", "0.4", "--warmup", "0.1", "--rounds", "1"]
+    stdout = run_bench("overhead", *args, "--concurrency", "4", "--rate", "0", "--json", str(out))
+    assert "workers 1 -> 2: RPS x" in stdout
+    cells = json.loads(out.read_text())["cells"]
+    assert {c["target"] for c in cells} == {"direct", "router-w1", "router-w2"}
     assert all(c["errors"] == 0 and c["requests"] > 0 for c in cells)

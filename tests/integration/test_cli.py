@@ -38,3 +38,14 @@ def test_sim_region_rejects_an_unknown_fail_mode() -> None:
     out = run("sim-region", "--port", "1", "--fail-mode", "explode")
     assert out.returncode == 2
     assert "--fail-mode must be one of" in out.stderr
+
+
+def test_keygen_prints_a_key_and_its_hash() -> None:
+    out = run("keygen")
+    assert out.returncode == 0, out.stderr
+    fields = dict(line.split(":", 1) for line in out.stdout.splitlines() if ": " in line[:8])
+    key, digest = fields["key"].strip(), fields["sha256"].strip()
+    assert key.startswith("sk-router-")
+    assert len(key) > 40
+    assert run("hash-key", key).stdout.strip() == digest
+    assert run("keygen").stdout != out.stdout

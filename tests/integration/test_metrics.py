@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from router.core.timing import parse_server_timing
 from tests.integration.conftest import MODEL, region_toml, sim_config, start_router, start_sim
-from tests.support import Proc, router_cmd
+from tests.support import Proc, is_access_line, router_cmd
 
 HEADER = """
 [timeouts]
@@ -173,7 +173,7 @@ def test_known_sequence_is_reflected_exactly(env: Env) -> None:
     assert samples(r)[("router_requests_total", frozenset(miss_a.items()))] == 2
 
     log = r.access_lines(7)
-    assert len([ln for ln in r.output().splitlines() if ln.startswith("{")]) == 7
+    assert len([ln for ln in r.output().splitlines() if is_access_line(ln)]) == 7
     assert [line["status"] for line in log] == [200, 200, 200, 200, 404, 400, 200]
     assert [line["cache"] for line in log[:4]] == ["miss", "miss", "hit", "bypass"]
     assert log[6]["region"] == "b"
@@ -278,6 +278,25 @@ request_burst = 2
         }
         assert by_status == {"401": 2, "200": 2, "429": 1}
         assert value(m, "router_rate_limited_total") == 1
+        # Per tenant (the unauthenticated ones as "none"), and tokens per model and region.
+        assert value(m, "router_tenant_requests_total", tenant="acme") == 3
+        assert value(m, "router_tenant_requests_total", tenant="none") == 2
+        assert value(m, "router_tenant_rate_limited_total", tenant="acme") == 1
+        tokens_out = value(m, "router_tenant_tokens_total", tenant="acme", direction="out")
+        assert tokens_out is not None
+        assert tokens_out > 0
+        spent = value(m, "router_tokens_total", model=MODEL, region="a", direction="out")
+        assert spent == tokens_out
+        # The process and what runs.
+        for name in ("process_resident_memory_bytes", "process_open_fds"):
+            measured = value(m, name)
+            assert measured is not None
+            assert measured > 0, name
+        assert value(m, "process_cpu_seconds_total") is not None
+        (info,) = [labels for (name, labels) in m if name == "router_build_info"]
+        assert dict(info)["version"]
+        assert dict(info)["commit"]
+        assert value(m, "router_config_generation") == 0
         log = router.access_lines(len(codes))
         assert [line["status"] for line in log] == codes
         assert [line.get("tenant") for line in log] == [None, None, "acme", "acme", "acme"]

@@ -280,7 +280,8 @@ async def test_canary_errors_trigger_automatic_rollback(stack: Stack) -> None:
                 if "canary rollback" in stack.router.output():
                     break
     out = stack.router.wait_output("canary rollback: model chat-default version v2")
-    assert "WARNING" in out
+    line = next(ln for ln in out.splitlines() if "canary rollback: model" in ln)
+    assert '"level":"warning"' in line
     async with aiohttp.ClientSession(headers=headers) as s:
         got = [await post(s, url, chat(f"c{i}")) for i in range(30)]
     assert all((status, version) == (200, "v1") for status, version, _ in got)

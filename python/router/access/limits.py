@@ -11,6 +11,7 @@ from aiohttp import web
 
 from router.access.auth import Authenticator, Tenant
 from router.access.global_limits import Rates, RedisBuckets
+from router.access.shared_buckets import SharedBucketTable
 from router.access.tokenizers import ModelTokenizer
 from router.access.usage import StreamUsage, completion_budget, usage_tokens
 from router.config import Commit, Preparer
@@ -128,12 +129,17 @@ class Limiter:
         shared: RedisBuckets | None = None,
         fail_open: bool = True,
         shards: int = 64,
+        machine: SharedBucketTable | None = None,
         tokenizers: Mapping[str, ModelTokenizer] | None = None,
     ) -> None:
         self.default_max_tokens = default_max_tokens
         self.shared = shared
         self.fail_open = fail_open
-        self.table = BucketTable(shards=shards)
+        # With workers, buckets and in-flight counts live in a table all of them share.
+        self.machine = machine
+        self.table: BucketTable | SharedBucketTable = (
+            machine if machine is not None else BucketTable(shards=shards)
+        )
         self._rates: dict[str, Rates] = {}
         for tenant in tenants:
             self.configure(tenant)
@@ -147,15 +153,18 @@ class Limiter:
         cls,
         config: LimitsConfig,
         tenants: Iterable[Tenant],
+        machine: SharedBucketTable | None = None,
         tokenizers: Mapping[str, ModelTokenizer] | None = None,
     ) -> Limiter:
-        """Build from the `[limits]` section, the tenants auth knows and the model tokenizers."""
+        """Build from the `[limits]` section, the tenants auth knows and the model tokenizers;
+        `machine`: the table the workers of this machine share."""
         shared = RedisBuckets.from_config(config) if config.backend == "redis" else None
         return cls(
             tenants,
             default_max_tokens=config.default_max_tokens,
             shared=shared,
             fail_open=config.on_redis_error == "open",
+            machine=machine,
             tokenizers=tokenizers,
         )
 
@@ -202,13 +211,16 @@ class Limiter:
         """Reserve one request and `tokens` for the tenant, or raise 429 (503 if fail-closed)."""
         key = tenant.key_id
         active = self._active.get(key, 0)
-        if tenant.max_concurrent is not None and active >= tenant.max_concurrent:
+        if tenant.max_concurrent is not None and not self._enter(
+            key, active, tenant.max_concurrent
+        ):
             raise RateLimited(
                 f"Too many concurrent requests for tenant {tenant.name!r} "
                 f"(limit {tenant.max_concurrent}).",
                 code="concurrency_limit_exceeded",
                 headers=retry_headers(1.0),
             )
+        machine_slot = tenant.max_concurrent is not None and self.machine is not None
         rates = self._rates.get(key)
         if rates is None:
             self._active[key] = active + 1
@@ -216,6 +228,8 @@ class Limiter:
         if tenant.tokens_per_minute is None:
             tokens = 0
         elif tokens > rates.token_capacity:
+            if machine_slot:
+                self._machine_leave(key)
             raise RateLimited(
                 f"Request too large for tenant {tenant.name!r}: it may use {tokens} tokens, "
                 f"more than the {int(rates.token_capacity)} one request can ever get. Lower "
@@ -225,6 +239,8 @@ class Limiter:
             )
         allowed, retry_s, rem_r, rem_t, reset_r, reset_t = self.table.try_acquire(key, tokens)
         if not allowed:
+            if machine_slot:
+                self._machine_leave(key)
             headers = rate_headers(tenant, rem_r, rem_t, reset_r, reset_t)
             raise self._limited(tenant, retry_s, headers)
         # Counted before any await so concurrent admissions see each other.
@@ -255,12 +271,24 @@ class Limiter:
             rate_headers(tenant, rem_r, rem_t, reset_r, reset_t), self, tenant, tokens, shared
         )
 
+    def _enter(self, key: str, active: int, limit: int) -> bool:
+        """Whether one more request of `key` may run: on this process, or on the machine."""
+        if self.machine is not None:
+            return self.machine.enter(key, limit)
+        return active < limit
+
+    def _machine_leave(self, key: str) -> None:
+        if self.machine is not None:
+            self.machine.leave(key)
+
     def _undo(self, tenant: Tenant, tokens: int) -> None:
         """Take back a local reservation the shared store refused (or could not make)."""
         self.table.refund(tenant.key_id, requests=1, tokens=tokens)
-        self._release(tenant.key_id)
+        self._release(tenant.key_id, tenant.max_concurrent is not None)
 
-    def _release(self, key: str) -> None:
+    def _release(self, key: str, limited: bool = False) -> None:
+        if limited:
+            self._machine_leave(key)
         left = self._active.get(key, 1) - 1
         if left > 0:
             self._active[key] = left
@@ -276,7 +304,7 @@ class Limiter:
 
     def settle(self, tenant: Tenant, reserved: int, used: int | None, *, shared: bool) -> None:
         """Reconcile a reservation with real usage and free its concurrency slot."""
-        self._release(tenant.key_id)
+        self._release(tenant.key_id, tenant.max_concurrent is not None)
         rates = self._rates.get(tenant.key_id)
         if used is None or rates is None or tenant.tokens_per_minute is None or used == reserved:
             return

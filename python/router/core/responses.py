@@ -20,8 +20,9 @@ def failure_response(exc: AttemptError, request_id: str) -> web.Response:
         exc.headers["X-Request-Id"] = request_id
         return web.Response(status=exc.status, body=exc.body, headers=exc.headers)
     status = 504 if exc.kind == FailureKind.TIMEOUT else 502
+    # The region's host:port stays in the log (the attempt's line); the client learns only why.
     error = UpstreamError(
-        f"No region could answer the request (last: {exc}).",
+        f"No region could answer the request (last failure: {exc.kind.value}).",
         status=status,
         code="upstream_timeout" if status == 504 else "upstream_error",
     )

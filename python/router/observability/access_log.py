@@ -117,6 +117,9 @@ class _MessageOnly(logging.Formatter):
 
 # A buffer this big is written at once, whatever the flush interval.
 FLUSH_BYTES = 64 * 1024
+# With worker processes sharing one stdout pipe, each write holds whole lines and at most this
+# many bytes: POSIX makes pipe writes up to PIPE_BUF atomic, so lines never interleave.
+SHARED_WRITE_BYTES = 4096
 
 
 class AccessLog:
@@ -136,6 +139,7 @@ class AccessLog:
         "_pending",
         "_pending_bytes",
         "_render",
+        "_shared",
         "_stream",
         "_timer",
         "enabled",
@@ -149,6 +153,7 @@ class AccessLog:
         stream: IO[str] | None = None,
         enabled: bool = True,
         flush_interval_s: float = 0.0,
+        shared_stream: bool = False,
     ) -> None:
         if flush_interval_s < 0:
             raise ValueError(f"flush_interval_s must be >= 0, got {flush_interval_s}")
@@ -164,6 +169,8 @@ class AccessLog:
         self._render = render_json if fmt == "json" else render_plain
         self._clock = time.time
         self._interval = flush_interval_s
+        # Other processes write to the same stream (router serve --workers N).
+        self._shared = shared_stream
         self._pending: list[str] = []
         self._pending_bytes = 0
         self._timer: asyncio.TimerHandle | None = None
@@ -205,9 +212,27 @@ class AccessLog:
         if not self._pending:
             return
         lines, self._pending, self._pending_bytes = self._pending, [], 0
+        if self._shared:
+            self._write_shared(lines)
+            return
         lines.append("")
         self._stream.write("\n".join(lines))
         self._stream.flush()
+
+    def _write_shared(self, lines: list[str]) -> None:
+        """Whole lines in writes of at most SHARED_WRITE_BYTES (one line may be longer)."""
+        chunk: list[str] = []
+        size = 0
+        for line in lines:
+            if chunk and size + len(line) + 1 > SHARED_WRITE_BYTES:
+                self._stream.write("\n".join(chunk) + "\n")
+                self._stream.flush()
+                chunk, size = [], 0
+            chunk.append(line)
+            size += len(line) + 1
+        if chunk:
+            self._stream.write("\n".join(chunk) + "\n")
+            self._stream.flush()
 
     def close(self) -> None:
         """Write what is pending and detach the handler this log added."""

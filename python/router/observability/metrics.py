@@ -16,6 +16,7 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from router.core.timing import STAGES, TOTAL, TTFT
@@ -126,6 +127,18 @@ class _Bounded:
         return value
 
 
+class _TenantCounts:
+    """Requests, tokens and 429s of one tenant."""
+
+    __slots__ = ("rate_limited", "requests", "tokens_in", "tokens_out")
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.tokens_in = 0
+        self.tokens_out = 0
+        self.rate_limited = 0
+
+
 class Metrics:
     """The router's Prometheus metrics; `observe` is a dict lookup and a few int increments.
 
@@ -140,9 +153,15 @@ class Metrics:
         regions: RegionSource | None = None,
         models: Iterable[str] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        build: tuple[str, str] | None = None,
+        generation: Callable[[], int] | None = None,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.series: dict[tuple[str, str, int, str], _Series] = {}
+        self.tenants: dict[str, _TenantCounts] = {}
+        # (model, region) -> [prompt tokens, completion tokens], from answers that report usage.
+        self.tokens: dict[tuple[str, str], list[int]] = {}
+        self._tenant = _Bounded()
         self.stages = {s: _Histogram(_STAGE_NS) for s in STAGES}
         self.cache_hits = 0
         self.cache_misses = 0
@@ -157,6 +176,9 @@ class Metrics:
         self._clock = clock
         self.registry.register(_RequestCollector(self))
         self.registry.register(_StateCollector(regions, slo, clock))
+        # process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds, ...
+        ProcessCollector(registry=self.registry)
+        self.registry.register(_BuildCollector(build, generation))
 
     def observe(self, rec: AccessRecord) -> None:
         """Count one finished request and feed the SLO tracker."""
@@ -191,6 +213,23 @@ class Metrics:
             self.rate_limited += 1
         elif status >= 500:
             self.server_errors[region] = self.server_errors.get(region, 0) + 1
+        tenant = self._tenant(rec.tenant)
+        counts = self.tenants.get(tenant)
+        if counts is None:
+            counts = self.tenants[tenant] = _TenantCounts()
+        counts.requests += 1
+        if status == 429:
+            counts.rate_limited += 1
+        tokens_in, tokens_out = rec.tokens_in, rec.tokens_out
+        if tokens_in is not None or tokens_out is not None:
+            counts.tokens_in += tokens_in or 0
+            counts.tokens_out += tokens_out or 0
+            pair = (key[1], region)
+            spent = self.tokens.get(pair)
+            if spent is None:
+                spent = self.tokens[pair] = [0, 0]
+            spent[0] += tokens_in or 0
+            spent[1] += tokens_out or 0
         if self.slo is not None:
             ttft_s = None if ttft_ns is None else ttft_ns / 1e9
             self.slo.observe(rec.region, status, ttft_s, self._clock())
@@ -250,6 +289,62 @@ class _RequestCollector(Collector):
         for region, n in m.server_errors.items():
             errors.add_metric([region], float(n))
         yield errors
+        yield from _tenant_families(m)
+
+
+def _tenant_families(m: Metrics) -> Iterator[Metric]:
+    requests = CounterMetricFamily(
+        "router_tenant_requests", "Finished requests per tenant.", labels=["tenant"]
+    )
+    tokens = CounterMetricFamily(
+        "router_tenant_tokens",
+        "Tokens per tenant as answers report them (direction: in = prompt, out = completion).",
+        labels=["tenant", "direction"],
+    )
+    limited = CounterMetricFamily(
+        "router_tenant_rate_limited", "Requests answered 429 per tenant.", labels=["tenant"]
+    )
+    for tenant, c in m.tenants.items():
+        requests.add_metric([tenant], float(c.requests))
+        tokens.add_metric([tenant, "in"], float(c.tokens_in))
+        tokens.add_metric([tenant, "out"], float(c.tokens_out))
+        limited.add_metric([tenant], float(c.rate_limited))
+    by_model = CounterMetricFamily(
+        "router_tokens",
+        "Tokens per model and region as answers report them.",
+        labels=["model", "region", "direction"],
+    )
+    for (model, region), (tokens_in, tokens_out) in m.tokens.items():
+        by_model.add_metric([model, region, "in"], float(tokens_in))
+        by_model.add_metric([model, region, "out"], float(tokens_out))
+    yield from (requests, tokens, limited, by_model)
+
+
+class _BuildCollector(Collector):
+    """router_build_info{version, commit} and the config generation in force."""
+
+    def __init__(self, build: tuple[str, str] | None, generation: Callable[[], int] | None) -> None:
+        self._build = build
+        self.generation = generation
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        if self._build is not None:
+            info = GaugeMetricFamily(
+                "router_build_info",
+                "Always 1; the labels say what runs.",
+                labels=["version", "commit"],
+            )
+            info.add_metric(list(self._build), 1.0)
+            yield info
+        if self.generation is not None:
+            yield GaugeMetricFamily(
+                "router_config_generation",
+                "Config reloads applied since start (0: the file read at start).",
+                value=float(self.generation()),
+            )
 
 
 class _StateCollector(Collector):
@@ -334,7 +429,7 @@ def _slo_families(slo: SloTracker, now: float) -> Iterator[Metric]:
 class Telemetry:
     """Everything a finished request feeds: Prometheus metrics, SLO tracker, access log."""
 
-    __slots__ = ("log", "metrics", "regions", "slo")
+    __slots__ = ("generation", "log", "metrics", "regions", "slo")
 
     def __init__(
         self,
@@ -344,15 +439,27 @@ class Telemetry:
         log: AccessLog | None = None,
         models: Iterable[str] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        build: tuple[str, str] | None = None,
     ) -> None:
         self.slo = slo if slo is not None else SloTracker()
         # Replaceable after startup (the health feature's snapshot); scrapes read it each time.
         self.regions = regions
-        self.metrics = Metrics(slo=self.slo, regions=self._regions, models=models, clock=clock)
+        self.generation: Callable[[], int] | None = None
+        self.metrics = Metrics(
+            slo=self.slo,
+            regions=self._regions,
+            models=models,
+            clock=clock,
+            build=build,
+            generation=self._generation,
+        )
         self.log = log
 
     def _regions(self) -> Iterable[RegionState]:
         return self.regions() if self.regions is not None else ()
+
+    def _generation(self) -> int:
+        return self.generation() if self.generation is not None else 0
 
     def finish(self, rec: AccessRecord) -> None:
         """Record one finished request everywhere."""

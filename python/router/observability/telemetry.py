@@ -16,6 +16,7 @@ from router.core.timing import REGION_TTFT, TOTAL, TTFT, server_timing, totals
 from router.core.upstream import Upstream
 from router.observability import metrics, status
 from router.observability.access_log import AccessLog, AccessRecord, CacheResult
+from router.observability.build import build_info
 from router.observability.metrics import RegionSource, RegionState, Telemetry
 from router.observability.slo import SloTargets, SloTracker
 
@@ -244,8 +245,10 @@ def telemetry_from_config(
     config: ObservabilityConfig,
     regions: RegionSource | None = None,
     models: Iterable[str] | None = None,
+    shared_stream: bool = False,
 ) -> Telemetry:
-    """Telemetry for the [observability] section."""
+    """Telemetry for the [observability] section; `shared_stream`: other processes write to
+    the same stdout (workers), so access lines go out in atomic whole-line writes."""
     targets = SloTargets(
         ttft_p95_s=config.slo_ttft_p95_ms / 1000.0,
         error_rate=config.slo_error_rate,
@@ -256,26 +259,36 @@ def telemetry_from_config(
         fmt=config.log_format,
         enabled=config.access_log,
         flush_interval_s=config.access_log_flush_ms / 1000.0,
+        shared_stream=shared_stream,
     )
     slo = SloTracker(targets, alpha=config.quantile_accuracy)
-    return Telemetry(slo=slo, regions=regions, log=log, models=models)
+    return Telemetry(slo=slo, regions=regions, log=log, models=models, build=build_info())
 
 
 def build(
-    config: ObservabilityConfig, region_names: Iterable[str], models: Iterable[str] | None = None
+    config: ObservabilityConfig,
+    region_names: Iterable[str],
+    models: Iterable[str] | None = None,
+    shared_stream: bool = False,
 ) -> Observer | None:
     """The observer for the [observability] section; None when it is disabled."""
     if not config.enabled:
         return None
     passive = PassiveHealth(region_names)
-    return Observer(telemetry_from_config(config, passive.states, models), passive)
+    return Observer(telemetry_from_config(config, passive.states, models, shared_stream), passive)
 
 
-def add_routes(app: web.Application, observer: Observer, config: ObservabilityConfig) -> None:
-    """/metrics, /status, /status.json; the access log is flushed when the app stops."""
+def add_routes(
+    app: web.Application,
+    observer: Observer,
+    config: ObservabilityConfig,
+    routes: web.Application | None = None,
+) -> None:
+    """/metrics, /status, /status.json on `routes` (default `app`); the access log is flushed
+    when `app` stops."""
     telemetry = observer.telemetry
-    metrics.add_routes(app, telemetry)
-    status.add_routes(app, telemetry, refresh_ms=config.status_refresh_ms)
+    metrics.add_routes(routes or app, telemetry)
+    status.add_routes(routes or app, telemetry, refresh_ms=config.status_refresh_ms)
 
     async def close(app: web.Application) -> None:
         # The buffered access lines are written before the process exits.

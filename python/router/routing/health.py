@@ -112,10 +112,10 @@ class Health:
         self.config = config
 
     def log_events(self) -> None:
-        """Log every health flip since the last call at WARNING (nothing per probe)."""
+        """Log every health flip since the last call at INFO (nothing per probe)."""
         for region, transition, _at, detail in self.prober.take_events():
             suffix = f" ({detail})" if detail and transition in ("unhealthy", "ejected") else ""
-            log.warning("region %s: %s%s", region, transition, suffix)
+            log.info("region %s: %s%s", region, transition, suffix)
 
     # ---- reads ----
 
@@ -217,7 +217,7 @@ class Health:
         before = self._admin[name]
         self._admin[name] = state
         if before is not state:
-            log.warning("region %s: admin %s -> %s", name, before.value, state.value)
+            log.info("region %s: admin %s -> %s", name, before.value, state.value)
         return True
 
     def report(
@@ -231,7 +231,7 @@ class Health:
     ) -> None:
         """Feed one attempt's outcome to the health table (passive health, ejection)."""
         if self.prober.report(region, outcome, connect_s, ttft_s, total_s):
-            log.warning("region %s: ejected after consecutive %s", region, outcome)
+            log.info("region %s: ejected after consecutive %s", region, outcome)
 
 
 def _ms(seconds: float | None) -> float | None:

@@ -5,14 +5,17 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
-from aiohttp import web
+from aiohttp import web, web_response
 from aiohttp.typedefs import Middleware
 
 from router.access import tokenizers
-from router.access.auth import Authenticator
+from router.access.auth import Authenticator, Tenant
 from router.access.limits import Limiter, Limits, auth_preparer, rate_limit_headers
+from router.access.shared_buckets import SharedBucketTable
+from router.cache.admin import CACHE
 from router.cache.serving import CacheLayer, cache_headers
 from router.config import Config
 from router.core.admin import AdminRoutes
@@ -24,6 +27,8 @@ from router.core.responses import error_response
 from router.core.stages import AttemptObserver, ResponseDecorator
 from router.errors import ApiError, InvalidRequest, NotFound
 from router.observability import telemetry
+from router.observability.tracing import Tracing
+from router.observability.tracing import lifetime as tracing_lifetime
 from router.rollout import admin as rollout_admin
 from router.rollout.runtime import ROLLOUT, RolloutRuntime, canary_hook, version_header
 from router.routing import admin as routing_admin
@@ -45,6 +50,9 @@ from router.server import reload
 from router.server.pools import POOLS, RegionPools, regions_preparer
 from router.server.reload import RELOADER, LiveConfig, Reloader, health_preparer, sighup_ctx
 
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.export import SpanExporter
+
 log = logging.getLogger("router")
 
 # Readiness conditions ANDed by /readyz (e.g. "at least one healthy region").
@@ -63,13 +71,26 @@ class RouterState:
 CONFIG: web.AppKey[Config] = web.AppKey("config")
 STATE: web.AppKey[RouterState] = web.AppKey("state")
 PIPELINE: web.AppKey[Pipeline] = web.AppKey("pipeline")
+# The app behind `admin_listen` (/metrics, /status*, /admin/*), set only when that is configured;
+# it shares every feature with the client app and starts after it.
+ADMIN_APP: web.AppKey[web.Application] = web.AppKey("admin_app")
+# What the Server header says: no Python or aiohttp version for a scanner to match.
+SERVER_HEADER = "router"
 
 
-def _models_body(config: Config) -> bytes:
-    """GET /v1/models, computed from a config."""
+def hide_versions() -> None:
+    """aiohttp fills in `Server: Python/x aiohttp/y` on every response, its own 400s for
+    unparsable requests included (written before any app hook runs); its module default is the
+    one place that covers them all."""
+    web_response.SERVER_SOFTWARE = SERVER_HEADER  # type: ignore[attr-defined]
+
+
+def _models_body(config: Config, tenant: Tenant) -> bytes:
+    """GET /v1/models: the models of `config` that `tenant`'s key may use."""
     data = [
         {"id": name, "object": "model", "created": 0, "owned_by": "router"}
         for name in config.served_models()
+        if tenant.allows(name)
     ]
     return msgspec.json.encode({"object": "list", "data": data})
 
@@ -109,14 +130,29 @@ def _request_id(request: web.Request) -> str:
     return ctx.request_id if ctx is not None else request_id(request.headers.get("X-Request-Id"))
 
 
-def build_app(config: Config, config_path: Path | None = None) -> web.Application:
-    """The router application for `config`; pools and probes start with it and stop with it."""
+def build_app(
+    config: Config,
+    config_path: Path | None = None,
+    generation: int = 0,
+    span_exporter: SpanExporter | None = None,
+    shared_stdout: bool = False,
+    machine: SharedBucketTable | None = None,
+) -> web.Application:
+    """The router application for `config`; pools and probes start with it and stop with it.
+    `generation` is the config generation to start at (a restarted worker's siblings');
+    `span_exporter` replaces the OTLP exporter (tests); `shared_stdout`: sibling workers
+    write to the same stdout; `machine`: the rate-limit table the workers share."""
     # client_max_size is a backstop; read_body enforces max_body_bytes with a proper 413.
     app = web.Application(client_max_size=config.server.max_body_bytes + 1)
-    app[CONFIG] = config
-    state = app[STATE] = RouterState()
-    live = LiveConfig(config, config_path)
-    reloader = app[RELOADER] = Reloader(live)
+    # With an admin listener, operator routes live on their own app so the client listener
+    # cannot reach them (and the admin listener serves no /v1).
+    ops = app
+    if config.server.admin_listen is not None:
+        ops = app[ADMIN_APP] = web.Application(client_max_size=1 << 20)
+    app[CONFIG] = ops[CONFIG] = config
+    state = app[STATE] = ops[STATE] = RouterState()
+    live = LiveConfig(config, config_path, generation)
+    reloader = app[RELOADER] = ops[RELOADER] = Reloader(live)
     app.cleanup_ctx.append(sighup_ctx(reloader))
     pools = app[POOLS] = RegionPools.opening(config)
     app.cleanup_ctx.append(pools.lifetime)
@@ -124,19 +160,21 @@ def build_app(config: Config, config_path: Path | None = None) -> web.Applicatio
     # Who asks: one authenticator, whose admin check also guards every admin route.
     auth = Authenticator.from_config(config.auth)
     auth.warn_if_disabled()
-    admin = AdminRoutes(app.router, auth.check_admin)
+    admin = AdminRoutes(ops.router, auth.check_admin)
     # Which version: the rollout table and its canary monitor.
-    rollout = app[ROLLOUT] = RolloutRuntime(config)
+    rollout = app[ROLLOUT] = ops[ROLLOUT] = RolloutRuntime(config)
     reloader.register("rollout", rollout.prepare_reload, ("rollout", "models"))
     # How much: per-key limits, then per-region admission slots.
     limiter = Limiter.from_config(
-        config.limits, auth.tenants, tokenizers.load(config.tokenizers.models)
+        config.limits, auth.tenants, machine, tokenizers.load(config.tokenizers.models)
     )
     reloader.register("auth", auth_preparer(auth, limiter), ("auth",))
     app.cleanup_ctx.append(_closing(limiter.close))
     admission = Admission.from_config(config.admission)
     # Where: health (probes + passive), nearest-healthy selection, retries, hedges, continuation.
-    health = app[routing_admin.HEALTH] = Health(config.health, config.regions)
+    health = app[routing_admin.HEALTH] = ops[routing_admin.HEALTH] = Health(
+        config.health, config.regions
+    )
     health.in_flight_of = admission.in_flight
     app.cleanup_ctx.append(lifetime(health))
     reloader.register("health", health_preparer(health), ("health",))
@@ -157,22 +195,33 @@ def build_app(config: Config, config_path: Path | None = None) -> web.Applicatio
     routing.on_change.append(midstream.retune)
     # What it cost: Server-Timing, metrics, access log, SLOs, the status page.
     observer = telemetry.build(
-        config.observability, [r.name for r in config.regions], config.served_models()
+        config.observability,
+        [r.name for r in config.regions],
+        config.served_models(),
+        shared_stream=shared_stdout,
     )
     observers: list[AttemptObserver] = []
     if observer is not None:
         observer.telemetry.regions = telemetry.health_source(
             health, admission.in_flight, admission.depth
         )
+        observer.telemetry.generation = lambda: live.generation
         observers.append(observer.attempt)
-        telemetry.add_routes(app, observer, config.observability)
+        telemetry.add_routes(app, observer, config.observability, routes=ops)
     observers += [canary_hook(rollout), passive_hook(health, circuits)]
+    # Traces (optional): a span per request and per attempt.
+    tracing = Tracing.from_config(config.observability, span_exporter)
+    if tracing is not None:
+        observers.append(tracing.attempt)
+        app.cleanup_ctx.append(tracing_lifetime(tracing))
     # Answers already known: the response cache.
     cache = None
     if config.cache.enabled:
         cache = CacheLayer(config)
         app.cleanup_ctx.append(cache.lifetime)
-        cache.add_routes(app, auth.check_admin)
+        cache.add_routes(ops, auth.check_admin)
+        if ops is not app:
+            ops.on_startup.append(_sharing_cache(app))
     decorators: list[ResponseDecorator] = [version_header, rate_limit_headers, routing_headers]
     if cache is not None:
         decorators.append(cache_headers)
@@ -197,14 +246,18 @@ def build_app(config: Config, config_path: Path | None = None) -> web.Applicatio
     )
 
     app.on_response_prepare.append(pipeline.on_prepare)
+    if tracing is not None:
+        # Outermost, so the request span sees the status every other layer settled on.
+        app.middlewares.append(tracing.middleware())
     app.middlewares.append(_errors(pipeline))
+    hide_versions()
     for endpoint in (CHAT, COMPLETIONS, EMBEDDINGS):
         app.router.add_post(endpoint, pipeline.handler(endpoint))
 
     async def models(request: web.Request) -> web.Response:
-        auth.authenticate(request.headers)
+        tenant = auth.authenticate(request.headers)
         # From the live config, so models added or removed by a reload show up at once.
-        body = _models_body(live.config)
+        body = _models_body(live.config, tenant)
         return web.Response(body=body, content_type="application/json")
 
     async def healthz(request: web.Request) -> web.Response:
@@ -218,12 +271,24 @@ def build_app(config: Config, config_path: Path | None = None) -> web.Applicatio
         return web.json_response({"status": "ready"})
 
     app.router.add_get("/v1/models", models)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
+    for probes in {id(app): app, id(ops): ops}.values():
+        probes.router.add_get("/healthz", healthz)
+        probes.router.add_get("/readyz", readyz)
+    if ops is not app:
+        ops.middlewares.append(_errors(pipeline))
     routing_admin.add_routes(admin)
     rollout_admin.add_routes(admin)
     reload.add_routes(admin)
     return app
+
+
+def _sharing_cache(app: web.Application) -> Callable[[web.Application], Awaitable[None]]:
+    """The admin app's startup hook: the cache the client app opened serves its admin routes."""
+
+    async def share(ops: web.Application) -> None:
+        ops[CACHE] = app[CACHE]
+
+    return share
 
 
 def _closing(

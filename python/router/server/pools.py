@@ -96,7 +96,7 @@ def regions_preparer(pools: RegionPools, health: Health | None) -> Preparer:
             if health is not None:
                 health.set_regions(new.regions)
             pools.retire([u for u in live.values() if u.name not in kept], new.timeouts.total)
-            log.warning(
+            log.info(
                 "regions now %s (kept %d pools, opened %d)",
                 ", ".join(r.name for r in new.regions),
                 len(kept),

@@ -26,6 +26,7 @@ _LIVE_SECTIONS = frozenset({"server", "timeouts"})
 _RESTART_ONLY = (
     ("server", "listen"),
     ("server", "admin_listen"),
+    ("server", "workers"),
     ("server", "header_timeout_s"),
     ("server", "drain_timeout_s"),
     ("timeouts", "connect"),
@@ -40,10 +41,11 @@ class LiveConfig:
 
     __slots__ = ("config", "generation", "path")
 
-    def __init__(self, config: Config, path: Path | None = None) -> None:
+    def __init__(self, config: Config, path: Path | None = None, generation: int = 0) -> None:
         self.config = config
         self.path = path
-        self.generation = 0
+        # A worker restarted by the supervisor starts at the generation its siblings are at.
+        self.generation = generation
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +129,7 @@ class Reloader:
                     after,
                 )
         message = f"config reloaded from {source} (generation {self.live.generation})"
-        log.warning("%s", message)
+        log.info("%s", message)
         return ReloadResult(applied=True, generation=self.live.generation, message=message)
 
     def _reject(self, reason: str) -> ReloadResult:

@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import signal
+import ssl
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import uvloop
 from aiohttp import web
 
+from router.access.shared_buckets import SharedBucketTable
 from router.config import Config, parse_listen
+from router.errors import ConfigError, StartupError
 from router.server import gctune
-from router.server.app import STATE, build_app
+from router.server.app import ADMIN_APP, STATE, build_app
+from router.server.reload import RELOADER
+from router.server.tls import Listeners
 
 log = logging.getLogger("router")
 
@@ -36,26 +43,78 @@ def make_runner(app: web.Application, config: Config) -> web.AppRunner:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Worker:
+    """A worker process of `router serve --workers N`: which one, the config generation its
+    siblings are at, and the private socket its operator routes answer the supervisor on."""
+
+    index: int
+    generation: int = 0
+    ops_socket: str | None = None
+    # The rate-limit and in-flight table the workers share (access.shared_buckets).
+    state_file: str | None = None
+
+
+def listen_error(listen: str, what: str, exc: OSError) -> StartupError:
+    """The one line an operator reads when `listen` cannot be bound."""
+    reason = {
+        errno.EADDRINUSE: "address already in use (another process listens there)",
+        errno.EACCES: "permission denied (ports below 1024 need privileges)",
+        errno.EADDRNOTAVAIL: "no such local address",
+    }.get(exc.errno or 0, exc.strerror or str(exc))
+    return StartupError(f"cannot listen on {listen} ({what}): {reason}")
+
+
+async def start_site(
+    runner: web.BaseRunner,
+    listen: str,
+    ssl_context: ssl.SSLContext | None = None,
+    what: str = "listener",
+    reuse_port: bool = False,
+) -> str:
+    """Listen on `listen` (`runner` set up); its URL, or StartupError naming the address.
+    `reuse_port`: share the address with sibling workers (the kernel spreads connections)."""
+    host, port = parse_listen(listen)
+    site = web.TCPSite(
+        runner,
+        host,
+        port,
+        backlog=1024,
+        reuse_address=True,
+        reuse_port=reuse_port or None,
+        ssl_context=ssl_context,
+    )
+    try:
+        await site.start()
+    except OSError as exc:
+        raise listen_error(listen, what, exc) from None
+    return f"{'https' if ssl_context is not None else 'http'}://{host}:{port}"
+
+
 async def run_until_signal(
     runner: web.AppRunner,
     listen: str,
     on_ready: Callable[[str], None] | None = None,
     on_stop: Callable[[], None] | None = None,
     extra: Callable[[], Awaitable[None]] | None = None,
+    ssl_context: ssl.SSLContext | None = None,
+    reuse_port: bool = False,
 ) -> None:
     """Serve on `listen` until SIGTERM/SIGINT; `runner.cleanup()` then drains in-flight work."""
-    host, port = parse_listen(listen)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, backlog=1024, reuse_address=True)
-    await site.start()
-    if extra is not None:
-        await extra()
+    try:
+        url = await start_site(runner, listen, ssl_context, "listen", reuse_port)
+        if extra is not None:
+            await extra()
+    except BaseException:
+        await runner.cleanup()
+        raise
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     if on_ready is not None:
-        on_ready(f"http://{host}:{port}")
+        on_ready(url)
     try:
         await stop.wait()
     finally:
@@ -71,34 +130,73 @@ async def serve_async(
     config: Config,
     on_ready: Callable[[str], None] | None = None,
     config_path: Path | None = None,
+    worker: Worker | None = None,
 ) -> None:
-    """Serve the router for `config` until a stop signal; SIGHUP reloads `config_path`."""
-    app = build_app(config, config_path)
+    """Serve the router for `config` until a stop signal; SIGHUP reloads `config_path` (and the
+    certificate files). StartupError when a listener or certificate cannot be set up."""
+    try:
+        listeners = Listeners(config)
+        machine = None
+        if worker is not None and worker.state_file is not None:
+            machine = SharedBucketTable(worker.state_file, worker.index)
+        app = build_app(
+            config,
+            config_path,
+            worker.generation if worker is not None else 0,
+            shared_stdout=worker is not None,
+            machine=machine,
+        )
+    except ConfigError as exc:
+        raise StartupError(f"{config_path or 'config'}: {exc}") from None
+    app[RELOADER].register("tls", listeners.preparer(), ())
     runner = make_runner(app, config)
+    admin_runner: web.AppRunner | None = None
 
     def draining() -> None:
         app[STATE].draining = True
-        log.warning(
+        log.info(
             "stop signal: draining in-flight requests (up to %gs)", config.server.drain_timeout_s
         )
 
     async def started() -> None:
+        nonlocal admin_runner
         # Startup hooks have run: what they built lives as long as the process.
         gctune.tune(config.server.gc_gen0_threshold)
-        # The same app on a second address, so operators can keep /metrics and the admin
-        # endpoints on a private interface while `listen` faces clients.
-        if config.server.admin_listen is not None:
-            host, port = parse_listen(config.server.admin_listen)
-            await web.TCPSite(runner, host, port, reuse_address=True).start()
-            log.warning("admin listener on http://%s:%d", host, port)
+        if config.server.admin_listen is None:
+            return
+        admin_runner = make_runner(app[ADMIN_APP], config)
+        await admin_runner.setup()
+        if worker is not None and worker.ops_socket is not None:
+            # The supervisor owns admin_listen and asks each worker here.
+            await web.UnixSite(admin_runner, worker.ops_socket).start()
+            return
+        url = await start_site(
+            admin_runner, config.server.admin_listen, listeners.admin, "admin_listen"
+        )
+        log.info("admin listener on %s (/metrics, /status, /admin)", url)
 
-    await run_until_signal(runner, config.server.listen, on_ready, draining, started)
+    try:
+        await run_until_signal(
+            runner,
+            config.server.listen,
+            on_ready,
+            draining,
+            started,
+            listeners.client,
+            reuse_port=worker is not None,
+        )
+    finally:
+        if admin_runner is not None:
+            await admin_runner.cleanup()
 
 
-def serve(config: Config, config_path: Path | None = None) -> None:
-    """Blocking entry point of `router serve`."""
+def serve(config: Config, config_path: Path | None = None, worker: Worker | None = None) -> None:
+    """Blocking entry point of `router serve` (and of each worker of `--workers N`)."""
 
     def ready(url: str) -> None:
-        log.warning("router listening on %s", url)
+        if worker is None:
+            log.info("router listening on %s", url)
+        else:
+            log.info("worker %d listening on %s", worker.index, url)
 
-    uvloop.run(serve_async(config, ready, config_path))
+    uvloop.run(serve_async(config, ready, config_path, worker))

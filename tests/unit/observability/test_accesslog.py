@@ -11,7 +11,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from router.observability.access_log import FLUSH_BYTES, AccessLog, AccessRecord
+from router.observability.access_log import (
+    FLUSH_BYTES,
+    SHARED_WRITE_BYTES,
+    AccessLog,
+    AccessRecord,
+)
 
 
 @pytest.fixture
@@ -159,3 +164,34 @@ def test_outside_an_event_loop_every_line_is_written_at_once(stream: io.StringIO
         log.close()
     with pytest.raises(ValueError, match="flush_interval_s"):
         AccessLog(stream=stream, flush_interval_s=-1.0)
+
+
+class _Writes(io.StringIO):
+    """Records each write, as each becomes one write(2) on a pipe once flushed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[str] = []
+
+    def write(self, s: str) -> int:
+        self.writes.append(s)
+        return super().write(s)
+
+
+def test_a_shared_stdout_gets_whole_lines_in_atomic_writes() -> None:
+    out = _Writes()
+
+    async def burst() -> None:
+        log = AccessLog(stream=out, flush_interval_s=60.0, shared_stream=True)
+        with alone():
+            for i in range(200):
+                log.emit(AccessRecord(request_id=f"req-{i:05d}", status=200, path="/v1/x" * 10))
+            log.close()
+
+    asyncio.run(burst())
+    assert len(out.writes) > 1
+    for chunk in out.writes:
+        assert len(chunk.encode()) <= SHARED_WRITE_BYTES
+        assert chunk.endswith("\n")
+    ids = [json.loads(line)["request_id"] for line in out.getvalue().splitlines()]
+    assert ids == [f"req-{i:05d}" for i in range(200)]

@@ -1,0 +1,410 @@
+"""`router serve --workers N`: one supervisor, N worker processes sharing the listeners.
+
+Each worker is `router serve` itself, binding the client listener with SO_REUSEPORT so the kernel
+spreads connections over them. The supervisor restarts a worker that dies, checks a reload once
+and then has every worker apply it (so all reach the same generation), and on SIGTERM has every
+worker drain. When `admin_listen` is set the supervisor serves it: /metrics and /status.json
+merged from every worker (each answers on a private Unix socket), /admin/reload for all, other
+/admin/* calls passed to every worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import msgspec
+import uvloop
+from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
+
+from router.access import shared_buckets
+from router.access.auth import Authenticator
+from router.config import Config, load, parse_listen
+from router.core.admin import json_response
+from router.errors import ApiError, ConfigError, InvalidRequest, StartupError
+from router.observability.merge import merge_metrics, merge_status
+from router.server.app import hide_versions
+from router.server.run import listen_error
+from router.server.tls import Listeners
+
+log = logging.getLogger("router")
+
+# A worker that dies sooner than this after starting counts towards a crash loop.
+_QUICK_DEATH_S = 5.0
+# This many quick deaths in a row stop the supervisor: restarting would only spin.
+_CRASH_LOOP = 5
+
+
+def cpu_count() -> int:
+    """The CPUs this process may run on (its affinity mask, not the machine's total)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+@dataclass
+class _Slot:
+    """One worker position: its current process and its history."""
+
+    index: int
+    socket: str | None
+    proc: asyncio.subprocess.Process | None = None
+    started: float = 0.0
+    restarts: int = 0
+    quick_deaths: int = 0
+    task: asyncio.Task[None] | None = field(default=None, repr=False)
+
+
+class Supervisor:
+    """Starts, restarts, reloads and stops the workers."""
+
+    def __init__(self, config: Config, path: Path, count: int) -> None:
+        self.config = config
+        self.path = path
+        self.count = count
+        self.generation = 0
+        self.stopping = False
+        self.failed: str | None = None
+        self._dir = tempfile.mkdtemp(prefix="router-workers-")
+        split = config.server.admin_listen is not None
+        self.slots = [
+            _Slot(i, os.path.join(self._dir, f"w{i}.sock") if split else None) for i in range(count)
+        ]
+        self.auth = Authenticator.from_config(config.auth)
+        self.listeners = Listeners(config)
+        # Rate-limit buckets and in-flight counts every worker maps (exact across workers).
+        self.state_file = os.path.join(self._dir, "limits.table")
+        shared_buckets.create(self.state_file)
+        self._done = asyncio.Event()
+
+    # ---- workers ----
+
+    async def _spawn(self, slot: _Slot) -> None:
+        args = [
+            sys.executable,
+            "-m",
+            "router",
+            "serve",
+            "--config",
+            str(self.path),
+            "--worker",
+            f"{slot.index}:{self.generation}",
+            "--state-file",
+            self.state_file,
+        ]
+        if slot.socket is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(slot.socket)
+            args += ["--ops-socket", slot.socket]
+        slot.proc = await asyncio.create_subprocess_exec(*args)
+        slot.started = time.monotonic()
+
+    async def _watch(self, slot: _Slot) -> None:
+        """Keep this slot's worker running until the supervisor stops."""
+        while True:
+            await self._spawn(slot)
+            assert slot.proc is not None
+            code = await slot.proc.wait()
+            if self.stopping:
+                return
+            lived = time.monotonic() - slot.started
+            slot.quick_deaths = slot.quick_deaths + 1 if lived < _QUICK_DEATH_S else 0
+            if slot.quick_deaths >= _CRASH_LOOP:
+                self.failed = (
+                    f"worker {slot.index} exited {slot.quick_deaths} times within "
+                    f"{_QUICK_DEATH_S:g}s of starting (last exit code {code}); giving up"
+                )
+                self._done.set()
+                return
+            slot.restarts += 1
+            log.warning(
+                "worker %d (pid %d) exited with code %s; restarting it",
+                slot.index,
+                slot.proc.pid,
+                code,
+            )
+            if slot.quick_deaths:
+                await asyncio.sleep(min(2.0, 0.1 * 2**slot.quick_deaths))
+
+    def alive(self) -> list[_Slot]:
+        """Slots whose worker is running."""
+        return [s for s in self.slots if s.proc is not None and s.proc.returncode is None]
+
+    def signal_all(self, sig: int) -> None:
+        for slot in self.alive():
+            assert slot.proc is not None
+            with contextlib.suppress(ProcessLookupError):
+                slot.proc.send_signal(sig)
+
+    # ---- reload ----
+
+    def reload(self) -> tuple[bool, str]:
+        """Check the file once, then have every worker apply it: all reach one generation."""
+        try:
+            new = load(self.path)
+        except ConfigError as exc:
+            message = f"config reload rejected, workers stay at generation {self.generation}: {exc}"
+            log.error("%s", message)
+            return False, message
+        if new.regions != self.config.regions:
+            message = (
+                f"config reload rejected, workers stay at generation {self.generation}: "
+                f"{self.path}: field `regions`: changed, but regions cannot change while running; "
+                "restart to apply"
+            )
+            log.error("%s", message)
+            return False, message
+        try:
+            # The supervisor's own admin listener re-reads its certificate like the workers do.
+            commit_tls = self.listeners.preparer()(self.config, new)
+        except ConfigError as exc:
+            message = f"config reload rejected, workers stay at generation {self.generation}: {exc}"
+            log.error("%s", message)
+            return False, message
+        commit_tls()
+        self.config = new
+        self.auth = Authenticator.from_config(new.auth)
+        self.generation += 1
+        self.signal_all(signal.SIGHUP)
+        message = (
+            f"config reloaded from {self.path} by {len(self.alive())} workers "
+            f"(generation {self.generation})"
+        )
+        log.info("%s", message)
+        return True, message
+
+    # ---- lifetime ----
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for slot in self.slots:
+            slot.task = asyncio.create_task(self._watch(slot))
+        loop.add_signal_handler(signal.SIGHUP, self.reload)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._done.set)
+        admin = await self._admin_listener()
+        if self.config.server.admin_listen is None:
+            log.warning(
+                "workers without [server] admin_listen: /metrics and /status on %s show the "
+                "worker that answered, not the machine; set admin_listen for the merged view",
+                self.config.server.listen,
+            )
+        log.info(
+            "supervisor pid %d: %d workers on %s",
+            os.getpid(),
+            self.count,
+            self.config.server.listen,
+        )
+        try:
+            await self._done.wait()
+        finally:
+            self.stopping = True
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                loop.remove_signal_handler(sig)
+            log.info("stop signal: draining %d workers", len(self.alive()))
+            self.signal_all(signal.SIGTERM)
+            await self._reap()
+            if admin is not None:
+                await admin.cleanup()
+            shutil.rmtree(self._dir, ignore_errors=True)
+        if self.failed is not None:
+            log.error("%s", self.failed)
+            return 1
+        return 0
+
+    async def _reap(self) -> None:
+        grace = self.config.server.drain_timeout_s + 5.0
+        tasks = [s.task for s in self.slots if s.task is not None]
+        _, pending = await asyncio.wait(tasks, timeout=grace) if tasks else (set(), set())
+        if pending:
+            log.warning("%d workers still running after %gs: killing them", len(pending), grace)
+            self.signal_all(signal.SIGKILL)
+            await asyncio.wait(pending, timeout=5.0)
+
+    # ---- the machine's admin listener ----
+
+    async def _admin_listener(self) -> web.AppRunner | None:
+        listen = self.config.server.admin_listen
+        if listen is None:
+            return None
+        hide_versions()
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/status.json", self._status_json)
+        app.router.add_get("/status", self._passed_to_one)
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._passed_to_one)
+        app.router.add_post("/admin/reload", self._reload)
+        app.router.add_route("*", "/admin/{tail:.*}", self._passed_to_all)
+        runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        await runner.setup()
+        host, port = parse_listen(listen)
+        ssl_context = self.listeners.admin
+        try:
+            await web.TCPSite(
+                runner, host, port, reuse_address=True, ssl_context=ssl_context
+            ).start()
+        except OSError as exc:
+            self.failed = str(listen_error(listen, "admin_listen", exc))
+            self._done.set()
+        return runner
+
+    async def _ask(
+        self, slot: _Slot, method: str, path: str, headers: dict[str, str], body: bytes
+    ) -> tuple[int, bytes, str]:
+        assert slot.socket is not None
+        connector = aiohttp.UnixConnector(path=slot.socket)
+        timeout = aiohttp.ClientTimeout(total=5.0)
+        async with (
+            aiohttp.ClientSession(connector=connector, timeout=timeout) as session,
+            session.request(
+                method, f"http://worker{path}", headers=headers, data=body or None
+            ) as resp,
+        ):
+            return resp.status, await resp.read(), resp.headers.get("Content-Type", "")
+
+    async def _gather(
+        self, method: str, path: str, headers: dict[str, str] | None = None, body: bytes = b""
+    ) -> list[tuple[int, bytes, str]]:
+        results = await asyncio.gather(
+            *(self._ask(s, method, path, headers or {}, body) for s in self.alive()),
+            return_exceptions=True,
+        )
+        return [r for r in results if not isinstance(r, BaseException)]
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        answers = await self._gather("GET", "/metrics")
+        texts = [body.decode() for status, body, _ in answers if status == 200]
+        own = generate_latest(_own_registry(self)).decode()
+        return web.Response(
+            text=merge_metrics(texts, own), content_type="text/plain", charset="utf-8"
+        )
+
+    async def _status_json(self, request: web.Request) -> web.Response:
+        answers = await self._gather("GET", "/status.json")
+        feeds = [msgspec.json.decode(body) for status, body, _ in answers if status == 200]
+        merged = merge_status(feeds, len(self.alive()))
+        return web.Response(
+            body=msgspec.json.encode(merged),
+            content_type="application/json",
+            headers={"Cache-Control": "no-store"},
+        )
+
+    async def _passed_to_one(self, request: web.Request) -> web.Response:
+        for slot in self.alive():
+            with contextlib.suppress(OSError, aiohttp.ClientError, asyncio.TimeoutError):
+                status, body, ctype = await self._ask(
+                    slot, "GET", request.path_qs, dict(request.headers), b""
+                )
+                return _answer(status, body, ctype)
+        return json_response({"status": "no worker running"}, status=503)
+
+    async def _passed_to_all(self, request: web.Request) -> web.Response:
+        """An admin call every worker must apply (drain a region, set weights...); the first
+        worker's answer is returned, with how many workers applied it."""
+        body = await request.read()
+        headers = {k: v for k, v in request.headers.items() if k.lower() != "host"}
+        answers = await self._gather(request.method, request.path_qs, headers, body)
+        if not answers:
+            return json_response({"status": "no worker answered"}, status=503)
+        status, first, ctype = answers[0]
+        response = _answer(status, first, ctype)
+        response.headers["X-Router-Workers"] = f"{len(answers)}/{self.count}"
+        return response
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        if not self.alive():
+            return json_response({"status": "no worker running"}, status=503)
+        return json_response({"status": "ok", "workers": len(self.alive())})
+
+    async def _reload(self, request: web.Request) -> web.Response:
+        try:
+            self.auth.check_admin(request.headers)
+        except ApiError as exc:
+            return web.Response(body=exc.body(), status=exc.status, content_type="application/json")
+        applied, message = self.reload()
+        if not applied:
+            error = InvalidRequest(message, code="invalid_config")
+            return web.Response(body=error.body(), status=400, content_type="application/json")
+        return json_response(
+            {"status": "applied", "generation": self.generation, "message": message}
+        )
+
+
+def _answer(status: int, body: bytes, content_type: str) -> web.Response:
+    media, _, params = content_type.partition(";")
+    charset = params.partition("charset=")[2].strip() or None
+    return web.Response(
+        status=status, body=body, content_type=media.strip() or None, charset=charset
+    )
+
+
+class _SupervisorCollector(Collector):
+    def __init__(self, supervisor: Supervisor) -> None:
+        self._s = supervisor
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> list[Metric]:
+        s = self._s
+        restarts = CounterMetricFamily(
+            "router_worker_restarts",
+            "Workers restarted after they died.",
+            value=sum(x.restarts for x in s.slots),
+        )
+        alive = GaugeMetricFamily(
+            "router_workers", "Worker processes running.", value=len(s.alive())
+        )
+        return [restarts, alive]
+
+
+def _own_registry(supervisor: Supervisor) -> CollectorRegistry:
+    """The supervisor's own process figures (summed with the workers') and worker counts."""
+    registry = CollectorRegistry(auto_describe=True)
+    ProcessCollector(registry=registry)
+    registry.register(_SupervisorCollector(supervisor))
+    return registry
+
+
+def _preflight(config: Config, path: Path) -> None:
+    """What would make every worker fail at once, as one line before any starts."""
+    try:
+        Listeners(config)
+    except ConfigError as exc:
+        raise StartupError(f"{path}: {exc}") from None
+    listen = config.server.listen
+    host, port = parse_listen(listen)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    probe = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        probe.bind((host, port))
+    except OSError as exc:
+        raise listen_error(listen, "listen", exc) from None
+    finally:
+        probe.close()
+
+
+def supervise(config: Config, path: Path, count: int) -> int:
+    """Blocking entry point of `router serve --workers N` (N > 1): the exit code."""
+    _preflight(config, path)
+    if config.server.listen.rpartition(":")[2] == "0":
+        raise StartupError(f"{path}: field `server.listen`: workers need a fixed port, not 0")
+    return uvloop.run(Supervisor(config, path, count).run())
