@@ -114,6 +114,11 @@ def _add_core(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     )
     sim.add_argument("--after-tokens", type=int, default=3, help="tokens before die/hang")
     sim.add_argument("--drip-ms", type=float, default=1000.0, help="pause between drips")
+    sim.add_argument(
+        "--kind",
+        default="vllm",
+        help="the real server to behave like: vllm|llama-server|llama-cpp-python",
+    )
     sim.set_defaults(handler=_sim_region)
     demo = commands.add_parser("demo", help="three simulated regions and the router in front")
     demo.add_argument("--port", type=int, default=0, help="router port (0: a free one)")
@@ -186,13 +191,16 @@ def _sim_region(args: argparse.Namespace) -> int:
     """`router sim-region --port P --name N ...`."""
     import uvloop
 
-    from router.sim.server import FAIL_MODES, SimOptions, serve_sim
+    from router.sim.server import FAIL_MODES, KINDS, SimOptions, serve_sim
 
     if args.fail_mode not in FAIL_MODES:
         print(
             f"router sim-region: --fail-mode must be one of {', '.join(FAIL_MODES)}",
             file=sys.stderr,
         )
+        return 2
+    if args.kind not in KINDS:
+        print(f"router sim-region: --kind must be one of {', '.join(KINDS)}", file=sys.stderr)
         return 2
     options = SimOptions(
         name=args.name,
@@ -203,6 +211,7 @@ def _sim_region(args: argparse.Namespace) -> int:
         fail_mode=args.fail_mode,
         after_tokens=args.after_tokens,
         drip_ms=args.drip_ms,
+        kind=args.kind,
     )
     uvloop.run(serve_sim(options, args.host, args.port))
     return 0

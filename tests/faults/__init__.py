@@ -4,7 +4,8 @@ Issue 24's attack-run findings and where each is tested (SECURITY.md has the def
  1 unbounded region headers              test_hostile.py, integration/test_http1.py
  2 token limits dodged by number spelling test_hostile.py, unit/access/test_limits.py
  3 prompt text outside message text      native/test_tokens.py
- 4 secrets in logs, malformed requests   integration/test_ops_logs.py, unit/observability/test_ops_logs.py
+ 4 secrets in logs, malformed requests   integration/test_ops_logs.py,
+                                         unit/observability/test_ops_logs.py
  5 coalesced followers and their leader  integration/test_cache.py
  6 a never-ending SSE line               test_hostile.py, property/test_sse_props.py
  7 redirects from a region               test_hostile.py, unit/core/test_failures.py

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import re
 import struct
 import time
 from collections.abc import Mapping
@@ -16,6 +17,17 @@ from aiohttp import web
 from router.sim import text
 
 FAIL_MODES = ("none", "refuse", "500", "503", "429", "hang", "die-mid-stream", "drip")
+# Server kinds the sim can behave like, with the quirks of the real ones (tests/real pins them):
+# vllm      continues a trailing assistant message; honours stream_options.include_usage.
+# llama-server  the same, but answers the prefill back first, then the new text.
+# llama-cpp-python  refuses a non-UUID X-Request-Id with an empty 400; opens a new turn after a
+#           trailing assistant message; ignores include_usage; a new request interrupts a running
+#           stream (ended with [DONE] and no finish_reason); request errors are 500s; a streamed
+#           prompt over its context is a 200 with an empty body.
+KINDS = ("vllm", "llama-server", "llama-cpp-python")
+# The sim's context, for llama-cpp-python's streamed overflow: prompts longer are refused.
+_CONTEXT_CHARS = 16_000
+_UUID = re.compile(r"^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$", re.I)
 # "hang" holds a request this long at most, so a forgotten client cannot pin a task forever.
 _HANG_S = 600.0
 _ENCODE = msgspec.json.Encoder()
@@ -37,6 +49,8 @@ class SimOptions(msgspec.Struct, kw_only=True):
     # For drip: the pause between tokens (stream) or body pieces (non-stream).
     drip_ms: float = 1000.0
     embedding_dims: int = 16
+    # Which real server to behave like (KINDS).
+    kind: str = "vllm"
 
 
 class SimStats(msgspec.Struct):
@@ -118,6 +132,8 @@ class SimRegion:
         self.options = options
         self.stats = SimStats()
         self.created = int(time.time())
+        # llama-cpp-python: the running stream a new request interrupts.
+        self._running: asyncio.Event | None = None
 
     # ---- fault injection shared by every generating endpoint ----
 
@@ -174,12 +190,20 @@ class SimRegion:
         raw = await request.read()
         self.stats.last_headers = dict(request.headers)
         self.stats.last_body = raw.decode("utf-8", "replace")
+        lcp = self.options.kind == "llama-cpp-python"
+        if lcp:
+            rid = request.headers.get("X-Request-Id")
+            if rid and not _UUID.match(rid.strip("{}").removeprefix("urn:uuid:")):
+                return web.Response(status=400)  # starlette_context: empty body, no reason
+            if self._running is not None:
+                self._running.set()  # interrupt_requests: the running stream stops now
+        bad = 500 if lcp else 400
         try:
             body = _DECODE.decode(raw)
         except msgspec.DecodeError:
-            return _error(400, "invalid JSON", "invalid_request_error")
+            return _error(bad, "invalid JSON", "invalid_request_error")
         if not isinstance(body, dict) or not isinstance(body.get("model"), str):
-            return _error(400, "`model` is required", "invalid_request_error")
+            return _error(bad, "`model` is required", "invalid_request_error")
         model: str = body["model"]
         plan = _plan(self.options, request.headers)
         stream = bool(body.get("stream"))
@@ -190,9 +214,20 @@ class SimRegion:
         if chat:
             messages = body.get("messages")
             if not isinstance(messages, list):
-                return _error(400, "`messages` is required", "invalid_request_error")
-            tokens, _ = text.chat_tokens(model, messages)
+                return _error(bad, "`messages` is required", "invalid_request_error")
+            if lcp and messages and messages[-1].get("role") == "assistant":
+                # It closes the prefill and opens a new turn: no continuation.
+                messages = [*messages, {"role": "assistant", "content": "(new turn)"}]
+            tokens, prefill = text.chat_tokens(model, messages)
+            if prefill and self.options.kind == "llama-server":
+                tokens = [messages[-1]["content"], *tokens]  # the prefill, answered back first
             prompt_tokens = text.count_prompt_tokens(messages)
+            if lcp and stream and len(raw) > _CONTEXT_CHARS:
+                # Over its context: llama-cpp-python fails after its headers, with no event.
+                resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+                await resp.prepare(request)
+                await resp.write_eof()
+                return resp
         else:
             prompt = body.get("prompt", "")
             tokens = text.completion_tokens(model, prompt)
@@ -212,6 +247,7 @@ class SimRegion:
         if stream:
             options = body.get("stream_options")
             include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+            include_usage = include_usage and not lcp
             return await self._stream(
                 request, plan, chat, ident, model, tokens, finish, usage if include_usage else None
             )
@@ -309,9 +345,17 @@ class SimRegion:
         pause = plan.drip_s if fail == "drip" else plan.token_s
         if fail == "drip":
             self.stats.injected_failures += 1
+        interrupted = asyncio.Event()
+        if self.options.kind == "llama-cpp-python":
+            self._running = interrupted
         for i, tok in enumerate(tokens):
             if i and pause:
                 await asyncio.sleep(pause)
+            if interrupted.is_set():
+                # Cut by a newer request: [DONE] right after the last token, no finish_reason.
+                await resp.write(b"data: [DONE]\n\n")
+                await resp.write_eof()
+                return resp
             if i == plan.after_tokens and fail in ("die-mid-stream", "hang"):
                 self.stats.injected_failures += 1
                 if fail == "hang":
