@@ -344,3 +344,35 @@ def test_a_stream_settles_with_the_regions_own_usage(
     assert finishes == ["length"]
     assert text
     assert usage is None  # asked for by the router, stripped for the client
+
+
+@pytest.mark.parametrize("fixture", sorted(KINDS))
+def test_exact_prompt_counts_equal_the_servers_own(
+    fixture: str, request: pytest.FixtureRequest, real_model: Any, tmp_path: Path
+) -> None:
+    """[tokenizers]: the tier model's tokenizer.json and its ChatML template count a chat
+    prompt as the server does (its usage.prompt_tokens)."""
+    from router.access.tokenizers import ModelTokenizer
+    from router.config import TokenizerConfig
+    from tests.real.model import CHAT_TEMPLATE
+
+    server: Proc = request.getfixturevalue(fixture)
+    template = tmp_path / "template.jinja"
+    template.write_text(CHAT_TEMPLATE)
+    counter = ModelTokenizer(
+        MODEL_ALIAS,
+        TokenizerConfig(file=str(real_model.tokenizer_json), chat_template=str(template)),
+    )
+    for messages in (
+        MESSAGES,
+        [
+            {"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "héllo wörld, naïve café 🙂 — 12345"},
+        ],
+    ):
+        body = {"model": MODEL_ALIAS, "messages": messages, "max_tokens": 1}
+        done = sdk(server).chat.completions.create(**body, temperature=0)
+        assert done.usage is not None
+        assert counter.count("/v1/chat/completions", json.dumps(body).encode()) == (
+            done.usage.prompt_tokens
+        )
