@@ -1,0 +1,569 @@
+"""Issue 23 through real sockets: the fault is injected by the provider (tests/faults/provider.py,
+a real process), the client is the openai SDK, the router is `router serve`.
+
+Each test checks a row of README's "Failure behaviour (defaults)" table: what the client gets,
+and what the provider saw (its attempts per request key, with their times). Timeouts are scaled
+down in the router's config so the file runs in well under a minute and a half.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from openai import OpenAI
+
+from router.sim.text import full_chat_text
+from tests.integration.conftest import MODEL, RouterFactory, SimFactory, region_toml, sim_stats
+from tests.support import Proc, free_port, spawn
+
+ProviderFactory = Callable[[], Proc]
+CHAT = "/v1/chat/completions"
+TIMEOUTS = "[timeouts]\nconnect = 1.0\nfirst_byte = 1.5\nidle = 1.0\ntotal = 20.0\n"
+HEALTH = "[health]\ninterval_s = 0.5\ntimeout_s = 0.4\n"
+
+
+@pytest.fixture
+def provider(tmp_path: Path) -> Iterator[ProviderFactory]:
+    """Factory: provider() starts `python -m tests.faults.provider` on a free port."""
+    procs: list[Proc] = []
+
+    def start() -> Proc:
+        port = free_port()
+        args = ["python", "-m", "tests.faults.provider", "--port", str(port), "--lifetime", "120"]
+        proc = spawn(args, port, tmp_path / f"provider-{port}.log")
+        proc.name = "provider"  # type: ignore[attr-defined]
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        proc.kill()
+
+
+def _provider_toml(proc: Proc, models: tuple[str, ...] = (MODEL,)) -> str:
+    # kind vllm: it continues an assistant prefill (the provider's text does, like the sim's).
+    return region_toml(proc, models=models, kind="vllm", bias_ms=0.0)
+
+
+def _sim_toml(proc: Proc, models: tuple[str, ...] = (MODEL,)) -> str:
+    # Far behind the provider in the ranking: it answers only when the provider did not.
+    return region_toml(proc, models=models, bias_ms=200.0)
+
+
+def _router(
+    router_proc: RouterFactory,
+    *regions: str,
+    routing: str = "",
+    sections: str = "",
+    auth: str = "[auth]\nenabled = false\n",
+) -> Proc:
+    text = TIMEOUTS + HEALTH + f"[routing]\ntolerance_ms = 5.0\n{routing}\n" + sections + auth
+    return router_proc(text + "".join(regions))
+
+
+def _client(router: Proc, key: str = "x") -> OpenAI:
+    return OpenAI(base_url=router.url + "/v1", api_key=key, max_retries=0, timeout=30.0)
+
+
+def _messages(tag: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": f"Tell me about {tag}."}]
+
+
+def _fault(fault: str, key: str, **params: object) -> dict[str, str]:
+    """The headers that choose the provider's fault (x-fault-times=1 -> times=1)."""
+    headers = {"x-fault": fault, "x-fault-key": key}
+    headers.update({f"x-fault-{k.replace('_', '-')}": str(v) for k, v in params.items()})
+    return headers
+
+
+def _get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return json.loads(resp.read())
+
+
+def _attempts(proc: Proc, key: str | None = None) -> list[dict[str, Any]]:
+    """The chat requests the provider saw (for one key, or all), in order."""
+    query = "" if key is None else f"?key={key}"
+    attempts: list[dict[str, Any]] = _get(proc.url + "/stats" + query)["attempts"]
+    return attempts
+
+
+def _body(error: openai.APIError) -> dict[str, Any]:
+    """The OpenAI-shaped error the SDK raised with (its `error` object)."""
+    assert isinstance(error.body, dict), error.body
+    return error.body
+
+
+def _chats(sim: Proc) -> int:
+    count: int = sim_stats(sim)["by_path"].get(CHAT, 0)
+    return count
+
+
+def _ask(router: Proc, tag: str, headers: dict[str, str], model: str = MODEL) -> Any:
+    """A non-stream chat through the SDK; the raw response (headers, .parse())."""
+    return (
+        _client(router).chat.completions.with_raw_response.create(
+            model=model, messages=_messages(tag), max_tokens=64, extra_headers=headers
+        )  # type: ignore[call-overload]
+    )
+
+
+def _stream_text(router: Proc, tag: str, headers: dict[str, str]) -> tuple[str, str | None, str]:
+    """A stream through the SDK: (text, last finish_reason, the answering region)."""
+    raw = _client(router).chat.completions.with_raw_response.create(
+        model=MODEL, messages=_messages(tag), max_tokens=64, stream=True, extra_headers=headers
+    )  # type: ignore[call-overload]
+    pieces: list[str] = []
+    finish: str | None = None
+    for chunk in raw.parse():
+        for choice in chunk.choices:
+            pieces.append(choice.delta.content or "")
+            finish = choice.finish_reason or finish
+    return "".join(pieces), finish, raw.headers["x-router-region"]
+
+
+# 1. 429 with Retry-After
+
+
+def test_429_with_retry_after_fails_over_at_once_when_another_region_serves(
+    provider: ProviderFactory, sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    bad, good = provider(), sim_region("b")
+    router = _router(router_proc, _provider_toml(bad), _sim_toml(good))
+    raw = _ask(router, "limits", _fault("429", "k1", retry_after=2))
+    assert raw.headers["x-router-region"] == "b"
+    assert raw.parse().choices[0].message.content == full_chat_text(MODEL, _messages("limits"))
+    assert len(_attempts(bad, "k1")) == 1
+
+
+def test_429_with_retry_after_is_waited_for_on_the_only_region(
+    provider: ProviderFactory, router_proc: RouterFactory
+) -> None:
+    bad = provider()
+    router = _router(router_proc, _provider_toml(bad))
+    raw = _ask(router, "waiting", _fault("429", "k1", retry_after=1, times=1))
+    assert raw.headers["x-router-region"] == "provider"
+    assert raw.parse().choices[0].message.content == full_chat_text(MODEL, _messages("waiting"))
+    first, second = _attempts(bad, "k1")
+    assert (first["hit"], second["hit"]) == (True, False)
+    # The second attempt only after the Retry-After the provider asked for (1 s): never two
+    # attempts on a limited region within a second and a half... beyond what it allowed.
+    assert second["t"] - first["t"] >= 1.0
+
+
+def test_429_with_retry_after_over_the_cap_returns_the_providers_429(
+    provider: ProviderFactory, router_proc: RouterFactory
+) -> None:
+    bad = provider()
+    router = _router(router_proc, _provider_toml(bad))  # max_retry_after_s = 5 (default)
+    with pytest.raises(openai.RateLimitError) as caught:
+        _ask(router, "patience", _fault("429", "k1", retry_after=30))
+    assert caught.value.status_code == 429
+    assert _body(caught.value)["message"] == "Rate limit reached for requests"  # the provider's own
+    assert len(_attempts(bad, "k1")) == 1
+
+
+# 2. 429 without Retry-After, persistent
+
+
+def test_persistent_429_without_retry_after_backs_off_and_gives_up(
+    provider: ProviderFactory, router_proc: RouterFactory
+) -> None:
+    bad = provider()
+    router = _router(router_proc, _provider_toml(bad), routing="max_attempts = 10")
+    with pytest.raises(openai.RateLimitError) as caught:
+        _ask(router, "hammer", _fault("429", "k1"))
+    assert _body(caught.value)["message"] == "Rate limit reached for requests"
+    first, second = _attempts(bad, "k1")  # 2 at most, even with max_attempts = 10
+    # Backed off with jitter (0.125-0.375 s); the upper bound is left to a loaded machine.
+    assert second["t"] - first["t"] >= 0.12
+
+
+def test_persistent_429_without_retry_after_fails_over(
+    provider: ProviderFactory, sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    bad, good = provider(), sim_region("b")
+    router = _router(router_proc, _provider_toml(bad), _sim_toml(good))
+    raw = _ask(router, "elsewhere", _fault("429", "k1"))
+    assert raw.headers["x-router-region"] == "b"
+    assert 1 <= len(_attempts(bad, "k1")) <= 2
+
+
+# 3. 500 once, then healthy
+
+
+def test_500_once_is_retried_on_the_only_region(
+    provider: ProviderFactory, router_proc: RouterFactory
+) -> None:
+    bad = provider()
+    router = _router(router_proc, _provider_toml(bad))
+    raw = _ask(router, "once", _fault("500", "k1", times=1))
+    assert (raw.headers["x-router-region"], raw.headers["x-router-attempts"]) == ("provider", "2")
+    assert [a["hit"] for a in _attempts(bad, "k1")] == [True, False]
+
+
+def test_500_once_fails_over_when_another_region_serves(
+    provider: ProviderFactory, sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    bad, good = provider(), sim_region("b")
+    router = _router(router_proc, _provider_toml(bad), _sim_toml(good))
+    raw = _ask(router, "once", _fault("500", "k1", times=1))
+    assert raw.headers["x-router-region"] == "b"
+    assert len(_attempts(bad, "k1")) == 1
+
+
+# 4. 503 persistent
+
+
+def test_persistent_503_fails_over(
+    provider: ProviderFactory, sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    bad, good = provider(), sim_region("b")
+    router = _router(router_proc, _provider_toml(bad), _sim_toml(good))
+    raw = _ask(router, "busy", _fault("503", "k1"))
+    assert raw.headers["x-router-region"] == "b"
+    assert 1 <= len(_attempts(bad, "k1")) <= 2
+
+
+def test_persistent_503_on_the_only_region_returns_the_providers_own_error(
+    provider: ProviderFactory, router_proc: RouterFactory
+) -> None:
+    bad = provider()
+    router = _router(router_proc, _provider_toml(bad))
+    with pytest.raises(openai.InternalServerError) as caught:
+        _ask(router, "busy", _fault("503", "k1"))
+    assert caught.value.status_code == 503
+    assert _body(caught.value)["message"] == "The provider is overloaded (provider 503)."
+    assert len(_attempts(bad, "k1")) == 2
+
+
+# 5. connection reset before any byte
+
+
+def test_a_reset_before_any_byte_is_retried_on_the_only_region(
+    provider: ProviderFactory, router_proc: RouterFactory
+) -> None:
+    bad = provider()
+    router = _router(router_proc, _provider_toml(bad))
+    raw = _ask(router, "reset", _fault("reset", "k1", times=1))
+    assert raw.headers["x-router-region"] == "provider"
+    assert [a["hit"] for a in _attempts(bad, "k1")] == [True, False]
+
+
+def test_a_persistent_reset_fails_over_after_two_attempts_at_most(
+    provider: ProviderFactory, sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    bad, good = provider(), sim_region("b")
+    router = _router(router_proc, _provider_toml(bad), _sim_toml(good))
+    raw = _ask(router, "reset", _fault("reset", "k1"))
+    assert raw.headers["x-router-region"] == "b"
+    assert 1 <= len(_attempts(bad, "k1")) <= 2
+
+
+# 6. accepts the request, never answers
+
+
+def test_a_silent_provider_is_never_waited_on_twice(
+    provider: ProviderFactory, sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    bad = provider()
+    alone = _router(router_proc, _provider_toml(bad), routing="max_attempts = 5")
+    with pytest.raises(openai.APIStatusError) as caught:
+        _ask(alone, "silence", _fault("blackhole", "k1"))
+    assert caught.value.status_code == 504
+    assert _body(caught.value)["code"] == "upstream_timeout"
+    assert len(_attempts(bad, "k1")) == 1
+    good = sim_region("b")
+    router = _router(router_proc, _provider_toml(bad), _sim_toml(good), routing="max_attempts = 5")
+    raw = _ask(router, "silence", _fault("blackhole", "k2"))
+    assert raw.headers["x-router-region"] == "b"
+    assert len(_attempts(bad, "k2")) == 1
+
+
+# 7. stream headers at once, first token late
+
+
+def test_a_stream_whose_first_token_is_late_fails_over(
+    provider: ProviderFactory, sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    bad, good = provider(), sim_region("b")
+    router = _router(
+        router_proc, _provider_toml(bad), _sim_toml(good), routing="stream_ttft_timeout_s = 1.0"
+    )
+    began = time.monotonic()
+    text, finish, region = _stream_text(router, "late", _fault("slow-first-token", "k1", delay=20))
+    assert time.monotonic() - began < 15  # the issue's bound; the provider's token is 20 s away
+    assert (text, finish, region) == (full_chat_text(MODEL, _messages("late")), "stop", "b")
+    assert len(_attempts(bad, "k1")) == 1
+
+
+# 8. stream cut after K of N tokens, 9. stream stalled past the idle timeout
+
+
+@pytest.mark.parametrize("fault", ["cut", "stall"])
+def test_a_broken_stream_is_resumed_elsewhere_into_the_whole_answer(
+    fault: str, provider: ProviderFactory, sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    bad, good = provider(), sim_region("b")
+    router = _router(
+        router_proc, _provider_toml(bad), _sim_toml(good), routing='midstream = "resume"'
+    )
+    headers = _fault(fault, "k1", after=5, delay=30)
+    text, finish, region = _stream_text(router, "resume", headers)
+    assert text == full_chat_text(MODEL, _messages("resume"))
+    assert (finish, region) == ("stop", "provider")
+    assert len(_attempts(bad, "k1")) == 1
+    assert _chats(good) == 1
+    assert json.loads(sim_stats(good)["last_body"])["messages"][-1]["role"] == "assistant"
+    # The router is healthy afterwards.
+    again = _ask(router, "after", _fault("none", "k2"))
+    assert again.headers["x-router-region"] == "provider"
+
+
+@pytest.mark.parametrize("fault", ["cut", "stall"])
+def test_a_broken_stream_without_resume_ends_with_one_error_never_complete(
+    fault: str, provider: ProviderFactory, router_proc: RouterFactory
+) -> None:
+    bad = provider()
+    router = _router(router_proc, _provider_toml(bad))  # midstream = "error" (default)
+    stream = _client(router).chat.completions.create(
+        model=MODEL,
+        messages=_messages("cut"),
+        max_tokens=64,
+        stream=True,
+        extra_headers=_fault(fault, "k1", after=5, delay=30),
+    )
+    began = time.monotonic()
+    pieces, finishes, error = _drain(stream)
+    assert time.monotonic() - began < 15  # a stall is detected by [timeouts] idle = 1 s
+    assert finishes == [], "a cut stream must never look complete"
+    assert error is not None
+    assert _body(error)["code"] == "upstream_stream_error"
+    assert "".join(pieces) == full_chat_text(MODEL, _messages("cut"))[: len("".join(pieces))]
+    assert len(_attempts(bad, "k1")) == 1
+    assert _ask(router, "after", _fault("none", "k2")).headers["x-router-region"] == "provider"
+
+
+def _drain(stream: Any) -> tuple[list[str], list[str], openai.APIError | None]:
+    """Read an SDK stream to its end: (content pieces, finish reasons, the error it raised)."""
+    pieces: list[str] = []
+    finishes: list[str] = []
+    try:
+        for chunk in stream:
+            for choice in chunk.choices:
+                pieces.append(choice.delta.content or "")
+                if choice.finish_reason is not None:
+                    finishes.append(choice.finish_reason)
+    except openai.APIError as error:
+        return pieces, finishes, error
+    return pieces, finishes, None
+
+
+# 10. an invalid JSON event mid-stream
+
+
+def test_an_invalid_event_mid_stream_never_reaches_the_client(
+    provider: ProviderFactory, router_proc: RouterFactory
+) -> None:
+    bad = provider()
+    router = _router(router_proc, _provider_toml(bad))
+    with _client(router).chat.completions.with_streaming_response.create(
+        model=MODEL,
+        messages=_messages("garbage"),
+        max_tokens=64,
+        stream=True,
+        extra_headers=_fault("bad-event", "k1", after=3),
+    ) as resp:
+        lines = [line for line in resp.iter_lines() if line.startswith("data: ")]
+    payloads = [line[len("data: ") :] for line in lines]
+    assert payloads[-1] == "[DONE]"
+    events = [json.loads(p) for p in payloads[:-1]]  # every event is JSON: nothing garbled
+    text = "".join(c["delta"].get("content") or "" for e in events for c in e["choices"])
+    assert text == full_chat_text(MODEL, _messages("garbage"))
+    assert events[-1]["choices"][0]["finish_reason"] == "stop"
+    assert len(_attempts(bad, "k1")) == 1
+
+
+# 11. finish_reason, a clean end, no [DONE]
+
+
+def test_a_finished_stream_without_done_gets_done_and_keeps_its_usage(
+    provider: ProviderFactory, router_proc: RouterFactory
+) -> None:
+    bad = provider()
+    router = _router(router_proc, _provider_toml(bad))
+    with _client(router).chat.completions.with_streaming_response.create(
+        model=MODEL,
+        messages=_messages("done"),
+        max_tokens=64,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_headers=_fault("no-done", "k1"),
+    ) as resp:
+        payloads = [line[6:] for line in resp.iter_lines() if line.startswith("data: ")]
+    assert payloads[-1] == "[DONE]"
+    events = [json.loads(p) for p in payloads[:-1]]
+    assert not any("error" in e for e in events)
+    usage = events[-1]["usage"]
+    tokens = len(full_chat_text(MODEL, _messages("done")).split(" "))
+    assert usage["completion_tokens"] == tokens
+    assert len(_attempts(bad, "k1")) == 1
+
+
+# 12. 400 context_length_exceeded, 13. 400 content policy
+
+
+def _fallback_router(
+    router_proc: RouterFactory,
+    bad: Proc,
+    good: Proc,
+    good_models: tuple[str, ...] = ("small", "large"),
+    auth: str = "",
+) -> Proc:
+    """The provider serves "small"; b serves `good_models`; "small" falls back to "large"."""
+    return _router(
+        router_proc,
+        _provider_toml(bad, ("small",)),
+        _sim_toml(good, good_models),
+        sections='[models]\nfallbacks = { small = ["large"] }\n',
+        **({"auth": auth} if auth else {}),
+    )
+
+
+def test_too_long_a_prompt_moves_to_the_larger_fallback_model(
+    provider: ProviderFactory, sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    bad, good = provider(), sim_region("b", models="small,large")
+    router = _fallback_router(router_proc, bad, good)
+    raw = _ask(router, "long", _fault("context-length", "k1"), model="small")
+    answer = raw.parse()
+    assert (raw.headers["x-router-fallback-model"], answer.model) == ("large", "large")
+    assert answer.choices[0].message.content == full_chat_text("large", _messages("long"))
+    assert len(_attempts(bad, "k1")) == 1
+    # Never resent unchanged: b got the request once, for the larger model.
+    assert _chats(good) == 1
+    assert json.loads(sim_stats(good)["last_body"])["model"] == "large"
+
+
+def test_too_long_a_prompt_without_a_fallback_is_returned_as_it_is(
+    provider: ProviderFactory, sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    bad, good = provider(), sim_region("b")
+    router = _router(router_proc, _provider_toml(bad), _sim_toml(good))
+    with pytest.raises(openai.BadRequestError) as caught:
+        _ask(router, "long", _fault("context-length", "k1"))
+    assert caught.value.code == "context_length_exceeded"
+    assert (
+        _body(caught.value)["message"]
+        == "This model's maximum context length is 8 tokens (provider)."
+    )
+    assert (len(_attempts(bad, "k1")), _chats(good)) == (1, 0)
+
+
+def test_a_content_policy_refusal_reaches_the_client_untried_elsewhere(
+    provider: ProviderFactory, sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    bad, good = provider(), sim_region("b", models="small,large")
+    router = _fallback_router(router_proc, bad, good)
+    with pytest.raises(openai.BadRequestError) as caught:
+        _ask(router, "policy", _fault("content-policy", "k1"), model="small")
+    assert caught.value.code == "content_policy_violation"
+    assert caught.value.type == "invalid_request_error"
+    assert (
+        _body(caught.value)["message"]
+        == "Your request was rejected by the provider's content policy."
+    )
+    assert "x-router-fallback-model" not in caught.value.response.headers
+    assert (len(_attempts(bad, "k1")), _chats(good)) == (1, 0)
+
+
+# 15. a primary that answers 503 for a while, then recovers
+
+
+@pytest.mark.timeout(60)
+def test_a_primary_down_for_a_while_gets_few_attempts_then_its_traffic_back(
+    provider: ProviderFactory, sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    bad, good = provider(), sim_region("b")
+    # Scaled from 60 s down / a request every 4 s / back within 30 s: 4 s down, one every 0.25 s,
+    # circuits of 0.5, 1, 1 s (circuit_max_s), so back within a second or so of recovery.
+    router = _router(
+        router_proc,
+        _provider_toml(bad),
+        _sim_toml(good),
+        routing="circuit_base_s = 0.5\ncircuit_max_s = 1.0",
+    )
+    down_s, every_s, count = 4.0, 0.25, 32
+    armed = _post_arm(bad)
+    regions: list[tuple[float, str]] = []
+    for i in range(count):
+        raw = _ask(router, f"recovery {i}", _fault("down", f"r{i}", **{"for": down_s}))
+        regions.append((time.monotonic() - armed, raw.headers["x-router-region"]))
+        time.sleep(max(0.0, armed + (i + 1) * every_s - time.monotonic()))
+    hits = [a for a in _attempts(bad) if a["hit"]]
+    sent_while_down = sum(1 for t, _ in regions if t < down_s)
+    # Every request was answered (by b while the provider was down).
+    assert all(region in ("provider", "b") for _, region in regions)
+    # A circuit, not a retry per request: 3 failures to open it, then one trial per opening.
+    assert len(hits) <= 3 + 2 * 4 + 2, (len(hits), sent_while_down)
+    assert len(hits) < sent_while_down
+    # Traffic is back on the provider after it recovered (within circuit_max_s + a probe).
+    tail = [region for t, region in regions if t > down_s + 2.0]
+    assert tail
+    assert set(tail) == {"provider"}, regions
+
+
+def _post_arm(proc: Proc) -> float:
+    req = urllib.request.Request(proc.url + "/arm", data=b"{}", method="POST")
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        armed: float = json.loads(resp.read())["armed"]
+    return armed
+
+
+# 16. accounting after a fallback
+
+
+def _hash(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def test_after_a_fallback_the_answering_model_is_named_and_only_its_answer_is_billed(
+    provider: ProviderFactory, sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    bad, good = provider(), sim_region("b", models="large")
+    keys = "".join(
+        f'[[auth.keys]]\nsha256 = "{_hash(name)}"\ntenant = "{name}"\n'
+        "tokens_per_minute = 1\ntoken_burst = 100000\n"
+        for name in ("failing", "direct")
+    )
+    router = _fallback_router(router_proc, bad, good, ("large",), auth=f"[auth]\n{keys}")
+    # "failing" meets two 503s on small, then the fallback's answer; "direct" asks large.
+    failed = _client(router, "failing").chat.completions.with_raw_response.create(
+        model="small",
+        messages=_messages("bill"),
+        max_tokens=64,
+        extra_headers=_fault("503", "k1"),
+    )
+    direct = _client(router, "direct").chat.completions.with_raw_response.create(
+        model="large", messages=_messages("bill"), max_tokens=64
+    )
+    assert failed.headers["x-router-fallback-model"] == "large"
+    assert failed.parse().model == "large"
+    assert failed.parse().usage == direct.parse().usage
+    assert len(_attempts(bad, "k1")) >= 1
+    # The same next request from each tenant: the same tokens left (refill is 1 a minute).
+    left = []
+    for name in ("failing", "direct"):
+        nxt = _client(router, name).chat.completions.with_raw_response.create(
+            model="large", messages=_messages("next"), max_tokens=64
+        )
+        left.append(int(nxt.headers["x-ratelimit-remaining-tokens"]))
+    assert abs(left[0] - left[1]) <= 1, left
