@@ -13,12 +13,14 @@ import json
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 from openai import OpenAI
+from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
 
 from router.sim.text import full_chat_text
 from tests.integration.conftest import MODEL, RouterFactory, SimFactory, region_toml, sim_stats
@@ -73,7 +75,7 @@ def _client(router: Proc, key: str = "x") -> OpenAI:
     return OpenAI(base_url=router.url + "/v1", api_key=key, max_retries=0, timeout=30.0)
 
 
-def _messages(tag: str) -> list[dict[str, str]]:
+def _messages(tag: str) -> list[ChatCompletionMessageParam]:
     return [{"role": "user", "content": f"Tell me about {tag}."}]
 
 
@@ -107,27 +109,34 @@ def _chats(sim: Proc) -> int:
     return count
 
 
-def _ask(router: Proc, tag: str, headers: dict[str, str], model: str = MODEL) -> Any:
-    """A non-stream chat through the SDK; the raw response (headers, .parse())."""
-    return (
-        _client(router).chat.completions.with_raw_response.create(
+@dataclass
+class Reply:
+    """A non-stream answer: the router's response headers and the parsed completion."""
+
+    headers: dict[str, str]  # lower-cased names
+    answer: ChatCompletion
+
+
+def _ask(
+    router: Proc, tag: str, headers: dict[str, str], model: str = MODEL, key: str = "x"
+) -> Reply:
+    """A non-stream chat through the SDK (a client closed afterwards)."""
+    with _client(router, key) as client:
+        raw = client.chat.completions.with_raw_response.create(
             model=model, messages=_messages(tag), max_tokens=64, extra_headers=headers
-        )  # type: ignore[call-overload]
-    )
+        )
+        return Reply(dict(raw.headers), raw.parse())
 
 
 def _stream_text(router: Proc, tag: str, headers: dict[str, str]) -> tuple[str, str | None, str]:
     """A stream through the SDK: (text, last finish_reason, the answering region)."""
-    raw = _client(router).chat.completions.with_raw_response.create(
-        model=MODEL, messages=_messages(tag), max_tokens=64, stream=True, extra_headers=headers
-    )  # type: ignore[call-overload]
-    pieces: list[str] = []
-    finish: str | None = None
-    for chunk in raw.parse():
-        for choice in chunk.choices:
-            pieces.append(choice.delta.content or "")
-            finish = choice.finish_reason or finish
-    return "".join(pieces), finish, raw.headers["x-router-region"]
+    with _client(router) as client:
+        raw = client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=_messages(tag), max_tokens=64, stream=True, extra_headers=headers
+        )
+        pieces, finishes, error = _drain(raw.parse())
+    assert error is None, error
+    return "".join(pieces), finishes[-1] if finishes else None, raw.headers["x-router-region"]
 
 
 # 1. 429 with Retry-After
@@ -140,7 +149,7 @@ def test_429_with_retry_after_fails_over_at_once_when_another_region_serves(
     router = _router(router_proc, _provider_toml(bad), _sim_toml(good))
     raw = _ask(router, "limits", _fault("429", "k1", retry_after=2))
     assert raw.headers["x-router-region"] == "b"
-    assert raw.parse().choices[0].message.content == full_chat_text(MODEL, _messages("limits"))
+    assert raw.answer.choices[0].message.content == full_chat_text(MODEL, _messages("limits"))
     assert len(_attempts(bad, "k1")) == 1
 
 
@@ -151,7 +160,7 @@ def test_429_with_retry_after_is_waited_for_on_the_only_region(
     router = _router(router_proc, _provider_toml(bad))
     raw = _ask(router, "waiting", _fault("429", "k1", retry_after=1, times=1))
     assert raw.headers["x-router-region"] == "provider"
-    assert raw.parse().choices[0].message.content == full_chat_text(MODEL, _messages("waiting"))
+    assert raw.answer.choices[0].message.content == full_chat_text(MODEL, _messages("waiting"))
     first, second = _attempts(bad, "k1")
     assert (first["hit"], second["hit"]) == (True, False)
     # The second attempt only after the Retry-After the provider asked for (1 s): never two
@@ -334,15 +343,16 @@ def test_a_broken_stream_without_resume_ends_with_one_error_never_complete(
 ) -> None:
     bad = provider()
     router = _router(router_proc, _provider_toml(bad))  # midstream = "error" (default)
-    stream = _client(router).chat.completions.create(
-        model=MODEL,
-        messages=_messages("cut"),
-        max_tokens=64,
-        stream=True,
-        extra_headers=_fault(fault, "k1", after=5, delay=30),
-    )
     began = time.monotonic()
-    pieces, finishes, error = _drain(stream)
+    with _client(router) as client:
+        stream = client.chat.completions.create(
+            model=MODEL,
+            messages=_messages("cut"),
+            max_tokens=64,
+            stream=True,
+            extra_headers=_fault(fault, "k1", after=5, delay=30),
+        )
+        pieces, finishes, error = _drain(stream)
     assert time.monotonic() - began < 15  # a stall is detected by [timeouts] idle = 1 s
     assert finishes == [], "a cut stream must never look complete"
     assert error is not None
@@ -375,13 +385,16 @@ def test_an_invalid_event_mid_stream_never_reaches_the_client(
 ) -> None:
     bad = provider()
     router = _router(router_proc, _provider_toml(bad))
-    with _client(router).chat.completions.with_streaming_response.create(
-        model=MODEL,
-        messages=_messages("garbage"),
-        max_tokens=64,
-        stream=True,
-        extra_headers=_fault("bad-event", "k1", after=3),
-    ) as resp:
+    with (
+        _client(router) as client,
+        client.chat.completions.with_streaming_response.create(
+            model=MODEL,
+            messages=_messages("garbage"),
+            max_tokens=64,
+            stream=True,
+            extra_headers=_fault("bad-event", "k1", after=3),
+        ) as resp,
+    ):
         lines = [line for line in resp.iter_lines() if line.startswith("data: ")]
     payloads = [line[len("data: ") :] for line in lines]
     assert payloads[-1] == "[DONE]"
@@ -400,14 +413,17 @@ def test_a_finished_stream_without_done_gets_done_and_keeps_its_usage(
 ) -> None:
     bad = provider()
     router = _router(router_proc, _provider_toml(bad))
-    with _client(router).chat.completions.with_streaming_response.create(
-        model=MODEL,
-        messages=_messages("done"),
-        max_tokens=64,
-        stream=True,
-        stream_options={"include_usage": True},
-        extra_headers=_fault("no-done", "k1"),
-    ) as resp:
+    with (
+        _client(router) as client,
+        client.chat.completions.with_streaming_response.create(
+            model=MODEL,
+            messages=_messages("done"),
+            max_tokens=64,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_headers=_fault("no-done", "k1"),
+        ) as resp,
+    ):
         payloads = [line[6:] for line in resp.iter_lines() if line.startswith("data: ")]
     assert payloads[-1] == "[DONE]"
     events = [json.loads(p) for p in payloads[:-1]]
@@ -444,7 +460,7 @@ def test_too_long_a_prompt_moves_to_the_larger_fallback_model(
     bad, good = provider(), sim_region("b", models="small,large")
     router = _fallback_router(router_proc, bad, good)
     raw = _ask(router, "long", _fault("context-length", "k1"), model="small")
-    answer = raw.parse()
+    answer = raw.answer
     assert (raw.headers["x-router-fallback-model"], answer.model) == ("large", "large")
     assert answer.choices[0].message.content == full_chat_text("large", _messages("long"))
     assert len(_attempts(bad, "k1")) == 1
@@ -546,24 +562,19 @@ def test_after_a_fallback_the_answering_model_is_named_and_only_its_answer_is_bi
     )
     router = _fallback_router(router_proc, bad, good, ("large",), auth=f"[auth]\n{keys}")
     # "failing" meets two 503s on small, then the fallback's answer; "direct" asks large.
-    failed = _client(router, "failing").chat.completions.with_raw_response.create(
-        model="small",
-        messages=_messages("bill"),
-        max_tokens=64,
-        extra_headers=_fault("503", "k1"),
-    )
-    direct = _client(router, "direct").chat.completions.with_raw_response.create(
-        model="large", messages=_messages("bill"), max_tokens=64
-    )
+    failed = _ask(router, "bill", _fault("503", "k1"), model="small", key="failing")
+    direct = _ask(router, "bill", {}, model="large", key="direct")
     assert failed.headers["x-router-fallback-model"] == "large"
-    assert failed.parse().model == "large"
-    assert failed.parse().usage == direct.parse().usage
+    assert failed.answer.model == "large"
+    assert failed.answer.usage == direct.answer.usage
     assert len(_attempts(bad, "k1")) >= 1
     # The same next request from each tenant: the same tokens left (refill is 1 a minute).
-    left = []
-    for name in ("failing", "direct"):
-        nxt = _client(router, name).chat.completions.with_raw_response.create(
-            model="large", messages=_messages("next"), max_tokens=64
+    left = [
+        int(
+            _ask(router, "next", {}, model="large", key=name).headers[
+                "x-ratelimit-remaining-tokens"
+            ]
         )
-        left.append(int(nxt.headers["x-ratelimit-remaining-tokens"]))
+        for name in ("failing", "direct")
+    ]
     assert abs(left[0] - left[1]) <= 1, left
