@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from router.sim.text import chat_tokens
+from router.sim.text import chat_tokens, count_prompt_tokens
 
 FAULTS = (
     "none",
@@ -158,8 +158,7 @@ def _answer_for(body: dict[str, Any]) -> Answer:
     model = str(body.get("model", ""))
     messages = body.get("messages") or []
     tokens, _ = chat_tokens(model, messages)
-    words = sum(len(str(m.get("content", "")).split()) for m in messages if isinstance(m, dict))
-    return Answer(model, tokens, words + 3 * len(messages))
+    return Answer(model, tokens, count_prompt_tokens(messages))
 
 
 async def _stream(

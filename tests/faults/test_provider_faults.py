@@ -29,6 +29,7 @@ from tests.support import Proc, free_port, spawn
 ProviderFactory = Callable[[], Proc]
 CHAT = "/v1/chat/completions"
 TIMEOUTS = "[timeouts]\nconnect = 1.0\nfirst_byte = 1.5\nidle = 1.0\ntotal = 20.0\n"
+SLOW_TIMEOUTS = "[timeouts]\nconnect = 1.0\nfirst_byte = 30.0\nidle = 30.0\ntotal = 60.0\n"
 HEALTH = "[health]\ninterval_s = 0.5\ntimeout_s = 0.4\n"
 
 
@@ -66,13 +67,14 @@ def _router(
     routing: str = "",
     sections: str = "",
     auth: str = "[auth]\nenabled = false\n",
+    timeouts: str = TIMEOUTS,
 ) -> Proc:
-    text = TIMEOUTS + HEALTH + f"[routing]\ntolerance_ms = 5.0\n{routing}\n" + sections + auth
+    text = timeouts + HEALTH + f"[routing]\ntolerance_ms = 5.0\n{routing}\n" + sections + auth
     return router_proc(text + "".join(regions))
 
 
-def _client(router: Proc, key: str = "x") -> OpenAI:
-    return OpenAI(base_url=router.url + "/v1", api_key=key, max_retries=0, timeout=30.0)
+def _client(router: Proc, key: str = "x", timeout: float = 30.0) -> OpenAI:
+    return OpenAI(base_url=router.url + "/v1", api_key=key, max_retries=0, timeout=timeout)
 
 
 def _messages(tag: str) -> list[ChatCompletionMessageParam]:
@@ -177,6 +179,46 @@ def test_429_with_retry_after_over_the_cap_returns_the_providers_429(
         _ask(router, "patience", _fault("429", "k1", retry_after=30))
     assert caught.value.status_code == 429
     assert _body(caught.value)["message"] == "Rate limit reached for requests"  # the provider's own
+    assert len(_attempts(bad, "k1")) == 1
+
+
+def test_429_with_retry_after_past_the_clients_deadline_is_not_waited_for(
+    provider: ProviderFactory, router_proc: RouterFactory
+) -> None:
+    bad = provider()
+    router = _router(router_proc, _provider_toml(bad))
+    began = time.monotonic()
+    with pytest.raises(openai.RateLimitError):
+        _ask(
+            router,
+            "deadline",
+            {**_fault("429", "k1", retry_after=3), "x-router-timeout-ms": "2000"},
+        )
+    assert time.monotonic() - began < 2.0  # the 429 at once: waiting 3 s could not fit in 2 s
+    assert len(_attempts(bad, "k1")) == 1
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "the openai Python SDK sends its timeout as x-stainless-read-timeout; "
+        "routing/runtime.py _DEADLINE_HEADERS reads only x-router-timeout-ms and "
+        "x-stainless-timeout, so the router never learns the SDK client's deadline and waits "
+        "out a Retry-After (3 s) the client (2 s) gives up before"
+    ),
+)
+def test_429_with_retry_after_past_the_openai_sdk_timeout_is_not_waited_for(
+    provider: ProviderFactory, router_proc: RouterFactory
+) -> None:
+    bad = provider()
+    router = _router(router_proc, _provider_toml(bad))
+    with _client(router, timeout=2.0) as client, pytest.raises(openai.RateLimitError):
+        client.chat.completions.create(
+            model=MODEL,
+            messages=_messages("sdk deadline"),
+            max_tokens=64,
+            extra_headers=_fault("429", "k1", retry_after=3),
+        )
     assert len(_attempts(bad, "k1")) == 1
 
 
@@ -304,8 +346,13 @@ def test_a_stream_whose_first_token_is_late_fails_over(
     provider: ProviderFactory, sim_region: SimFactory, router_proc: RouterFactory
 ) -> None:
     bad, good = provider(), sim_region("b")
+    # [timeouts] idle and first_byte far off: only the stream TTFT deadline can move it.
     router = _router(
-        router_proc, _provider_toml(bad), _sim_toml(good), routing="stream_ttft_timeout_s = 1.0"
+        router_proc,
+        _provider_toml(bad),
+        _sim_toml(good),
+        routing="stream_ttft_timeout_s = 1.0",
+        timeouts=SLOW_TIMEOUTS,
     )
     began = time.monotonic()
     text, finish, region = _stream_text(router, "late", _fault("slow-first-token", "k1", delay=20))
