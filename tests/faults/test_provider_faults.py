@@ -20,9 +20,13 @@ from typing import Any
 import openai
 import pytest
 from openai import OpenAI
-from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
+from openai.types.chat import (
+    ChatCompletion,
+    ChatCompletionMessageParam,
+    ChatCompletionStreamOptionsParam,
+)
 
-from router.sim.text import full_chat_text
+from router.sim.text import count_prompt_tokens, full_chat_text
 from tests.integration.conftest import MODEL, RouterFactory, SimFactory, region_toml, sim_stats
 from tests.support import Proc, free_port, spawn
 
@@ -130,15 +134,57 @@ def _ask(
         return Reply(dict(raw.headers), raw.parse())
 
 
-def _stream_text(router: Proc, tag: str, headers: dict[str, str]) -> tuple[str, str | None, str]:
-    """A stream through the SDK: (text, last finish_reason, the answering region)."""
+@dataclass
+class Streamed:
+    """A stream read to its end: its text, last finish_reason, last usage, response headers."""
+
+    text: str
+    finish: str | None
+    usage: dict[str, int] | None
+    headers: dict[str, str]
+
+
+def _stream(
+    router: Proc, tag: str, headers: dict[str, str], model: str = MODEL, usage: bool = False
+) -> Streamed:
+    """A stream through the SDK, read to its end; it must end without an error."""
+    options: ChatCompletionStreamOptionsParam = {"include_usage": usage}
     with _client(router) as client:
         raw = client.chat.completions.with_raw_response.create(
-            model=MODEL, messages=_messages(tag), max_tokens=64, stream=True, extra_headers=headers
+            model=model,
+            messages=_messages(tag),
+            max_tokens=64,
+            stream=True,
+            stream_options=options,
+            extra_headers=headers,
         )
-        pieces, finishes, error = _drain(raw.parse())
-    assert error is None, error
-    return "".join(pieces), finishes[-1] if finishes else None, raw.headers["x-router-region"]
+        last: dict[str, int] | None = None
+        pieces: list[str] = []
+        finishes: list[str] = []
+        for chunk in raw.parse():
+            if chunk.usage is not None:
+                last = chunk.usage.model_dump(include={"prompt_tokens", "completion_tokens"})
+            for choice in chunk.choices:
+                pieces.append(choice.delta.content or "")
+                if choice.finish_reason is not None:
+                    finishes.append(choice.finish_reason)
+    finish = finishes[-1] if finishes else None
+    return Streamed("".join(pieces), finish, last, dict(raw.headers))
+
+
+def _drain(stream: Any) -> tuple[list[str], list[str], openai.APIError | None]:
+    """Read an SDK stream to its end: (content pieces, finish reasons, the error it raised)."""
+    pieces: list[str] = []
+    finishes: list[str] = []
+    try:
+        for chunk in stream:
+            for choice in chunk.choices:
+                pieces.append(choice.delta.content or "")
+                if choice.finish_reason is not None:
+                    finishes.append(choice.finish_reason)
+    except openai.APIError as error:
+        return pieces, finishes, error
+    return pieces, finishes, None
 
 
 # 1. 429 with Retry-After
@@ -355,9 +401,38 @@ def test_a_stream_whose_first_token_is_late_fails_over(
         timeouts=SLOW_TIMEOUTS,
     )
     began = time.monotonic()
-    text, finish, region = _stream_text(router, "late", _fault("slow-first-token", "k1", delay=20))
+    got = _stream(router, "late", _fault("slow-first-token", "k1", delay=20))
     assert time.monotonic() - began < 15  # the issue's bound; the provider's token is 20 s away
-    assert (text, finish, region) == (full_chat_text(MODEL, _messages("late")), "stop", "b")
+    assert (got.text, got.finish) == (full_chat_text(MODEL, _messages("late")), "stop")
+    assert got.headers["x-router-region"] == "b"
+    assert len(_attempts(bad, "k1")) == 1
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "issue 23 item 7 wants the stream TTFT deadline on when another region or a fallback "
+        "model can serve; routing/runtime.py RetryState.first_byte applies it only when "
+        "len(ctx.candidates) > 1 (regions of the same model), so with one region and a "
+        "fallback model the router waits for the late token (4 s) and relays that region"
+    ),
+)
+def test_a_stream_whose_first_token_is_late_moves_to_a_fallback_model(
+    provider: ProviderFactory, sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    # No other region serves "small"; a fallback model ("large", on b) can serve the request.
+    bad, good = provider(), sim_region("b", models="large")
+    router = _fallback_router(
+        router_proc,
+        bad,
+        good,
+        ("large",),
+        routing="stream_ttft_timeout_s = 1.0",
+        timeouts=SLOW_TIMEOUTS,
+    )
+    got = _stream(router, "late", _fault("slow-first-token", "k1", delay=4), model="small")
+    assert got.headers.get("x-router-fallback-model") == "large"
+    assert got.text == full_chat_text("large", _messages("late"))
     assert len(_attempts(bad, "k1")) == 1
 
 
@@ -373,9 +448,15 @@ def test_a_broken_stream_is_resumed_elsewhere_into_the_whole_answer(
         router_proc, _provider_toml(bad), _sim_toml(good), routing='midstream = "resume"'
     )
     headers = _fault(fault, "k1", after=5, delay=30)
-    text, finish, region = _stream_text(router, "resume", headers)
-    assert text == full_chat_text(MODEL, _messages("resume"))
-    assert (finish, region) == ("stop", "provider")
+    got = _stream(router, "resume", headers, usage=True)
+    assert got.text == full_chat_text(MODEL, _messages("resume"))
+    assert (got.finish, got.headers["x-router-region"]) == ("stop", "provider")
+    # Item 16: the last usage block covers the whole answer, not the continuation's request.
+    whole = {
+        "prompt_tokens": count_prompt_tokens(_messages("resume")),
+        "completion_tokens": len(full_chat_text(MODEL, _messages("resume")).split(" ")),
+    }
+    assert got.usage == whole
     assert len(_attempts(bad, "k1")) == 1
     assert _chats(good) == 1
     assert json.loads(sim_stats(good)["last_body"])["messages"][-1]["role"] == "assistant"
@@ -407,21 +488,6 @@ def test_a_broken_stream_without_resume_ends_with_one_error_never_complete(
     assert "".join(pieces) == full_chat_text(MODEL, _messages("cut"))[: len("".join(pieces))]
     assert len(_attempts(bad, "k1")) == 1
     assert _ask(router, "after", _fault("none", "k2")).headers["x-router-region"] == "provider"
-
-
-def _drain(stream: Any) -> tuple[list[str], list[str], openai.APIError | None]:
-    """Read an SDK stream to its end: (content pieces, finish reasons, the error it raised)."""
-    pieces: list[str] = []
-    finishes: list[str] = []
-    try:
-        for chunk in stream:
-            for choice in chunk.choices:
-                pieces.append(choice.delta.content or "")
-                if choice.finish_reason is not None:
-                    finishes.append(choice.finish_reason)
-    except openai.APIError as error:
-        return pieces, finishes, error
-    return pieces, finishes, None
 
 
 # 10. an invalid JSON event mid-stream
@@ -490,13 +556,17 @@ def _fallback_router(
     good: Proc,
     good_models: tuple[str, ...] = ("small", "large"),
     auth: str = "",
+    routing: str = "",
+    timeouts: str = TIMEOUTS,
 ) -> Proc:
     """The provider serves "small"; b serves `good_models`; "small" falls back to "large"."""
     return _router(
         router_proc,
         _provider_toml(bad, ("small",)),
         _sim_toml(good, good_models),
+        routing=routing,
         sections='[models]\nfallbacks = { small = ["large"] }\n',
+        timeouts=timeouts,
         **({"auth": auth} if auth else {}),
     )
 
@@ -573,12 +643,14 @@ def test_a_primary_down_for_a_while_gets_few_attempts_then_its_traffic_back(
         time.sleep(max(0.0, armed + (i + 1) * every_s - time.monotonic()))
     hits = [a for a in _attempts(bad) if a["hit"]]
     sent_while_down = sum(1 for t, _ in regions if t < down_s)
-    # Every request was answered (by b while the provider was down).
-    assert all(region in ("provider", "b") for _, region in regions)
-    # A circuit, not a retry per request: 3 failures to open it, then one trial per opening.
-    assert len(hits) <= 3 + 2 * 4 + 2, (len(hits), sent_while_down)
+    # While it was down every request was served elsewhere (an answer before down_s cannot be
+    # the provider's: it answered 503 until then).
+    assert {region for t, region in regions if t < down_s} == {"b"}, regions
+    # A circuit, not a retry per request: circuit_after failures open it, then one trial per
+    # opening, and openings are at least circuit_base_s apart.
+    assert len(hits) <= 3 + down_s / 0.5, (len(hits), sent_while_down)
     assert len(hits) < sent_while_down
-    # Traffic is back on the provider after it recovered (within circuit_max_s + a probe).
+    # Traffic is back on the provider after it recovered (within circuit_max_s and a probe).
     tail = [region for t, region in regions if t > down_s + 2.0]
     assert tail
     assert set(tail) == {"provider"}, regions
