@@ -4,14 +4,19 @@
 and not) with the deterministic text of `router sim-region` (router.sim.text), so a stream the
 router continues on a sim region reads as one answer. The request's headers pick the fault:
 
-    x-fault          none | 429 | 500 | 503 | reset | blackhole | slow-first-token | cut | stall |
-                     bad-event | no-done | context-length | content-policy | down
+    x-fault          none | 429 | 500 | 503 | reset | blackhole | slow-first-token | cut | drop |
+                     done-early | stall | bad-event | no-done | context-length | content-policy |
+                     down  (cut: a clean HTTP end after K tokens, no finish, no [DONE]; drop: the
+                     connection closed after K tokens, no terminating chunk; done-early: [DONE]
+                     after K tokens, no finish)
     x-fault-key      the request's key (default ""): attempts are counted per key
     x-fault-times    the fault hits the first N attempts of the key, then it answers (default: all)
     x-fault-retry-after   429: the Retry-After value (unset: none sent)
     x-fault-after    streams: content tokens sent before the cut, stall or invalid event (default 3)
     x-fault-delay    slow-first-token: seconds before the first token; stall: seconds of silence
     x-fault-for      down: 503 for this many seconds after the start or the last POST /arm
+    x-fault-on-prefill    reject: a request ending in an assistant message (a continuation) gets
+                     a 400 invalid_request_error instead, whatever x-fault says
 
 GET /health answers 200 (the prober keeps it in rotation: the fault is on the inference path).
 GET /stats answers {"started", "armed", "attempts": [{"key", "fault", "hit", "t", "stream",
@@ -43,6 +48,8 @@ FAULTS = (
     "blackhole",
     "slow-first-token",
     "cut",
+    "drop",
+    "done-early",
     "stall",
     "bad-event",
     "no-done",
@@ -179,6 +186,13 @@ async def _stream(
             writer.write(b"0\r\n\r\n")  # a clean end at the HTTP level: no finish, no [DONE]
             await writer.drain()
             return
+        if i == after and fault == "drop":
+            writer.transport.close()  # no terminating chunk: the body ends short
+            return
+        if i == after and fault == "done-early":
+            writer.write(_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+            await writer.drain()
+            return
         if i == after and fault == "stall":
             await asyncio.sleep(delay)
         if i == after and fault == "bad-event":
@@ -228,7 +242,12 @@ async def _chat(state: State, req: Request, writer: asyncio.StreamWriter) -> Non
         }
     )
     fault = fault if hit else "none"
-    if fault == "429":
+    if prefill and headers.get("x-fault-on-prefill") == "reject":
+        refused = _error(
+            "Assistant prefill is not supported by this provider.", "invalid_request_error", None
+        )
+        writer.write(_response("400 Bad Request", refused))
+    elif fault == "429":
         after = headers.get("x-fault-retry-after")
         extra = f"Retry-After: {after}\r\n" if after is not None else ""
         limited = _error("Rate limit reached for requests", "rate_limit_error", "rate_limit")

@@ -30,7 +30,7 @@ from router.sim.text import count_prompt_tokens, full_chat_text
 from tests.integration.conftest import MODEL, RouterFactory, SimFactory, region_toml, sim_stats
 from tests.support import Proc, free_port, spawn
 
-ProviderFactory = Callable[[], Proc]
+ProviderFactory = Callable[..., Proc]
 CHAT = "/v1/chat/completions"
 TIMEOUTS = "[timeouts]\nconnect = 1.0\nfirst_byte = 1.5\nidle = 1.0\ntotal = 20.0\n"
 SLOW_TIMEOUTS = "[timeouts]\nconnect = 1.0\nfirst_byte = 30.0\nidle = 30.0\ntotal = 60.0\n"
@@ -39,14 +39,14 @@ HEALTH = "[health]\ninterval_s = 0.5\ntimeout_s = 0.4\n"
 
 @pytest.fixture
 def provider(tmp_path: Path) -> Iterator[ProviderFactory]:
-    """Factory: provider() starts `python -m tests.faults.provider` on a free port."""
+    """Factory: provider(name) starts `python -m tests.faults.provider` on a free port."""
     procs: list[Proc] = []
 
-    def start() -> Proc:
+    def start(name: str = "provider") -> Proc:
         port = free_port()
         args = ["python", "-m", "tests.faults.provider", "--port", str(port), "--lifetime", "120"]
         proc = spawn(args, port, tmp_path / f"provider-{port}.log")
-        proc.name = "provider"  # type: ignore[attr-defined]
+        proc.name = name  # type: ignore[attr-defined]
         procs.append(proc)
         return proc
 
@@ -55,9 +55,9 @@ def provider(tmp_path: Path) -> Iterator[ProviderFactory]:
         proc.kill()
 
 
-def _provider_toml(proc: Proc, models: tuple[str, ...] = (MODEL,)) -> str:
+def _provider_toml(proc: Proc, models: tuple[str, ...] = (MODEL,), bias_ms: float = 0.0) -> str:
     # kind vllm: it continues an assistant prefill (the provider's text does, like the sim's).
-    return region_toml(proc, models=models, kind="vllm", bias_ms=0.0)
+    return region_toml(proc, models=models, kind="vllm", bias_ms=bias_ms)
 
 
 def _sim_toml(proc: Proc, models: tuple[str, ...] = (MODEL,)) -> str:
@@ -439,7 +439,33 @@ def test_a_stream_whose_first_token_is_late_moves_to_a_fallback_model(
 # 8. stream cut after K of N tokens, 9. stream stalled past the idle timeout
 
 
-@pytest.mark.parametrize("fault", ["cut", "stall"])
+# [DONE] before any finish_reason (llama-cpp-python's interrupted stream) is a cut stream too.
+_EARLY_DONE = (
+    "the upstream's [DONE] before any finish_reason is relayed to the client before the "
+    "router's own error event (curl through the router: 'data: [DONE]' then "
+    "'data: {\"error\": ...upstream_stream_error}'), so the openai SDK stops at [DONE] and "
+    "returns the first tokens as the whole answer without an error"
+)
+RESUMABLE = [
+    "cut",
+    "drop",
+    "stall",
+    pytest.param(
+        "done-early",
+        marks=pytest.mark.xfail(
+            strict=True, reason=_EARLY_DONE + "; and it is never continued on another region"
+        ),
+    ),
+]
+BREAKS = [
+    "cut",
+    "drop",
+    "stall",
+    pytest.param("done-early", marks=pytest.mark.xfail(strict=True, reason=_EARLY_DONE)),
+]
+
+
+@pytest.mark.parametrize("fault", RESUMABLE)
 def test_a_broken_stream_is_resumed_elsewhere_into_the_whole_answer(
     fault: str, provider: ProviderFactory, sim_region: SimFactory, router_proc: RouterFactory
 ) -> None:
@@ -465,7 +491,7 @@ def test_a_broken_stream_is_resumed_elsewhere_into_the_whole_answer(
     assert again.headers["x-router-region"] == "provider"
 
 
-@pytest.mark.parametrize("fault", ["cut", "stall"])
+@pytest.mark.parametrize("fault", BREAKS)
 def test_a_broken_stream_without_resume_ends_with_one_error_never_complete(
     fault: str, provider: ProviderFactory, router_proc: RouterFactory
 ) -> None:
@@ -488,6 +514,63 @@ def test_a_broken_stream_without_resume_ends_with_one_error_never_complete(
     assert "".join(pieces) == full_chat_text(MODEL, _messages("cut"))[: len("".join(pieces))]
     assert len(_attempts(bad, "k1")) == 1
     assert _ask(router, "after", _fault("none", "k2")).headers["x-router-region"] == "provider"
+
+
+def _refused_continuation(
+    provider: ProviderFactory, router_proc: RouterFactory
+) -> tuple[Proc, list[Proc], list[str], openai.APIError | None]:
+    """p1 cuts the stream after 5 tokens; every continuation (a prefill) is refused with a 400.
+
+    The router, the providers, the finish reasons the client saw and the error it got."""
+    first, second = provider("p1"), provider("p2")
+    router = _router(
+        router_proc,
+        _provider_toml(first),
+        _provider_toml(second, bias_ms=200.0),
+        routing='midstream = "resume"',
+    )
+    headers = {**_fault("cut", "k1", after=5), "x-fault-on-prefill": "reject"}
+    with _client(router) as client:
+        stream = client.chat.completions.create(
+            model=MODEL,
+            messages=_messages("refused"),
+            max_tokens=64,
+            stream=True,
+            extra_headers=headers,
+        )
+        _, finishes, error = _drain(stream)
+    return router, [first, second], finishes, error
+
+
+def test_a_continuation_the_next_region_refuses_ends_with_one_clean_error(
+    provider: ProviderFactory, router_proc: RouterFactory
+) -> None:
+    _, providers, finishes, error = _refused_continuation(provider, router_proc)
+    assert finishes == [], "a cut stream must never look complete"
+    assert error is not None
+    # Item 14: the prefill rejection is not what the client is left with.
+    assert _body(error)["code"] == "upstream_stream_error"
+    assert "prefill" not in str(_body(error)["message"]).lower(), _body(error)
+    refused = [a for p in providers for a in _attempts(p, "k1") if a["prefill"]]
+    assert refused, "the continuation was never tried"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "issue 23 item 16: a refused continuation is logged with its status and body; "
+        "routing/continuation.py logs only 'resume on p2 failed: HTTP 400' (opened.body, the "
+        "provider's reason, is dropped)"
+    ),
+)
+def test_a_refused_continuation_is_logged_with_its_status_and_body(
+    provider: ProviderFactory, router_proc: RouterFactory
+) -> None:
+    router, _, _, _ = _refused_continuation(provider, router_proc)
+    out = router.wait_output("resume on p2 failed", timeout=5)
+    line = next(ln for ln in out.splitlines() if "resume on p2 failed" in ln)
+    assert "400" in line
+    assert "Assistant prefill is not supported" in line
 
 
 # 10. an invalid JSON event mid-stream
@@ -521,11 +604,14 @@ def test_an_invalid_event_mid_stream_never_reaches_the_client(
 # 11. finish_reason, a clean end, no [DONE]
 
 
+@pytest.mark.parametrize("midstream", ["error", "resume"])
 def test_a_finished_stream_without_done_gets_done_and_keeps_its_usage(
-    provider: ProviderFactory, router_proc: RouterFactory
+    midstream: str, provider: ProviderFactory, sim_region: SimFactory, router_proc: RouterFactory
 ) -> None:
-    bad = provider()
-    router = _router(router_proc, _provider_toml(bad))
+    bad, good = provider(), sim_region("b")
+    router = _router(
+        router_proc, _provider_toml(bad), _sim_toml(good), routing=f'midstream = "{midstream}"'
+    )
     with (
         _client(router) as client,
         client.chat.completions.with_streaming_response.create(
@@ -545,6 +631,7 @@ def test_a_finished_stream_without_done_gets_done_and_keeps_its_usage(
     tokens = len(full_chat_text(MODEL, _messages("done")).split(" "))
     assert usage["completion_tokens"] == tokens
     assert len(_attempts(bad, "k1")) == 1
+    assert _chats(good) == 0  # complete as it was: never continued, never sent elsewhere
 
 
 # 12. 400 context_length_exceeded, 13. 400 content policy
