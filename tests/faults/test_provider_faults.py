@@ -284,6 +284,18 @@ def test_persistent_429_without_retry_after_backs_off_and_gives_up(
     assert second["t"] - first["t"] >= 0.12
 
 
+def test_persistent_429_asking_for_no_wait_is_never_hammered(
+    provider: ProviderFactory, router_proc: RouterFactory
+) -> None:
+    bad = provider()
+    router = _router(router_proc, _provider_toml(bad), routing="max_attempts = 10")
+    with pytest.raises(openai.RateLimitError):
+        _ask(router, "zero", _fault("429", "k1", retry_after=0))
+    # Never more than two attempts on a limited region within a second and a half.
+    times = [a["t"] for a in _attempts(bad, "k1")]
+    assert 1 <= len(times) <= 2, times
+
+
 def test_persistent_429_without_retry_after_fails_over(
     provider: ProviderFactory, sim_region: SimFactory, router_proc: RouterFactory
 ) -> None:
@@ -372,14 +384,16 @@ def test_a_silent_provider_is_never_waited_on_twice(
     provider: ProviderFactory, sim_region: SimFactory, router_proc: RouterFactory
 ) -> None:
     bad = provider()
-    alone = _router(router_proc, _provider_toml(bad), routing="max_attempts = 5")
+    # [routing] ttft_timeout_s: the first-byte timeout, short here ([timeouts] first_byte 1.5).
+    routing = "max_attempts = 5\nttft_timeout_s = 0.5"
+    alone = _router(router_proc, _provider_toml(bad), routing=routing)
     with pytest.raises(openai.APIStatusError) as caught:
         _ask(alone, "silence", _fault("blackhole", "k1"))
     assert caught.value.status_code == 504
     assert _body(caught.value)["code"] == "upstream_timeout"
     assert len(_attempts(bad, "k1")) == 1
     good = sim_region("b")
-    router = _router(router_proc, _provider_toml(bad), _sim_toml(good), routing="max_attempts = 5")
+    router = _router(router_proc, _provider_toml(bad), _sim_toml(good), routing=routing)
     raw = _ask(router, "silence", _fault("blackhole", "k2"))
     assert raw.headers["x-router-region"] == "b"
     assert len(_attempts(bad, "k2")) == 1
@@ -414,7 +428,7 @@ def test_a_stream_whose_first_token_is_late_fails_over(
         "issue 23 item 7 wants the stream TTFT deadline on when another region or a fallback "
         "model can serve; routing/runtime.py RetryState.first_byte applies it only when "
         "len(ctx.candidates) > 1 (regions of the same model), so with one region and a "
-        "fallback model the router waits for the late token (4 s) and relays that region"
+        "fallback model the router waits for the late token (3 s) and relays that region"
     ),
 )
 def test_a_stream_whose_first_token_is_late_moves_to_a_fallback_model(
@@ -430,7 +444,7 @@ def test_a_stream_whose_first_token_is_late_moves_to_a_fallback_model(
         routing="stream_ttft_timeout_s = 1.0",
         timeouts=SLOW_TIMEOUTS,
     )
-    got = _stream(router, "late", _fault("slow-first-token", "k1", delay=4), model="small")
+    got = _stream(router, "late", _fault("slow-first-token", "k1", delay=3), model="small")
     assert got.headers.get("x-router-fallback-model") == "large"
     assert got.text == full_chat_text("large", _messages("late"))
     assert len(_attempts(bad, "k1")) == 1
@@ -713,7 +727,7 @@ def test_a_primary_down_for_a_while_gets_few_attempts_then_its_traffic_back(
     provider: ProviderFactory, sim_region: SimFactory, router_proc: RouterFactory
 ) -> None:
     bad, good = provider(), sim_region("b")
-    # Scaled from 60 s down / a request every 4 s / back within 30 s: 4 s down, one every 0.25 s,
+    # Scaled from 60 s down / a request every 4 s / back within 30 s: 3 s down, one every 0.25 s,
     # circuits of 0.5, 1, 1 s (circuit_max_s), so back within a second or so of recovery.
     router = _router(
         router_proc,
@@ -721,7 +735,7 @@ def test_a_primary_down_for_a_while_gets_few_attempts_then_its_traffic_back(
         _sim_toml(good),
         routing="circuit_base_s = 0.5\ncircuit_max_s = 1.0",
     )
-    down_s, every_s, count = 4.0, 0.25, 32
+    down_s, every_s, count = 3.0, 0.25, 24
     armed = _post_arm(bad)
     regions: list[tuple[float, str]] = []
     for i in range(count):
