@@ -354,16 +354,40 @@ def test_persistent_503_on_the_only_region_returns_the_providers_own_error(
     assert len(_attempts(bad, "k1")) == 2
 
 
+def test_the_same_503_from_two_regions_is_returned_after_one_attempt_each(
+    provider: ProviderFactory, router_proc: RouterFactory
+) -> None:
+    first, second = provider("p1"), provider("p2")
+    router = _router(
+        router_proc,
+        _provider_toml(first),
+        _provider_toml(second, bias_ms=200.0),
+        routing="max_attempts = 5",
+    )
+    with pytest.raises(openai.InternalServerError) as caught:
+        _ask(router, "both", _fault("503", "k1"))
+    assert caught.value.status_code == 503
+    assert _body(caught.value)["message"] == "The provider is overloaded (provider 503)."
+    assert (len(_attempts(first, "k1")), len(_attempts(second, "k1"))) == (1, 1)
+
+
 # 5. connection reset before any byte
 
 
+@pytest.mark.parametrize("stream", [False, True])
 def test_a_reset_before_any_byte_is_retried_on_the_only_region(
-    provider: ProviderFactory, router_proc: RouterFactory
+    stream: bool, provider: ProviderFactory, router_proc: RouterFactory
 ) -> None:
     bad = provider()
     router = _router(router_proc, _provider_toml(bad))
-    raw = _ask(router, "reset", _fault("reset", "k1", times=1))
-    assert raw.headers["x-router-region"] == "provider"
+    headers = _fault("reset", "k1", times=1)
+    if stream:
+        got = _stream(router, "reset", headers)
+        assert (got.text, got.finish) == (full_chat_text(MODEL, _messages("reset")), "stop")
+        region = got.headers["x-router-region"]
+    else:
+        region = _ask(router, "reset", headers).headers["x-router-region"]
+    assert region == "provider"
     assert [a["hit"] for a in _attempts(bad, "k1")] == [True, False]
 
 
