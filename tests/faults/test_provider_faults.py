@@ -4,7 +4,7 @@ a real process), the client is the openai SDK, the router is `router serve`.
 Each test checks a row of README's "Failure behaviour (defaults)" table or an item of issue 23:
 what the client gets, and what the provider saw (its attempts per request key, with their
 times). Timeouts are scaled down in the router's config so the file runs in about a minute.
-Strict xfails mark what the router does not do yet; each reason names the code and evidence.
+Each test names the issue item it covers.
 """
 
 from __future__ import annotations
@@ -244,15 +244,6 @@ def test_429_with_retry_after_past_the_clients_deadline_is_not_waited_for(
     assert len(_attempts(bad, "k1")) == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "the openai Python SDK sends its timeout as x-stainless-read-timeout; "
-        "routing/runtime.py _DEADLINE_HEADERS reads only x-router-timeout-ms and "
-        "x-stainless-timeout, so the router never learns the SDK client's deadline and waits "
-        "out a Retry-After (3 s) the client (2 s) gives up before"
-    ),
-)
 def test_429_with_retry_after_past_the_openai_sdk_timeout_is_not_waited_for(
     provider: ProviderFactory, router_proc: RouterFactory
 ) -> None:
@@ -446,15 +437,6 @@ def test_a_stream_whose_first_token_is_late_fails_over(
     assert len(_attempts(bad, "k1")) == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "issue 23 item 7 wants the stream TTFT deadline on when another region or a fallback "
-        "model can serve; routing/runtime.py RetryState.first_byte applies it only when "
-        "len(ctx.candidates) > 1 (regions of the same model), so with one region and a "
-        "fallback model the router waits for the late token (3 s) and relays that region"
-    ),
-)
 def test_a_stream_whose_first_token_is_late_moves_to_a_fallback_model(
     provider: ProviderFactory, sim_region: SimFactory, router_proc: RouterFactory
 ) -> None:
@@ -478,28 +460,17 @@ def test_a_stream_whose_first_token_is_late_moves_to_a_fallback_model(
 
 
 # [DONE] before any finish_reason (llama-cpp-python's interrupted stream) is a cut stream too.
-_EARLY_DONE = (
-    "the upstream's [DONE] before any finish_reason is relayed to the client before the "
-    "router's own error event (curl through the router: 'data: [DONE]' then "
-    "'data: {\"error\": ...upstream_stream_error}'), so the openai SDK stops at [DONE] and "
-    "returns the first tokens as the whole answer without an error"
-)
 RESUMABLE = [
     "cut",
     "drop",
     "stall",
-    pytest.param(
-        "done-early",
-        marks=pytest.mark.xfail(
-            strict=True, reason=_EARLY_DONE + "; and it is never continued on another region"
-        ),
-    ),
+    "done-early",
 ]
 BREAKS = [
     "cut",
     "drop",
     "stall",
-    pytest.param("done-early", marks=pytest.mark.xfail(strict=True, reason=_EARLY_DONE)),
+    "done-early",
 ]
 
 
@@ -593,20 +564,12 @@ def test_a_continuation_the_next_region_refuses_ends_with_one_clean_error(
     assert refused, "the continuation was never tried"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "issue 23 item 16: a refused continuation is logged with its status and body; "
-        "routing/continuation.py logs only 'resume on p2 failed: HTTP 400' (opened.body, the "
-        "provider's reason, is dropped)"
-    ),
-)
 def test_a_refused_continuation_is_logged_with_its_status_and_body(
     provider: ProviderFactory, router_proc: RouterFactory
 ) -> None:
     router, _, _, _ = _refused_continuation(provider, router_proc)
-    out = router.wait_output("resume on p2 failed", timeout=5)
-    line = next(ln for ln in out.splitlines() if "resume on p2 failed" in ln)
+    out = router.wait_output("resume on p2 refused", timeout=5)
+    line = next(ln for ln in out.splitlines() if "resume on p2 refused" in ln)
     assert "400" in line
     assert "Assistant prefill is not supported" in line
 

@@ -119,6 +119,7 @@ class RequestContext:
         "hedged",
         "last_failure",
         "meter",
+        "more_models",
         "parsed",
         "queue_depth",
         "region",
@@ -153,8 +154,10 @@ class RequestContext:
         # The regions this request may use, in order, and those attempts went to, in order.
         self.candidates: list[Upstream] = []
         self.tried: list[str] = []
-        # The fallback model that answered instead of the one asked for.
+        # The fallback model that answered instead of the one asked for; whether another model
+        # is still there to try after the current one.
         self.fallback: str | None = None
+        self.more_models = False
         # The region a hedge was sent to, and why the last failed attempt failed.
         self.hedged: str | None = None
         self.last_failure: FailureKind | None = None

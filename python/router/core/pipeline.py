@@ -228,7 +228,7 @@ class Pipeline:
         timer = ctx.timer
         timer.begin("upstream")
         for step, model in enumerate((asked.model, *chain)):
-            more = step < len(chain)
+            more = ctx.more_models = step < len(chain)
             if step:
                 log.warning("request %s: falling back to model %s", ctx.request_id, model)
                 ctx.parsed = asked.as_model(model)

@@ -33,10 +33,13 @@ DEFAULT_MAX_EVENT_BYTES = 1 << 20
 class StreamState:
     """Notes every payload the relay passes on; `complete` once the stream really finished."""
 
-    __slots__ = ("done", "finishes", "invalid", "usage_only")
+    __slots__ = ("done", "finishes", "held_done", "invalid", "usage_only")
 
     def __init__(self) -> None:
         self.done = False
+        # A [DONE] that came before every choice finished: never relayed (it would make a cut
+        # stream look complete); sent at the end only if the stream did finish after all.
+        self.held_done = False
         # finish_reason per choice index (None: the choice is still open).
         self.finishes: dict[int, str | None] = {}
         # Events dropped because they were not JSON.
@@ -104,6 +107,9 @@ def passable(
         payload = payload_of(event)
         if payload is not None:
             if not state.note(payload):
+                continue
+            if state.done and payload == DONE and not state.complete:
+                state.held_done = True
                 continue
             if strip_usage and state.usage_only:
                 if stripped is not None:

@@ -19,8 +19,14 @@ log = logging.getLogger("router")
 
 # Failures that come with an answer from the region: it is up, the model there is failing.
 _ANSWERED = frozenset({FailureKind.STATUS, FailureKind.INVALID, FailureKind.TOO_LARGE})
-# A client's overall deadline: the OpenAI SDKs send their timeout as x-stainless-timeout (s).
-_DEADLINE_HEADERS = (("x-router-timeout-ms", 0.001), ("x-stainless-timeout", 1.0))
+# A client's deadline: the OpenAI SDKs send their timeout as x-stainless-timeout (s), the Python
+# SDK its read timeout as x-stainless-read-timeout (the router sends nothing while it waits, so
+# the client gives up at that point too).
+_DEADLINE_HEADERS = (
+    ("x-router-timeout-ms", 0.001),
+    ("x-stainless-timeout", 1.0),
+    ("x-stainless-read-timeout", 1.0),
+)
 
 
 def client_deadline(headers: Mapping[str, str], now: float) -> float | None:
@@ -223,7 +229,8 @@ class RetryState:
         config = self.live.config
         timeout = config.ttft_timeout_s or configured
         stream_ttft = config.stream_ttft_timeout_s
-        if stream_ttft is not None and len(ctx.candidates) > 1 and ctx.request.stream:
+        others = len(ctx.candidates) > 1 or ctx.more_models
+        if stream_ttft is not None and others and ctx.request.stream:
             timeout = min(timeout, stream_ttft)
         deadline = ctx.deadline
         if deadline is not None:
