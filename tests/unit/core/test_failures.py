@@ -220,6 +220,7 @@ async def test_done_before_every_choice_finished_is_a_cut_stream() -> None:
     last = json.loads(payloads(raw)[-1])
     assert last["error"]["code"] == "upstream_stream_error"
     assert "finished" in last["error"]["message"]
+    assert b"[DONE]" not in raw  # never relayed: an SDK stops at it and sees a whole answer
 
 
 async def test_a_stream_cut_without_finish_ends_with_one_error_event() -> None:
