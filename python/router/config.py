@@ -371,7 +371,7 @@ class RoutingConfig(_Section, frozen=True):
     # Give up on a region that sent no first byte in this long (None: timeouts.first_byte).
     ttft_timeout_s: _SECONDS | None = None
     # A stream's first token (not only its headers or role preamble) must come within this,
-    # when another region can serve the request; None turns it off.
+    # when another region or a fallback model can serve the request; None turns it off.
     stream_ttft_timeout_s: _SECONDS | None = 10.0
     # A region asking (Retry-After) to wait longer than this is not waited for.
     max_retry_after_s: Annotated[float, msgspec.Meta(ge=0)] = 5.0
