@@ -5,13 +5,12 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import Mapping
 from typing import Any
 
 import msgspec
 from aiohttp import web
 
-from router.errors import ApiError, InvalidRequest, NotFound, PayloadTooLarge
+from router.errors import ApiError, InvalidRequest, PayloadTooLarge
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -324,17 +323,3 @@ def parse_body(endpoint: str, body: bytes, *, max_items: int = 2048) -> ParsedRe
         include_usage=include_usage,
         decoded=decoded,
     )
-
-
-def resolve_model(
-    parsed: ParsedRequest, aliases: Mapping[str, str], served: frozenset[str]
-) -> ParsedRequest:
-    """Map an alias to its upstream model; 404 for a model no region serves."""
-    if parsed.model not in served:
-        raise NotFound(
-            f"The model `{parsed.model}` does not exist or you do not have access to it.",
-            param="model",
-            code="model_not_found",
-        )
-    target = aliases.get(parsed.model, parsed.model)
-    return parsed.with_model(target)

@@ -14,9 +14,8 @@ from router.core.request import (
     UnsupportedMediaType,
     check_content_type,
     parse_body,
-    resolve_model,
 )
-from router.errors import InvalidRequest, NotFound
+from router.errors import InvalidRequest
 
 CHAT_BODY = {"model": "m1", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -104,25 +103,16 @@ def test_embeddings_input() -> None:
     assert info.value.param == "input"
 
 
-def test_unknown_model_is_404() -> None:
-    parsed = parse_body(CHAT, body(CHAT_BODY))
-    with pytest.raises(NotFound) as info:
-        resolve_model(parsed, {}, frozenset({"other"}))
-    assert info.value.status == 404
-    assert info.value.code == "model_not_found"
-    assert info.value.param == "model"
-
-
 def test_plain_model_keeps_the_exact_bytes() -> None:
     raw = body(CHAT_BODY)
-    resolved = resolve_model(parse_body(CHAT, raw), {}, frozenset({"m1"}))
+    resolved = parse_body(CHAT, raw).with_model("m1")
     assert resolved.body is raw
     assert resolved.upstream_model == "m1"
 
 
 def test_alias_rewrites_only_the_model() -> None:
     raw = b'{"model":"alias","messages":[{"role":"user","content":"hi"}],"x":{"y":[1.50,2]}}'
-    resolved = resolve_model(parse_body(CHAT, raw), {"alias": "m1"}, frozenset({"alias", "m1"}))
+    resolved = parse_body(CHAT, raw).with_model("m1")
     assert resolved.model == "alias"
     assert resolved.upstream_model == "m1"
     assert resolved.body == raw.replace(b'"alias"', b'"m1"')
