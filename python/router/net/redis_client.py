@@ -1,0 +1,41 @@
+"""One way to open Redis for the shared state: a single server or a Cluster, TLS and password."""
+
+from __future__ import annotations
+
+from typing import Any, TypeAlias
+
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+# Failures that mean "Redis is not answering", as opposed to a bug in our call.
+OUTAGE: tuple[type[BaseException], ...] = (RedisError, OSError, TimeoutError)
+
+Client: TypeAlias = "aioredis.Redis | RedisCluster"
+
+
+def open_redis(url: str, *, timeout_s: float, cluster: bool = False) -> Client:
+    """A client for `url` (redis://, rediss://, unix://; password and TLS options in the URL).
+
+    No client-side retries: a slow or absent Redis must cost one short timeout, not several.
+    With `cluster`, `url` names any one node; the client learns the others and follows failovers.
+    """
+    common: dict[str, Any] = {
+        "socket_timeout": timeout_s,
+        "socket_connect_timeout": timeout_s,
+        "retry": Retry(NoBackoff(), 0),
+        "health_check_interval": 0,
+    }
+    if cluster:
+        # A master killed: its slots answer MOVED/connection errors until the replica takes
+        # over; the cluster client refreshes its slot map, the caller sees an outage meanwhile.
+        return RedisCluster.from_url(url, cluster_error_retry_attempts=1, **common)
+    return aioredis.Redis.from_url(url, retry_on_timeout=False, **common)
+
+
+def hash_tagged(prefix: str, key: str) -> str:
+    """`prefix{key}`: Redis Cluster hashes only the braces, so every key of one tenant (or one
+    cache entry) lives in one slot and a script touching it never crosses slots."""
+    return f"{prefix}{{{key}}}"
