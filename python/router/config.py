@@ -179,9 +179,12 @@ class CacheConfig(_Section, frozen=True):
     coalesce: bool = True
     redis_url: Annotated[str, msgspec.Meta(pattern=r"^(redis|rediss|unix)://")] | None = None
     redis_prefix: str = "router:cache"
-    # Bounds one shared-tier lookup; it runs beside the region request, never before it, so a
-    # slow or far Redis delays no miss (the region's answer wins when it comes first).
-    redis_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 0.05
+    # Bounds one shared-tier call. A lookup runs beside the region request (the first useful
+    # answer wins), so a slow or far Redis delays no miss; writes are in the background.
+    redis_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 0.25
+    # ... unless its measured round trip is under this: then it is asked first, which saves
+    # the region a request on a hit for at most this much on a miss.
+    shared_lookup_first_ms: Annotated[float, msgspec.Meta(ge=0)] = 1.0
     # After a Redis failure, skip it for this long before trying again.
     redis_retry_s: Annotated[float, msgspec.Meta(gt=0)] = 1.0
     # redis_url names one node of a Redis Cluster (each entry is one key, so one slot).

@@ -10,12 +10,9 @@ from collections.abc import Callable
 from urllib.parse import quote
 
 import msgspec
-import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
 
 from router.cache.policy import Entry
+from router.net.redis_client import OUTAGE, open_redis
 
 log = logging.getLogger("router")
 
@@ -53,8 +50,9 @@ class RedisTier:
         url: str,
         *,
         prefix: str = "router:cache",
-        timeout_s: float = 0.05,
+        timeout_s: float = 0.25,
         retry_after_s: float = 1.0,
+        cluster: bool = False,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
@@ -63,13 +61,9 @@ class RedisTier:
         self.retry_after_s = retry_after_s
         self._clock = clock
         self._wall = wall
-        self._client = aioredis.Redis.from_url(
-            url,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 0),
-            retry_on_timeout=False,
-        )
+        self._client = open_redis(url, timeout_s=timeout_s, cluster=cluster)
+        # Round trip of the last lookups (EWMA, seconds); None until one answered.
+        self.rtt_s: float | None = None
         self._down_until = 0.0
         self.up = True
         self.hits = 0
@@ -80,12 +74,15 @@ class RedisTier:
         """The shared entry, or None on a miss, a bad value, an expired entry or an outage."""
         if not self._available():
             return None
+        began = time.perf_counter()
         try:
             async with asyncio.timeout(self.timeout_s):
                 blob = await self._client.get(redis_key(self.prefix, key, namespace, model))
-        except (RedisError, OSError, TimeoutError) as exc:
+        except OUTAGE as exc:
             self._failed(exc)
             return None
+        took = time.perf_counter() - began
+        self.rtt_s = took if self.rtt_s is None else 0.8 * self.rtt_s + 0.2 * took
         self._ok()
         entry = decode_entry(blob) if isinstance(blob, bytes) else None
         if entry is None or entry.namespace != namespace or entry.expires <= self._wall():
@@ -103,7 +100,7 @@ class RedisTier:
         try:
             async with asyncio.timeout(self.timeout_s):
                 await self._client.set(name, encode_entry(entry), px=ttl_ms)
-        except (RedisError, OSError, TimeoutError) as exc:
+        except OUTAGE as exc:
             self._failed(exc)
             return False
         self._ok()
@@ -126,7 +123,7 @@ class RedisTier:
                         batch = []
                 if batch:
                     deleted += int(await self._client.unlink(*batch))
-        except (RedisError, OSError, TimeoutError) as exc:
+        except OUTAGE as exc:
             self._failed(exc)
             return deleted
         self._ok()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, MutableMapping
 from typing import Any
@@ -49,12 +51,16 @@ class Mark(msgspec.Struct):
 
     outcome: XCache
     age: int | None = None
+    # Set when the answer's headers go out: from then on a late shared-tier hit is ignored.
+    committed: bool = False
 
 
 def cache_headers(ctx: RequestContext, headers: MutableMapping[str, str]) -> None:
     """A response decorator: `x-cache` (and `Age` on hits) on whatever answers the request."""
     mark = ctx.cache
     if mark is not None:
+        if isinstance(mark, Mark):
+            mark.committed = True
         headers["x-cache"] = mark.outcome
         if mark.age is not None:
             headers["Age"] = str(mark.age)
@@ -209,11 +215,42 @@ async def serve(
         # no-cache: the client wants a fresh answer, so it neither reads nor joins a flight.
         tap = Tap(cache, ctx, key, namespace, rule, store=decision.store, flight=None)
         return await _origin(request, ctx, cache, XCache.BYPASS, origin, tap)
-    entry = await cache.get(key, namespace, parsed.model)
+    entry = cache.memory.get(key, namespace)
+    if entry is None and cache.shared_first():
+        # Tier 2 is measured to be much nearer than any region: asking it first costs little.
+        entry = await cache.shared(key, namespace, parsed.model)
+        if entry is None:
+            entry = cache.memory.get(key, namespace)
+    elif entry is None:
+        return await _lead_or_follow(request, ctx, cache, key, namespace, rule, decision, origin)
     if entry is not None:
         return await _replay(request, ctx, cache, entry)
+    return await _lead_or_follow(
+        request, ctx, cache, key, namespace, rule, decision, origin, shared=False
+    )
+
+
+async def _lead_or_follow(
+    request: web.Request,
+    ctx: RequestContext,
+    cache: ResponseCache,
+    key: bytes,
+    namespace: str,
+    rule: Rule,
+    decision: Decision,
+    origin: Origin,
+    *,
+    shared: bool = True,
+) -> web.StreamResponse:
+    """A miss in what was asked so far: lead the upstream call (racing tier 2 when `shared`
+    and there is one) or follow the identical request already leading it."""
+    model = ctx.request.model
+    race = shared and cache.redis is not None
     if not cache.config.coalesce:
         tap = Tap(cache, ctx, key, namespace, rule, store=decision.store, flight=None)
+        if race:
+            lookup = _lookup(cache, key, namespace, model)
+            return await _race(request, ctx, cache, origin, tap, lookup, None)
         return await _origin(request, ctx, cache, XCache.MISS, origin, tap)
     for _ in range(FOLLOW_RETRIES + 1):
         flight, leads = cache.flights.join(key)
@@ -225,6 +262,9 @@ async def serve(
                     cache.flights.finish(flight, entry)
                     return await _replay(request, ctx, cache, entry)
                 tap = Tap(cache, ctx, key, namespace, rule, store=decision.store, flight=flight)
+                if race:
+                    lookup = _lookup(cache, key, namespace, model)
+                    return await _race(request, ctx, cache, origin, tap, lookup, flight)
                 return await _origin(request, ctx, cache, XCache.MISS, origin, tap)
         try:
             return await _follow(request, ctx, cache, flight)
@@ -253,6 +293,55 @@ async def _origin(
     cache.count(outcome)
     ctx.cache = Mark(outcome)
     return await origin(tap)
+
+
+def _lookup(
+    cache: ResponseCache, key: bytes, namespace: str, model: str
+) -> asyncio.Task[Entry | None]:
+    task = asyncio.get_running_loop().create_task(cache.shared(key, namespace, model))
+    # Ignored when the region wins; RedisTier.get swallows Redis failures itself.
+    task.add_done_callback(_consume)
+    return task
+
+
+def _consume(task: asyncio.Task[Entry | None]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+async def _race(
+    request: web.Request,
+    ctx: RequestContext,
+    cache: ResponseCache,
+    origin: Origin,
+    tap: Tap,
+    lookup: asyncio.Task[Entry | None],
+    flight: Flight[Entry] | None,
+) -> web.StreamResponse:
+    """The region request and the tier-2 lookup at once: a tier-2 hit that comes before the
+    region's answer has started replaces it (the region request is cancelled); otherwise the
+    region's answer is served and the lookup ignored. A miss waits for nothing but the region."""
+    ctx.timer.end(CACHE_STAGE)
+    mark = ctx.cache = Mark(XCache.MISS)
+    answer = asyncio.ensure_future(origin(tap))
+    try:
+        await asyncio.wait((answer, lookup), return_when=asyncio.FIRST_COMPLETED)
+        if not answer.done() and not mark.committed:
+            entry = lookup.result()
+            if entry is not None:
+                answer.cancel()
+                await asyncio.wait((answer,))
+                if answer.cancelled():
+                    if flight is not None:
+                        cache.flights.finish(flight, entry)
+                    return await _replay(request, ctx, cache, entry)
+        cache.count(XCache.MISS)
+        return await answer
+    except asyncio.CancelledError:
+        answer.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await answer
+        raise
 
 
 async def _replay(

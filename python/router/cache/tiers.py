@@ -69,12 +69,27 @@ class ResponseCache:
     async def get(self, key: bytes, namespace: str, model: str) -> Entry | None:
         """Tier 1, then tier 2 (promoted into tier 1); None on a miss."""
         entry = self.memory.get(key, namespace)
-        if entry is None and self.redis is not None:
-            entry = await self.redis.get(key, namespace, model)
-            if entry is not None:
-                self.redis_hits += 1
-                self.memory.put(key, entry)
+        if entry is None:
+            entry = await self.shared(key, namespace, model)
         return entry
+
+    async def shared(self, key: bytes, namespace: str, model: str) -> Entry | None:
+        """Tier 2 only (a hit is promoted into tier 1); None on a miss, an outage or no tier 2."""
+        if self.redis is None:
+            return None
+        entry = await self.redis.get(key, namespace, model)
+        if entry is not None:
+            self.redis_hits += 1
+            self.memory.put(key, entry)
+        return entry
+
+    def shared_first(self) -> bool:
+        """Whether tier 2 is near enough to ask before the region: its measured round trip is
+        under `shared_lookup_first_ms`. Otherwise it is asked beside the region request."""
+        redis = self.redis
+        if redis is None or redis.rtt_s is None:
+            return False
+        return redis.rtt_s * 1000 < self.config.shared_lookup_first_ms
 
     def put(self, key: bytes, entry: Entry) -> None:
         """Store in tier 1 now and in tier 2 in the background (the client is not kept waiting)."""
@@ -151,6 +166,7 @@ class ResponseCache:
                 "up": self.redis.up,
                 "hits": self.redis_hits,
                 "errors": self.redis.errors,
+                "rtt_ms": None if self.redis.rtt_s is None else round(self.redis.rtt_s * 1000, 3),
             }
         return out
 
@@ -175,5 +191,6 @@ def open_cache(config: CacheConfig, key_fn: KeyFn) -> ResponseCache:
             prefix=config.redis_prefix,
             timeout_s=config.redis_timeout_s,
             retry_after_s=config.redis_retry_s,
+            cluster=config.redis_cluster,
         )
     return ResponseCache(config, key_fn, redis=redis)
