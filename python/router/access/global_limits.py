@@ -11,7 +11,15 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from router.access.leasing import LeasePolicy, excess, max_slice, next_rate, target, want
+from router.access.leasing import (
+    LeasePolicy,
+    credit,
+    excess,
+    max_slice,
+    next_rate,
+    target,
+    want,
+)
 from router.native import BucketTable
 from router.net.redis_client import OUTAGE, Client, hash_tagged, open_redis
 
@@ -127,7 +135,6 @@ class GlobalLeases:
         policy: LeasePolicy | None = None,
         interval_s: float = 0.25,
         idle_s: float = 10.0,
-        credit_fraction: float = 0.05,
         cluster: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -138,7 +145,6 @@ class GlobalLeases:
         self.policy = policy or LeasePolicy()
         self.interval_s = interval_s
         self.idle_s = idle_s
-        self.credit_fraction = credit_fraction
         self.clock = clock
         self._client: Client = open_redis(url, timeout_s=timeout_s, cluster=cluster)
         self.allowance = BucketTable()
@@ -147,6 +153,7 @@ class GlobalLeases:
         self.outages = 0
         self.syncs = 0
         self._kick = asyncio.Event()
+        self._answered = self._estimated = clock()
         self._keeper: asyncio.Task[None] | None = None
         self._recovery: asyncio.Task[None] | None = None
 
@@ -159,11 +166,12 @@ class GlobalLeases:
             retry_s=config.redis_retry_s,
             prefix=config.redis_key_prefix,
             policy=LeasePolicy(
-                horizon_s=config.lease_horizon_s, max_fraction=config.lease_max_fraction
+                horizon_s=config.lease_horizon_s,
+                max_fraction=config.lease_max_fraction,
+                credit_fraction=config.lease_credit_fraction,
             ),
             interval_s=config.lease_interval_s,
             idle_s=config.lease_idle_s,
-            credit_fraction=config.lease_credit_fraction,
             cluster=config.redis_cluster,
         )
 
@@ -195,6 +203,12 @@ class GlobalLeases:
                 return (True, 0.0, lease.remaining_requests, lease.remaining_tokens, 0.0, 0.0)
             return (False, self.interval_s, 0, 0, self.interval_s, self.interval_s)
         allowed, _, held_r, held_t, _, _ = self.allowance.try_acquire(key, tokens)
+        if not allowed and not lease.scarce and lease.credit > 0:
+            # Out of slice, but Redis had more than asked for last time: borrow, pay next call.
+            lease.credit -= 1
+            lease.owe_requests += 1
+            lease.owe_tokens += tokens
+            allowed = True
         remaining_r = lease.remaining_requests + held_r
         remaining_t = lease.remaining_tokens + held_t
         if not lease.scarce and not lease.syncing and held_r < self._goal_requests(lease) / 2:
@@ -230,10 +244,9 @@ class GlobalLeases:
             lease.owe_tokens -= reserved - used
 
     def _open(self, key: str, rates: Rates, now: float) -> Lease:
-        credit = max(1, int(rates.request_capacity * self.credit_fraction))
-        if not rates.requests_limited:
-            credit = max(1, int(rates.token_capacity * self.credit_fraction))
-        lease = Lease(rates=rates, credit=credit, seen=now, synced=now)
+        # A tokens-only key: one request on credit, whatever it reserves.
+        first = credit(self.policy, rates.request_capacity) if rates.requests_limited else 1
+        lease = Lease(rates=rates, credit=first, seen=now, synced=now)
         old = self.leases.get(key)
         if old is not None and old.leased:
             # Limits changed: what was held goes back with the first call under the new ones.
@@ -247,14 +260,19 @@ class GlobalLeases:
     def _goal_requests(self, lease: Lease) -> float:
         if not lease.rates.requests_limited:
             return 0.0
-        return target(self.policy, lease.rate_requests, lease.rates.request_capacity, 1.0)
+        rate = max(lease.rate_requests, lease.demand_requests / self._window())
+        return target(self.policy, rate, lease.rates.request_capacity, 1.0)
 
     def _goal_tokens(self, lease: Lease) -> float:
         if not lease.rates.tokens_limited:
             return 0.0
-        return target(
-            self.policy, lease.rate_tokens, lease.rates.token_capacity, float(lease.largest)
-        )
+        rate = max(lease.rate_tokens, lease.demand_tokens / self._window())
+        return target(self.policy, rate, lease.rates.token_capacity, float(lease.largest))
+
+    def _window(self) -> float:
+        """Seconds the demand counted since the last estimate covers (a quarter interval at
+        least, so one early request does not read as a huge rate)."""
+        return max(self.clock() - self._estimated, self.interval_s / 4)
 
     # The allowance table: a rate-0 bucket pair per key whose level is what this instance holds.
 
@@ -300,7 +318,6 @@ class GlobalLeases:
     async def _keep(self) -> None:
         """Every interval (jittered, so instances do not ask in lockstep), or sooner when kicked:
         update rate estimates, then top up, give back and pay for every key that needs it."""
-        last = self.clock()
         while True:
             delay = self.interval_s * random.uniform(0.9, 1.1)
             with contextlib.suppress(TimeoutError):
@@ -308,11 +325,24 @@ class GlobalLeases:
                     await self._kick.wait()
             self._kick.clear()
             now = self.clock()
-            if now - last >= self.interval_s * 0.9:
-                self._estimate(now - last)
-                last = now
+            if now - self._estimated >= self.interval_s * 0.9:
+                self._estimate(now - self._estimated)
+                self._estimated = now
             if self.available:
                 await self._sync(now)
+            if self.available and now - self._answered >= self.retry_s:
+                await self._heartbeat()
+
+    async def _heartbeat(self) -> None:
+        """A ping when no key needed Redis for a while, so an outage is noticed (and fail-closed
+        keys refused) before the next lease is due, not after."""
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                await self._client.ping()
+        except OUTAGE as exc:
+            self._outage(exc)
+            return
+        self._answered = self.clock()
 
     def _estimate(self, elapsed: float) -> None:
         alpha = self.policy.alpha
@@ -352,8 +382,6 @@ class GlobalLeases:
         for key, lease in list(self.leases.items()):
             plan = self._plan(key, lease, now)
             if plan is None:
-                if now - lease.seen >= self.idle_s and not lease.syncing:
-                    del self.leases[key]  # idle, holding and owing nothing
                 continue
             lease.syncing = True
             lease.owe_requests -= plan[0]
@@ -370,7 +398,7 @@ class GlobalLeases:
             for _, lease, _ in batch:
                 lease.syncing = False
         self.syncs += 1
-        done = self.clock()
+        done = self._answered = self.clock()
         for (key, lease, plan), raw in zip(batch, results, strict=True):
             if isinstance(raw, BaseException):
                 self._outage(raw)
@@ -386,15 +414,20 @@ class GlobalLeases:
         if not lease.leased:
             lease.leased = True
             self._reshape(key, lease.rates, 0, 0)
+            if lease.owe_tokens < 0:
+                # Reservations settled below their estimate while the first call was out: the
+                # estimate was charged with it, so the difference is this instance's to use.
+                granted_t -= lease.owe_tokens
+                lease.owe_tokens = 0
         if granted_r or granted_t:
             self.allowance.refund(key, requests=granted_r, tokens=granted_t)
         lease.scarce = granted_r < plan[4] or granted_t < plan[5]
+        if not lease.scarce and lease.rates.requests_limited:
+            lease.credit = credit(self.policy, lease.rates.request_capacity)
         lease.remaining_requests, lease.remaining_tokens = rem_r, rem_t
         lease.reset_requests_s, lease.reset_tokens_s = reset_r / 1000, reset_t / 1000
         lease.wait_s = wait_ms / 1000
         lease.synced = now
-        if now - lease.seen >= self.idle_s and lease.owe_requests == 0:
-            del self.leases[key]
 
     async def _call(
         self, batch: list[tuple[str, Lease, tuple[int, int, int, int, int, int]]]

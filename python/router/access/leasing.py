@@ -14,8 +14,9 @@ class LeasePolicy:
     horizon_s: float = 1.0
     # ... and never more than this fraction of the key's global burst.
     max_fraction: float = 0.25
-    # Requests a PoP admits for a key before its first lease answer (charged to Redis later).
-    credit: int = 1
+    # Before its first lease answer for a key, an instance admits this fraction of the key's
+    # burst (at least one) on credit; what it admitted is charged to the global bucket after.
+    credit_fraction: float = 0.05
     # Weight of the newest interval in the rate estimate.
     alpha: float = 0.5
 
@@ -25,9 +26,15 @@ def max_slice(policy: LeasePolicy, capacity: float) -> float:
     return max(1.0, math.floor(capacity * policy.max_fraction))
 
 
+def credit(policy: LeasePolicy, capacity: float) -> int:
+    """Units admitted on credit before the first lease answer (at least one)."""
+    return max(1, math.floor(capacity * policy.credit_fraction))
+
+
 def target(policy: LeasePolicy, rate_per_s: float, capacity: float, floor: float) -> float:
-    """What an instance should hold: its recent rate over the horizon, within [floor, max_slice]."""
-    top = max_slice(policy, capacity)
+    """What an instance should hold: its recent rate over the horizon, within [floor, max_slice]
+    (the floor, one request or the largest reservation seen, wins over max_slice)."""
+    top = max(max_slice(policy, capacity), floor)
     return min(top, max(floor, math.ceil(rate_per_s * policy.horizon_s)))
 
 
@@ -68,5 +75,5 @@ class Bound:
 def accuracy_bound(policy: LeasePolicy, instances: int, capacity: float, per_s: float) -> Bound:
     """The documented bound: each instance may hold one slice the global bucket has already
     refilled behind, plus its first-lease credit (charged later, so the long-run rate is exact)."""
-    extra = instances * (max_slice(policy, capacity) + policy.credit)
+    extra = instances * (max_slice(policy, capacity) + credit(policy, capacity))
     return Bound(extra=extra, extra_s=extra / per_s if per_s > 0 else math.inf)
