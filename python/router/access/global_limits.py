@@ -21,7 +21,7 @@ from router.access.leasing import (
     want,
 )
 from router.native import BucketTable
-from router.net.redis_client import OUTAGE, Client, hash_tagged, open_redis
+from router.net.redis_client import OUTAGE, Client, hash_tagged, open_redis, ping
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -338,7 +338,7 @@ class GlobalLeases:
         keys refused) before the next lease is due, not after."""
         try:
             async with asyncio.timeout(self.timeout_s):
-                await self._client.ping()
+                await ping(self._client)
         except OUTAGE as exc:
             self._outage(exc)
             return
@@ -468,7 +468,7 @@ class GlobalLeases:
             await asyncio.sleep(self.retry_s)
             try:
                 async with asyncio.timeout(self.timeout_s):
-                    await self._client.ping()
+                    await ping(self._client)
             except OUTAGE:
                 continue
             self.available = True

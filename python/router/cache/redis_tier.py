@@ -12,7 +12,7 @@ from urllib.parse import quote
 import msgspec
 
 from router.cache.policy import Entry
-from router.net.redis_client import OUTAGE, open_redis
+from router.net.redis_client import OUTAGE, open_redis, refresh
 
 log = logging.getLogger("router")
 
@@ -65,6 +65,7 @@ class RedisTier:
         # Round trip of the last lookups (EWMA, seconds); None until one answered.
         self.rtt_s: float | None = None
         self._down_until = 0.0
+        self._refresh: asyncio.Task[None] | None = None
         self.up = True
         self.hits = 0
         self.misses = 0
@@ -131,6 +132,8 @@ class RedisTier:
 
     async def close(self) -> None:
         """Close the connection pool."""
+        if self._refresh is not None:
+            await self._refresh
         await self._client.aclose()
 
     def _available(self) -> bool:
@@ -139,6 +142,9 @@ class RedisTier:
     def _failed(self, exc: BaseException) -> None:
         self.errors += 1
         self._down_until = self._clock() + self.retry_after_s
+        if self._refresh is None or self._refresh.done():
+            # In a Cluster, find a promoted replica before the next try (no-op otherwise).
+            self._refresh = asyncio.get_running_loop().create_task(refresh(self._client))
         if self.up:
             self.up = False
             log.warning("cache: redis tier unavailable, serving from memory only: %r", exc)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, TypeAlias
 
 import redis.asyncio as aioredis
@@ -31,7 +32,7 @@ def open_redis(url: str, *, timeout_s: float, cluster: bool = False) -> Client:
     if cluster:
         # A master killed: its slots answer MOVED/connection errors until the replica takes
         # over; the cluster client refreshes its slot map, the caller sees an outage meanwhile.
-        return RedisCluster.from_url(url, cluster_error_retry_attempts=1, **common)
+        return RedisCluster.from_url(url, **common)
     return aioredis.Redis.from_url(url, retry_on_timeout=False, **common)
 
 
@@ -39,3 +40,24 @@ def hash_tagged(prefix: str, key: str) -> str:
     """`prefix{key}`: Redis Cluster hashes only the braces, so every key of one tenant (or one
     cache entry) lives in one slot and a script touching it never crosses slots."""
     return f"{prefix}{{{key}}}"
+
+
+async def ping(client: Client) -> None:
+    """PING the server, or every master of a Cluster: a Cluster answers for all its slots only
+    when each master does (after a failover, once the client has found the promoted replica)."""
+    if isinstance(client, RedisCluster):
+        try:
+            await client.ping(target_nodes=RedisCluster.PRIMARIES)
+        except OUTAGE:
+            await refresh(client)
+            raise
+    else:
+        await client.ping()
+
+
+async def refresh(client: Client) -> None:
+    """A Cluster client re-reads the slot map (a master failed, its replica took over); without
+    client-side retries it would keep asking the dead master. No-op for a single server."""
+    if isinstance(client, RedisCluster):
+        with contextlib.suppress(*OUTAGE):
+            await client.nodes_manager.initialize()
