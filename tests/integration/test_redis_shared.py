@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -17,7 +18,13 @@ from router.cache.policy import Entry
 from router.cache.redis_tier import RedisTier
 from router.net.redis_client import hash_tagged
 from tests.integration.conftest import region_toml, start_router, start_sim
-from tests.support import Proc, RedisClusterProcs, self_signed, start_redis
+from tests.support import (
+    Proc,
+    RedisClusterProcs,
+    self_signed,
+    start_redis,
+    start_redis_cluster,
+)
 
 pytestmark = pytest.mark.redis
 
@@ -50,9 +57,16 @@ async def _drive(pops: list[GlobalLeases], keys: list[str], rounds: int) -> dict
     return admitted
 
 
-async def test_leases_over_a_cluster_admit_each_key_exactly(
-    redis_cluster: RedisClusterProcs,
-) -> None:
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterProcs]:
+    """One cluster for the tests that do not break it."""
+    procs = start_redis_cluster(tmp_path_factory.mktemp("cluster"))
+    yield procs
+    procs.kill()
+
+
+async def test_leases_over_a_cluster_admit_each_key_exactly(cluster: RedisClusterProcs) -> None:
+    redis_cluster = cluster
     # Keys on every master: each lease call is one key (one hash tag, one slot).
     owners = {redis_cluster.master_of(hash_tagged("router:rl:", k)).port for k in KEYS}
     assert len(owners) > 1
@@ -70,7 +84,8 @@ async def test_leases_over_a_cluster_admit_each_key_exactly(
     assert all(pop.outages == 0 for pop in pops)
 
 
-async def test_cache_tier_over_a_cluster(redis_cluster: RedisClusterProcs) -> None:
+async def test_cache_tier_over_a_cluster(cluster: RedisClusterProcs) -> None:
+    redis_cluster = cluster
     tier = RedisTier(redis_cluster.url, cluster=True, timeout_s=2.0)
     other = RedisTier(redis_cluster.url, cluster=True, timeout_s=2.0)
     try:
@@ -148,8 +163,9 @@ async def test_master_killed_and_replica_promoted(redis_cluster: RedisClusterPro
 
 
 async def test_router_over_a_cluster_limits_and_caches(
-    redis_cluster: RedisClusterProcs, tmp_path: Path
+    cluster: RedisClusterProcs, tmp_path: Path
 ) -> None:
+    redis_cluster = cluster
     sim = start_sim(tmp_path, "a")
     router: Proc | None = None
     url = redis_cluster.url
