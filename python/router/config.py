@@ -115,7 +115,7 @@ class LimitsConfig(_Section, frozen=True):
     on_redis_error: Literal["open", "closed"] = "open"
     # Per background Redis call (requests never wait on Redis); a call that takes longer is an
     # outage: local limits only until Redis answers a ping again (every redis_retry_s).
-    redis_timeout_ms: Annotated[float, msgspec.Meta(gt=0)] = 250.0
+    redis_timeout_ms: Annotated[float, msgspec.Meta(gt=0)] = 1000.0
     redis_retry_s: Annotated[float, msgspec.Meta(gt=0)] = 1.0
     redis_key_prefix: str = "router:rl:"
     # redis_url names one node of a Redis Cluster (keys are hash-tagged, one slot per key).
@@ -181,7 +181,7 @@ class CacheConfig(_Section, frozen=True):
     redis_prefix: str = "router:cache"
     # Bounds one shared-tier call. A lookup runs beside the region request (the first useful
     # answer wins), so a slow or far Redis delays no miss; writes are in the background.
-    redis_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 0.25
+    redis_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 1.0
     # ... unless its measured round trip is under this: then it is asked first, which saves
     # the region a request on a hit for at most this much on a miss.
     shared_lookup_first_ms: Annotated[float, msgspec.Meta(ge=0)] = 1.0

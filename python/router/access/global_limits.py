@@ -129,7 +129,7 @@ class GlobalLeases:
         self,
         url: str,
         *,
-        timeout_s: float = 0.25,
+        timeout_s: float = 1.0,
         retry_s: float = 1.0,
         prefix: str = "router:rl:",
         policy: LeasePolicy | None = None,

@@ -50,7 +50,7 @@ class RedisTier:
         url: str,
         *,
         prefix: str = "router:cache",
-        timeout_s: float = 0.25,
+        timeout_s: float = 1.0,
         retry_after_s: float = 1.0,
         cluster: bool = False,
         clock: Callable[[], float] = time.monotonic,
