@@ -82,8 +82,7 @@ class RedisTier:
         except OUTAGE as exc:
             self._failed(exc)
             return None
-        took = time.perf_counter() - began
-        self.rtt_s = took if self.rtt_s is None else 0.8 * self.rtt_s + 0.2 * took
+        self._measured(time.perf_counter() - began)
         self._ok()
         entry = decode_entry(blob) if isinstance(blob, bytes) else None
         if entry is None or entry.namespace != namespace or entry.expires <= self._wall():
@@ -98,12 +97,14 @@ class RedisTier:
         if ttl_ms <= 0 or not self._available():
             return False
         name = redis_key(self.prefix, key, entry.namespace, entry.model)
+        began = time.perf_counter()
         try:
             async with asyncio.timeout(self.timeout_s):
                 await self._client.set(name, encode_entry(entry), px=ttl_ms)
         except OUTAGE as exc:
             self._failed(exc)
             return False
+        self._measured(time.perf_counter() - began)
         self._ok()
         return True
 
@@ -135,6 +136,9 @@ class RedisTier:
         if self._refresh is not None:
             await self._refresh
         await self._client.aclose()
+
+    def _measured(self, took: float) -> None:
+        self.rtt_s = took if self.rtt_s is None else 0.8 * self.rtt_s + 0.2 * took
 
     def _available(self) -> bool:
         return self.up or self._clock() >= self._down_until

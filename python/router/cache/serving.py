@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, MutableMapping
 from typing import Any
 
@@ -51,16 +52,17 @@ class Mark(msgspec.Struct):
 
     outcome: XCache
     age: int | None = None
-    # Set when the answer's headers go out: from then on a late shared-tier hit is ignored.
-    committed: bool = False
+    # When the answer's headers went out (perf_counter; 0: not yet): from then on a late
+    # shared-tier hit is ignored.
+    committed: float = 0.0
 
 
 def cache_headers(ctx: RequestContext, headers: MutableMapping[str, str]) -> None:
     """A response decorator: `x-cache` (and `Age` on hits) on whatever answers the request."""
     mark = ctx.cache
     if mark is not None:
-        if isinstance(mark, Mark):
-            mark.committed = True
+        if isinstance(mark, Mark) and not mark.committed:
+            mark.committed = time.perf_counter()
         headers["x-cache"] = mark.outcome
         if mark.age is not None:
             headers["Age"] = str(mark.age)
@@ -245,12 +247,11 @@ async def _lead_or_follow(
     """A miss in what was asked so far: lead the upstream call (racing tier 2 when `shared`
     and there is one) or follow the identical request already leading it."""
     model = ctx.request.model
-    race = shared and cache.redis is not None
+    race = shared and cache.shared_may_win(model)
     if not cache.config.coalesce:
         tap = Tap(cache, ctx, key, namespace, rule, store=decision.store, flight=None)
         if race:
-            lookup = _lookup(cache, key, namespace, model)
-            return await _race(request, ctx, cache, origin, tap, lookup, None)
+            return await _race(request, ctx, cache, origin, tap, (key, namespace, model), None)
         return await _origin(request, ctx, cache, XCache.MISS, origin, tap)
     for _ in range(FOLLOW_RETRIES + 1):
         flight, leads = cache.flights.join(key)
@@ -263,8 +264,8 @@ async def _lead_or_follow(
                     return await _replay(request, ctx, cache, entry)
                 tap = Tap(cache, ctx, key, namespace, rule, store=decision.store, flight=flight)
                 if race:
-                    lookup = _lookup(cache, key, namespace, model)
-                    return await _race(request, ctx, cache, origin, tap, lookup, flight)
+                    where = (key, namespace, model)
+                    return await _race(request, ctx, cache, origin, tap, where, flight)
                 return await _origin(request, ctx, cache, XCache.MISS, origin, tap)
         try:
             return await _follow(request, ctx, cache, flight)
@@ -291,8 +292,13 @@ async def _origin(
 ) -> web.StreamResponse:
     ctx.timer.end(CACHE_STAGE)
     cache.count(outcome)
-    ctx.cache = Mark(outcome)
-    return await origin(tap)
+    mark = ctx.cache = Mark(outcome)
+    if outcome is not XCache.MISS:
+        return await origin(tap)
+    began = time.perf_counter()
+    answer = await origin(tap)
+    cache.answered(ctx.request.model, (mark.committed or time.perf_counter()) - began)
+    return answer
 
 
 def _lookup(
@@ -315,7 +321,7 @@ async def _race(
     cache: ResponseCache,
     origin: Origin,
     tap: Tap,
-    lookup: asyncio.Task[Entry | None],
+    where: tuple[bytes, str, str],
     flight: Flight[Entry] | None,
 ) -> web.StreamResponse:
     """The region request and the tier-2 lookup at once: a tier-2 hit that comes before the
@@ -323,7 +329,10 @@ async def _race(
     region's answer is served and the lookup ignored. A miss waits for nothing but the region."""
     ctx.timer.end(CACHE_STAGE)
     mark = ctx.cache = Mark(XCache.MISS)
+    began = time.perf_counter()
     answer = asyncio.ensure_future(origin(tap))
+    # Created second, so it runs second: the region request goes out before the lookup's work.
+    lookup = _lookup(cache, *where)
     try:
         await asyncio.wait((answer, lookup), return_when=asyncio.FIRST_COMPLETED)
         if not answer.done() and not mark.committed:
@@ -336,7 +345,9 @@ async def _race(
                         cache.flights.finish(flight, entry)
                     return await _replay(request, ctx, cache, entry)
         cache.count(XCache.MISS)
-        return await answer
+        response = await answer
+        cache.answered(ctx.request.model, (mark.committed or time.perf_counter()) - began)
+        return response
     except asyncio.CancelledError:
         answer.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):

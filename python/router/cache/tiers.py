@@ -42,6 +42,8 @@ class ResponseCache:
         self._rules: dict[str, Rule] = {}
         self._writes: set[asyncio.Task[bool]] = set()
         self.redis_hits = 0
+        # Per model: how long the region took to start answering a miss (EWMA, seconds).
+        self._answer_s: dict[str, float] = {}
 
     def rule(self, model: str) -> Rule:
         """The resolved rule for a client-facing model name (memoized)."""
@@ -82,6 +84,24 @@ class ResponseCache:
             self.redis_hits += 1
             self.memory.put(key, entry)
         return entry
+
+    def answered(self, model: str, seconds: float) -> None:
+        """The region started answering a miss for `model` after `seconds`."""
+        answer_s = self._answer_s
+        old = answer_s.get(model)
+        if old is None and len(answer_s) > 4096:  # model names come from clients
+            answer_s.clear()
+        answer_s[model] = seconds if old is None else 0.8 * old + 0.2 * seconds
+
+    def shared_may_win(self, model: str) -> bool:
+        """Whether a tier-2 lookup beside the region request can answer first: not when tier 2
+        is measured to be slower than the region has lately been to start answering (then it
+        would cost Redis work and be ignored). Unmeasured either way: yes."""
+        redis = self.redis
+        if redis is None:
+            return False
+        answer_s = self._answer_s.get(model)
+        return redis.rtt_s is None or answer_s is None or redis.rtt_s < answer_s
 
     def shared_first(self) -> bool:
         """Whether tier 2 is near enough to ask before the region: its measured round trip is
