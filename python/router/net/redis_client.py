@@ -28,10 +28,9 @@ def open_redis(url: str, *, timeout_s: float, cluster: bool = False) -> Client:
         "socket_connect_timeout": timeout_s,
         "retry": Retry(NoBackoff(), 0),
         "health_check_interval": 0,
-        # No CLIENT SETINFO on connect: two round trips a far Redis would add to every new
+        # No CLIENT SETINFO on connect: a round trip a far Redis would add to every new
         # connection (and to the first call after an outage).
-        "lib_name": None,
-        "lib_version": None,
+        "driver_info": None,
     }
     if cluster:
         # A master killed: its slots answer MOVED/connection errors until the replica takes
