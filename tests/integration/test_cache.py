@@ -347,8 +347,9 @@ def test_tier_two_races_the_region_and_never_delays_a_miss(tmp_path: Path, sim: 
     a = start_router(tmp_path, sim, redis=redis, extra=extra)
     b = start_router(tmp_path, sim, redis=redis, extra=extra)
     slow = {"x-sim-ttft-ms": "20000", "Cache-Control": "no-store"}
+    ca, cb = client(a), client(b).with_options(timeout=10)
     try:
-        assert chat(client(a), "raced").headers["x-cache"] == "MISS"
+        assert chat(ca, "raced").headers["x-cache"] == "MISS"
         for _ in range(100):
             if _stored(redis):
                 break
@@ -356,21 +357,19 @@ def test_tier_two_races_the_region_and_never_delays_a_miss(tmp_path: Path, sim: 
         before = origin_calls(sim)
         # The region would take 20 s for its first byte; tier 2's answer wins and the region
         # request, sent at the same time, is cancelled.
-        got = chat(client(b).with_options(timeout=10), "raced", extra_headers=slow)
+        got = chat(cb, "raced", extra_headers=slow)
         assert got.headers["x-cache"] == "HIT"
-        assert got.parse().model_dump() == chat(client(a), "raced").parse().model_dump()
+        assert got.parse().model_dump() == chat(ca, "raced").parse().model_dump()
         assert origin_calls(sim) == before + 1
         # A stream hit from tier 2 is an SSE stream like a live answer.
-        live = chat(client(a), "raced stream", stream=True)
+        live = chat(ca, "raced stream", stream=True)
         assert live.headers["x-cache"] == "MISS"
         expected = [chunk.model_dump() for chunk in live.parse()]
         for _ in range(100):
             if _stored(redis) >= 2:
                 break
             time.sleep(0.05)
-        streamed = chat(
-            client(b).with_options(timeout=10), "raced stream", stream=True, extra_headers=slow
-        )
+        streamed = chat(cb, "raced stream", stream=True, extra_headers=slow)
         assert streamed.headers["x-cache"] == "HIT"
         assert streamed.headers["content-type"].startswith("text/event-stream")
         chunks = [chunk.model_dump() for chunk in streamed.parse()]
@@ -378,11 +377,14 @@ def test_tier_two_races_the_region_and_never_delays_a_miss(tmp_path: Path, sim: 
         # Redis frozen mid-lookup: the miss is the region's answer, not a 30 s wait.
         redis.popen.send_signal(signal.SIGSTOP)
         try:
-            got = chat(client(b).with_options(timeout=10), "frozen redis miss")
+            got = chat(cb, "frozen redis miss")
             assert got.headers["x-cache"] == "MISS"
+            assert got.parse().choices
         finally:
             redis.popen.send_signal(signal.SIGCONT)
     finally:
+        ca.close()
+        cb.close()
         a.kill()
         b.kill()
         redis.kill()
