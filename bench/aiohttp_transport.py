@@ -9,6 +9,8 @@ from urllib.parse import urlsplit
 import aiohttp
 from multidict import CIMultiDictProxy
 
+from router.net import http1
+
 
 class _Response:
     """aiohttp's ClientResponse as a core.transport.UpstreamResponse."""
@@ -54,7 +56,14 @@ class AiohttpTransport:
         )
 
     async def post(self, path: str, body: bytes, headers: Iterable[tuple[str, str]]) -> _Response:
-        resp = await self._session.post(self._origin + path, data=body, headers=list(headers))
+        # aiohttp's failures as the upstream seam names them; no stale keep-alive retry here
+        # (router.net.http1 has one): a region closing an idle connection costs an attempt.
+        try:
+            resp = await self._session.post(self._origin + path, data=body, headers=list(headers))
+        except aiohttp.ClientConnectorError as exc:
+            raise http1.ConnectError(str(exc)) from None
+        except aiohttp.ClientError as exc:
+            raise http1.ClientError(str(exc) or type(exc).__name__) from None
         return _Response(resp)
 
     async def close(self) -> None:

@@ -3,7 +3,9 @@
 Workload: Zipf-popular intents, each asked in several surface forms (case, spacing, punctuation,
 fullwidth look-alikes, no-break spaces), plus unique long-tail questions. Ground truth is the
 intent: an answer that belongs to another intent is a WRONG answer. Reports, per cache level,
-hit ratio, origin calls saved and wrong answers; then hit-path vs miss-path latency and RPS.
+hit ratio, origin calls saved and wrong answers; then the published false-hit set
+(tests/cache_key_sets.py: pairs that must not share a key), each pair asked in its own
+conversation, the second of each pair must miss; then hit-path vs miss-path latency and RPS.
 
     python -m bench.cache            # default run, well under 60 s
     python -m bench.cache --help
@@ -23,6 +25,7 @@ from pathlib import Path
 
 import aiohttp
 import msgspec
+from tests.cache_key_sets import FALSE_HITS
 from tests.support import Proc, free_port, router_cmd, spawn
 
 from router.core.timing import parse_server_timing
@@ -213,6 +216,42 @@ async def run_level(
 
 
 @dataclass(slots=True)
+class FalseHitResult:
+    level: str
+    pairs: int = 0
+    hits: int = 0
+    wrong: int = 0
+    errors: int = 0
+
+
+async def run_false_hits(
+    session: aiohttp.ClientSession, router: Proc, level: str
+) -> FalseHitResult:
+    """Ask each false-hit pair's first text, then its second: the second must be a MISS with
+    its own answer. A system message per pair keeps the pairs from meeting each other."""
+    model = LEVELS[level]
+    result = FalseHitResult(level)
+    for i, pair in enumerate(FALSE_HITS):
+        result.pairs += 1
+        for n, text in enumerate((pair.a, pair.b)):
+            chat = [{"role": "system", "content": f"false-hit pair {i}"}, *messages(text)]
+            raw = msgspec.json.encode({"model": model, "temperature": 0, "messages": chat})
+            async with session.post(
+                f"{router.url}/v1/chat/completions", data=raw, headers=JSON
+            ) as r:
+                answer = await r.read()
+                if r.status != 200:
+                    result.errors += 1
+                    continue
+                if n == 1 and r.headers.get("x-cache") == "HIT":
+                    result.hits += 1
+                content = msgspec.json.decode(answer)["choices"][0]["message"]["content"]
+                if content != full_chat_text(model, chat):
+                    result.wrong += 1
+    return result
+
+
+@dataclass(slots=True)
 class Latency:
     name: str
     samples_ms: list[float] = field(default_factory=list)
@@ -343,6 +382,7 @@ async def run(args: argparse.Namespace, sim: Proc, router: Proc) -> int:
             await run_level(session, router, sim, level, queries, texts, args.concurrency)
             for level in LEVELS
         ]
+        false_hits = [await run_false_hits(session, router, level) for level in LEVELS]
         # Hit path: one cached request, over and over. Miss path: unique questions.
         hot = body(LEVELS["exact"], "latency probe, cached")
         async with session.post(f"{router.url}/v1/chat/completions", data=hot, headers=JSON) as r:
@@ -369,7 +409,7 @@ async def run(args: argparse.Namespace, sim: Proc, router: Proc) -> int:
                     session, router, "miss", misses, args.latency_concurrency, cap, "MISS"
                 ),
             )
-    return report(args, levels, hit, miss)
+    return report(args, levels, false_hits, hit, miss)
 
 
 def merge(into: Latency, part: Latency) -> None:
@@ -384,7 +424,11 @@ def merge(into: Latency, part: Latency) -> None:
 
 
 def report(
-    args: argparse.Namespace, levels: Sequence[LevelResult], hit: Latency, miss: Latency
+    args: argparse.Namespace,
+    levels: Sequence[LevelResult],
+    false_hits: Sequence[FalseHitResult],
+    hit: Latency,
+    miss: Latency,
 ) -> int:
     print(
         f"\nworkload: {args.requests} requests, {args.intents} intents (Zipf s={args.zipf}), "
@@ -398,6 +442,11 @@ def report(
             f"| {r.level} | {r.requests} | {r.hits} | {r.hit_ratio:.1%} | {r.origin_calls} | "
             f"{r.saved:.1%} | {r.wrong} | {r.errors} |"
         )
+    print("\nfalse-hit set (tests/cache_key_sets.py): the second text of each pair must miss\n")
+    print("| level | pairs | hits | wrong | errors |")
+    print("|---|---:|---:|---:|---:|")
+    for f in false_hits:
+        print(f"| {f.level} | {f.pairs} | {f.hits} | {f.wrong} | {f.errors} |")
     print(
         f"\nlatency at c={args.latency_concurrency} "
         "(client-observed; server = Server-Timing `total`, handler start to response "
@@ -423,7 +472,13 @@ def report(
     checks = {
         "origin calls saved >= 40% (best level)": best.saved >= 0.40,
         "zero wrong answers (all levels)": all(r.wrong == 0 for r in levels),
-        "no errors": all(r.errors == 0 for r in levels) and not hit.errors and not miss.errors,
+        "false-hit set: zero hits, zero wrong (all levels)": all(
+            f.hits == 0 and f.wrong == 0 for f in false_hits
+        ),
+        "no errors": all(r.errors == 0 for r in levels)
+        and all(f.errors == 0 for f in false_hits)
+        and not hit.errors
+        and not miss.errors,
         "hit RPS >= 3x miss RPS": ratio >= 3,
         "hit p99 < 1 ms (server-side)": hit.pct(99, hit.server_ms) < 1.0,
     }

@@ -14,6 +14,7 @@ next to the direct and routed latency the load generator saw.
 
     python -m bench.critical_path                  # 300 requests/s, about 30 s
     python -m bench.critical_path --stream --json out.json
+    python -m bench.critical_path --baseline ../old-checkout   # old and new, interleaved
 
 The stamps cost about 1 us each.
 """
@@ -243,27 +244,40 @@ async def _drive(
 ) -> dict[str, float]:
     expected = await expected_answer(urls["direct"], stream)
     tallies = await run_cell(urls, pids, stream, PACED_CAP, rate, duration, 0.5, rounds, expected)
-    bad = sum(t.errors for t in tallies.values())
+    bad = {name: t.errors for name, t in tallies.items() if t.errors}
+    if any("@" not in name for name in bad):
+        raise RuntimeError(f"answers differed from the region's own: {bad}")
     if bad:
-        raise RuntimeError(f"{bad} answers differed from the region's own")
+        # The baseline tree's own bugs are its own: reported, not fatal.
+        print(f"baseline answers that differed from the region's own: {bad}", file=sys.stderr)
     return {name: quantile(t.latencies, 0.5) for name, t in tallies.items()}
 
 
-def measure(stream: bool, rate: float, duration: float, rounds: int, tmp: Path) -> Report:
-    """Start the region and the stamped hops, drive all three, stop the hops, read the stamps."""
+def measure(
+    stream: bool, rate: float, duration: float, rounds: int, tmp: Path, baseline: Path | None = None
+) -> Report:
+    """Start the region and the stamped hops (and the baseline tree's, `@base`), drive them all
+    in rotating rounds, stop the hops, read the stamps."""
     place = split_here()
     hops, others = (place.proxies, place.rest) if place is not None else (None, None)
     procs: dict[str, Proc] = {}
+    names = [*HOPS, *(f"{hop}@base" for hop in HOPS if baseline is not None)]
     try:
         procs["direct"] = start_region(tmp, others)
-        for hop in HOPS:
-            config = tmp / f"{hop}.toml"
+        for name in names:
+            hop, _, base = name.partition("@")
+            config = tmp / f"{name}.toml"
             port = router_config(config, procs["direct"].port)
-            out = tmp / f"{hop}.json"
+            out = tmp / f"{name}.json"
             cmd = [sys.executable, "-m", "bench.critical_path", "--serve", str(config), str(out)]
             cmd += ["--stream"] if stream else []
             cmd += ["--core"] if hop == "router-core" else []
-            procs[hop] = spawn(on_cpus(cmd, hops), port, tmp / f"{hop}.log")
+            env, cwd = None, None
+            if base and baseline is not None:
+                # The other tree's router and its own bench module, in its own directory.
+                env = {"PYTHONPATH": f"{baseline / 'python'}:{baseline}"}
+                cwd = baseline
+            procs[name] = spawn(on_cpus(cmd, hops), port, tmp / f"{name}.log", env=env, cwd=cwd)
         if others is not None:
             os.sched_setaffinity(0, others)
         path = "/v1/chat/completions"
@@ -271,10 +285,10 @@ def measure(stream: bool, rate: float, duration: float, rounds: int, tmp: Path) 
         pids = {name: proc.popen.pid for name, proc in procs.items()}
         p50s = uvloop.run(_drive(urls, pids, stream, rate, duration, rounds))
         reports = {}
-        for hop in HOPS:
+        for name in names:
             # SIGTERM: the hop drains and exits normally, which writes its stamps.
-            procs.pop(hop).kill(signal.SIGTERM)
-            reports[hop] = summarize(json.loads((tmp / f"{hop}.json").read_text()), p50s[hop])
+            procs.pop(name).kill(signal.SIGTERM)
+            reports[name] = summarize(json.loads((tmp / f"{name}.json").read_text()), p50s[name])
         return Report(stream, 1000 * p50s["direct"], reports)
     finally:
         for proc in procs.values():
@@ -287,13 +301,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     paced_options(parser, duration=10.0, rounds=4, of="targets")
     parser.add_argument("--serve", nargs=2, metavar=("CONFIG", "OUT"), help=argparse.SUPPRESS)
     parser.add_argument("--core", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="TREE",
+        help="also stamp another checkout's router and router-core (`@base`), same run",
+    )
     args = parser.parse_args(argv)
     if args.serve:
         serve(args.serve[0], Path(args.serve[1]), args.stream, args.core)
         return 0
     check_paced(parser, args, max_rate=2000)
     with tempfile.TemporaryDirectory(prefix="router-critical-path-") as tmp:
-        report = measure(args.stream, args.rate, args.duration, args.rounds, Path(tmp))
+        report = measure(
+            args.stream, args.rate, args.duration, args.rounds, Path(tmp), args.baseline
+        )
     print(table(report))
     if args.json:
         args.json.write_text(json.dumps(asdict(report), indent=2))

@@ -90,6 +90,7 @@ def router(folder: Path, regions: list[tuple[str, Proc]], interval: float, midst
             f'name = "{name}"',
             f'base_url = "{proc.url}/v1"',
             f'models = ["{MODEL}"]',
+            'kind = "sim"',
         ]
     path = folder / "router.toml"
     path.write_text("\n".join(lines) + "\n")

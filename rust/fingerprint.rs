@@ -5,7 +5,7 @@
 //! the transport-only ones in [`TRANSPORT_FIELDS`]. Absent and default-valued fields differ.
 
 use crate::json::{self, parse_object, write_parsed, write_string, Node, RequestError};
-use crate::normalize::{is_ascii_space, normalize, Options};
+use crate::normalize::{normalize, normalize_into};
 use std::borrow::Cow;
 use std::io::Write as _;
 
@@ -39,9 +39,10 @@ fn is_transport(key: &str) -> bool {
 /// How much of the request text is normalized before hashing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Level {
-    /// Canonical JSON only: key order, whitespace and number spelling do not matter.
+    /// Canonical JSON only: key order, whitespace between tokens and string escapes do not
+    /// matter; numbers keep their literal (`1`, `1.0` and `1e0` differ).
     Exact,
-    /// Also [`normalize`] message text, `prompt` and `input` strings (default options).
+    /// Also [`normalize`] message text, `prompt` and `input` strings.
     Normalized,
 }
 
@@ -74,7 +75,8 @@ pub fn canonical(body: &[u8], level: Level) -> Result<String, RequestError> {
 }
 
 /// The 16-byte key of a request: xxh3-128 over a versioned header, the namespace and
-/// [`canonical`]; big-endian bytes.
+/// [`canonical`]; big-endian bytes. The header's version changes whenever the canonical form
+/// does, so a shared tier never answers from keys made under older rules.
 pub fn fingerprint(body: &[u8], namespace: &str, level: Level) -> Result<[u8; 16], RequestError> {
     let request = parse_object(body)?;
     validate(&request)?;
@@ -82,7 +84,7 @@ pub fn fingerprint(body: &[u8], namespace: &str, level: Level) -> Result<[u8; 16
     // Length-prefixed so no namespace can be confused with the start of a body.
     let _ = write!(
         out,
-        "router-fp/1\n{}\n{}:{namespace}\n",
+        "router-fp/2\n{}\n{}:{namespace}\n",
         level.tag(),
         namespace.len()
     );
@@ -229,9 +231,14 @@ fn write_messages(items: &[Node<'_>], out: &mut Vec<u8>) {
 /// A string normalized; an array with its strings and its text parts' `text` normalized.
 fn write_texts(value: &Node<'_>, out: &mut Vec<u8>) {
     match value {
-        // Borrowed strings hold no escapes, so no whitespace but the space (see `Node::Str`).
-        Node::Str(Cow::Borrowed(s)) => write_normalized::<true>(s, out),
-        Node::Str(s) => write_normalized::<false>(s, out),
+        // Borrowed strings hold nothing to escape, and normalizing writes only their own bytes
+        // and spaces, so the result goes straight into `out`.
+        Node::Str(Cow::Borrowed(s)) => {
+            out.push(b'"');
+            normalize_into(s, out);
+            out.push(b'"');
+        }
+        Node::Str(s) => write_string(&normalize(s), out),
         Node::Arr(items) => {
             out.push(b'[');
             for (i, item) in items.iter().enumerate() {
@@ -247,152 +254,6 @@ fn write_texts(value: &Node<'_>, out: &mut Vec<u8>) {
         }
         other => json::write_value(other, out),
     }
-}
-
-/// Bit in [`ASCII_CLASS`]: Python whitespace.
-const SPACE: u8 = 1;
-/// Bit in [`ASCII_CLASS`]: `"`, `\\` or another control character, escaped in JSON.
-const ESCAPE: u8 = 2;
-/// Bit in [`ASCII_CLASS`]: part of a non-ASCII character (NFKC and full case folding apply).
-const NON_ASCII: u8 = 4;
-
-/// Class of every byte for the ASCII fast path of [`write_normalized`].
-static ASCII_CLASS: [u8; 256] = {
-    let mut table = [0; 256];
-    let mut b = 0;
-    while b < 256 {
-        let byte = b as u8;
-        table[b] = if is_ascii_space(byte) {
-            SPACE
-        } else if byte >= 0x80 {
-            NON_ASCII
-        } else if byte < 0x20 || byte == b'"' || byte == b'\\' {
-            ESCAPE
-        } else {
-            0
-        };
-        b += 1;
-    }
-    table
-};
-
-/// What the fast path writes for an ASCII byte: whitespace as a space, letters lowercased.
-static ASCII_FOLD: [u8; 256] = {
-    let mut table = [0; 256];
-    let mut b = 0;
-    while b < 256 {
-        let byte = b as u8;
-        table[b] = if is_ascii_space(byte) {
-            b' '
-        } else {
-            byte.to_ascii_lowercase()
-        };
-        b += 1;
-    }
-    table
-};
-
-/// Append `normalize(s)` (default options) as a JSON string. ASCII text, the common case, is
-/// folded and collapsed by [`fold_ascii`] straight into `out` (escaped afterwards if it holds a
-/// quote, a backslash or a control character). `PLAIN` promises `s` has no `"`, `\\` or control
-/// character, which makes the eight-byte check cheaper.
-fn write_normalized<const PLAIN: bool>(s: &str, out: &mut Vec<u8>) {
-    let bytes = s.as_bytes();
-    out.push(b'"');
-    let start = out.len();
-    out.resize(start + bytes.len(), 0);
-    let Some((len, escape)) = fold_ascii::<PLAIN>(bytes, &mut out[start..]) else {
-        out.truncate(start - 1);
-        return write_string(&normalize(s, Options::default()), out);
-    };
-    out.truncate(start + len);
-    // Trailing whitespace and `strip_punctuation` (ASCII has no `。` or `、`).
-    while out.len() > start
-        && matches!(
-            out[out.len() - 1],
-            b'.' | b'!' | b'?' | b',' | b';' | b':' | b' '
-        )
-    {
-        out.pop();
-    }
-    if escape {
-        let folded = out.split_off(start - 1);
-        // ASCII in, ASCII out.
-        let folded = std::str::from_utf8(&folded[1..]).unwrap_or_default();
-        return write_string(folded, out);
-    }
-    out.push(b'"');
-}
-
-const ONES: u64 = 0x0101_0101_0101_0101;
-const HIGHS: u64 = 0x8080_8080_8080_8080;
-
-/// High bit set in each byte of `w` that is at least `b`; every byte of `w` must be ASCII
-/// (setting the high bits first means no subtraction borrows from the next byte).
-const fn at_least(w: u64, b: u8) -> u64 {
-    ((w | HIGHS) - ONES * b as u64) & HIGHS
-}
-
-/// High bit set in each byte of `w` (all ASCII) equal to `b`.
-const fn equal(w: u64, b: u8) -> u64 {
-    !at_least(w ^ (ONES * b as u64), 1) & HIGHS
-}
-
-/// Lowercase case folding and whitespace collapse of ASCII `bytes` into `buf` (as long as
-/// `bytes`), leading and trailing space dropped except one trailing space: the folded length
-/// and whether the result needs JSON escapes; `None` if `bytes` is not all ASCII.
-/// Eight bytes at a time while they hold only letters, digits, punctuation and single spaces;
-/// `PLAIN` as in [`write_normalized`].
-fn fold_ascii<const PLAIN: bool>(bytes: &[u8], buf: &mut [u8]) -> Option<(usize, bool)> {
-    let mut len = 0;
-    // Starting "after a space" drops leading whitespace.
-    let mut after_space = true;
-    let mut seen = 0;
-    let mut i = 0;
-    while let Some(chunk) = bytes.get(i..i + 8) {
-        i += 8;
-        let w = u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8]));
-        if w & HIGHS != 0 {
-            return None;
-        }
-        let spaces = equal(w, b' ');
-        let single_spaces = spaces & (spaces << 8 | u64::from(after_space) << 7) == 0;
-        let plain = if PLAIN {
-            single_spaces
-        } else {
-            single_spaces
-                && !at_least(w, 0x21) & HIGHS == spaces
-                && equal(w, b'"') | equal(w, b'\\') == 0
-        };
-        if plain {
-            let upper = at_least(w, b'A') & !at_least(w, b'Z' + 1);
-            let folded = w | upper >> 2;
-            // `len` never passes the input position, so it stays in bounds.
-            buf[len..len + 8].copy_from_slice(&folded.to_le_bytes());
-            len += 8;
-            after_space = spaces >> 63 != 0;
-        } else {
-            for &b in chunk {
-                seen |= fold_byte(b, buf, &mut len, &mut after_space);
-            }
-        }
-    }
-    for &b in &bytes[i..] {
-        seen |= fold_byte(b, buf, &mut len, &mut after_space);
-    }
-    (seen & NON_ASCII == 0).then_some((len, seen & ESCAPE != 0))
-}
-
-/// One byte of [`fold_ascii`], branch-free; returns its class.
-#[inline]
-fn fold_byte(b: u8, buf: &mut [u8], len: &mut usize, after_space: &mut bool) -> u8 {
-    let class = ASCII_CLASS[usize::from(b)];
-    let space = class & SPACE != 0;
-    buf[*len] = ASCII_FOLD[usize::from(b)];
-    // A space directly after another (or at the start) is overwritten by the next byte.
-    *len += usize::from(!(space && *after_space));
-    *after_space = space;
-    class
 }
 
 /// Write an object canonically, passing the value of `special` through [`write_texts`].
@@ -431,64 +292,54 @@ mod tests {
     }
 
     #[test]
-    fn key_order_whitespace_and_numbers_do_not_matter() {
-        let a = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":1}"#;
+    fn key_order_and_whitespace_do_not_matter() {
+        let a = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":1.0}"#;
         let b = "{ \"temperature\" : 1.0,\n \"messages\": [ {\"content\":\"hi\", \"role\":\"user\"} ], \"model\":\"m\" }";
         assert_eq!(fp(a), fp(b));
     }
 
     #[test]
-    fn ascii_fast_path_equals_normalize_then_escape() {
-        for text in [
-            "",
-            "  Hello  World!!  ",
-            "A \"quoted\" \\ path\\ ",
-            "ctl \u{1}\u{8}\u{7f} x\t\n\r\u{b}\u{c}\u{1c}y",
-            "...",
-            " ,. ",
-            "ends with escape\\",
-            "ends with quote\"!",
+    fn numbers_keep_every_digit_at_both_levels() {
+        for (x, y) in [
+            ("12345678901234567890", "12345678901234567891"),
+            ("123456789012345678901", "123456789012345678902"),
+            ("-12345678901234567890", "-12345678901234567891"),
+            ("9007199254740993.0", "9007199254740992.0"),
+            ("0.30000000000000000001", "0.3"),
+            ("1", "1.0"),
+            ("1e2", "100"),
+            ("0", "-0"),
         ] {
-            let mut fast = Vec::new();
-            write_normalized::<false>(text, &mut fast);
-            let mut slow = Vec::new();
-            write_string(&normalize(text, Options::default()), &mut slow);
-            assert_eq!(fast, slow, "{text:?}");
+            for level in [Level::Exact, Level::Normalized] {
+                let key = |n: &str| {
+                    let body = format!(r#"{{"model":"m","prompt":"x","seed":{n}}}"#);
+                    fingerprint(body.as_bytes(), "", level).unwrap()
+                };
+                assert_ne!(key(x), key(y), "{x} {y} {level:?}");
+            }
         }
     }
 
     #[test]
-    fn eight_byte_fast_path_equals_normalize_then_escape() {
-        // Every chunk alignment of spaces, runs, capitals, escapes and the letters next to
-        // the case boundaries (`@ [ \` { `).
-        let alphabet = b"aZ AZ@[`{  \t\n\x1c\"\\\x01.!?,;:09~\x7f";
-        let mut state = 0x2545_f491_4f6c_dd1d_u64;
-        for len in 0..200 {
-            for _ in 0..20 {
-                let text: String = (0..len)
-                    .map(|_| {
-                        state = state
-                            .wrapping_mul(6_364_136_223_846_793_005)
-                            .wrapping_add(1);
-                        char::from(alphabet[(state >> 33) as usize % alphabet.len()])
-                    })
-                    .collect();
-                let mut fast = Vec::new();
-                write_normalized::<false>(&text, &mut fast);
-                let mut slow = Vec::new();
-                write_string(&normalize(&text, Options::default()), &mut slow);
-                assert_eq!(fast, slow, "{text:?}");
-                // The same without escapes, as the parser borrows it.
-                let text: String = text
-                    .chars()
-                    .filter(|&c| c >= ' ' && c != '"' && c != '\\')
-                    .collect();
-                let mut plain = Vec::new();
-                write_normalized::<true>(&text, &mut plain);
-                let mut slow = Vec::new();
-                write_string(&normalize(&text, Options::default()), &mut slow);
-                assert_eq!(plain, slow, "{text:?}");
-            }
+    fn borrowed_and_escaped_strings_normalize_alike() {
+        // Without escapes (borrowed from the body) and with them (decoded into a new string).
+        for text in [
+            "  Hi   there ",
+            "a  b\\tc",
+            "x\\u00a0\\u00a0y",
+            "`a  b`  c",
+            "a \\\"b\\\"  c",
+        ] {
+            let escaped = format!(r#"{{"prompt":"{text}"}}"#);
+            let decoded = parse_object(escaped.as_bytes()).unwrap();
+            let Some(Node::Str(s)) = decoded.get("prompt") else {
+                panic!("{text}")
+            };
+            let mut want = Vec::new();
+            write_string(&normalize(s), &mut want);
+            let canon = canonical(escaped.as_bytes(), Level::Normalized).unwrap();
+            let want = format!("{{\"prompt\":{}}}", String::from_utf8(want).unwrap());
+            assert_eq!(canon, want, "{text}");
         }
     }
 
@@ -522,13 +373,13 @@ mod tests {
 
     #[test]
     fn normalized_level_folds_text_only() {
-        let body = br#"{"model":"M","messages":[{"role":"user","content":[{"type":"text","text":"  Hello  World! "}]}],"prompt":["A  B."],"input":"X"}"#;
+        let body = br#"{"model":"M  X","messages":[{"role":"user","content":[{"type":"text","text":"  Hello  World! "}]}],"prompt":["A  B."],"input":"X "}"#;
         assert_eq!(
             canonical(body, Level::Normalized).unwrap(),
-            r#"{"input":"x","messages":[{"content":[{"text":"hello world","type":"text"}],"role":"user"}],"model":"M","prompt":["a b"]}"#
+            r#"{"input":"X","messages":[{"content":[{"text":"Hello World!","type":"text"}],"role":"user"}],"model":"M  X","prompt":["A B."]}"#
         );
-        let loud = br#"{"model":"m","messages":[{"role":"user","content":"HELLO   world!"}]}"#;
-        let calm = br#"{"model":"m","messages":[{"role":"user","content":"hello world"}]}"#;
+        let loud = br#"{"model":"m","messages":[{"role":"user","content":"  Hello   world! "}]}"#;
+        let calm = br#"{"model":"m","messages":[{"role":"user","content":"Hello world!"}]}"#;
         assert_eq!(
             fingerprint(loud, "", Level::Normalized).unwrap(),
             fingerprint(calm, "", Level::Normalized).unwrap()

@@ -1,12 +1,19 @@
 //! Decoding request bodies into a borrowed JSON tree and writing canonical JSON. Pure; no pyo3.
 //!
-//! A small strict RFC 8259 parser instead of `serde_json::Value`: strings without escapes are
-//! borrowed from the body, numbers are canonicalized while parsing, and object entries are
-//! sorted once, which makes the fingerprint of a 2 KB request a few microseconds.
+//! A small strict RFC 8259 parser instead of `serde_json::Value`: strings without escapes and
+//! every number are borrowed from the body, and object entries are sorted once, which makes the
+//! fingerprint of a 2 KB request a few microseconds.
+//!
+//! Numbers keep their literal exactly, every digit as written: `1`, `1.0`, `1e0` and `-0` vs `0`
+//! stay apart. Unifying equal values is not safe for every field: an upstream may reject `1.0`
+//! where it wants an integer (the cache would answer what the origin refuses), numbers inside
+//! `tools` or `response_format` schemas are rendered into the model's prompt as written by the
+//! server's own JSON encoder (`1.0` and `1` render differently), and integers past 2^53 or
+//! 2^64 are exact for Python upstreams (`seed` 12345678901234567890 and ...891 are different
+//! seeds). A literal can only mean one value, so equal literals are always safe to share.
 
 use std::borrow::Cow;
 use std::fmt;
-use std::io::Write as _;
 
 /// Deepest JSON nesting accepted (arrays and objects).
 pub const MAX_DEPTH: usize = 128;
@@ -14,7 +21,7 @@ pub const MAX_DEPTH: usize = 128;
 /// Why a request body was rejected.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RequestError {
-    /// Not UTF-8, not JSON, nested too deep, or a number outside f64.
+    /// Not UTF-8, not JSON, nested too deep, or a number whose value overflows f64.
     Decode(String),
     /// Valid JSON of the wrong shape (e.g. `messages` not an array).
     Shape(String),
@@ -30,20 +37,13 @@ impl fmt::Display for RequestError {
 
 impl std::error::Error for RequestError {}
 
-/// A JSON number, already in canonical form: integral values within i64/u64 are integers.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Num {
-    Int(i64),
-    UInt(u64),
-    Float(f64),
-}
-
 /// A parsed JSON value borrowing from the request body.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Node<'a> {
     Null,
     Bool(bool),
-    Num(Num),
+    /// A number's literal exactly as in the body (valid JSON number syntax, within f64 range).
+    Num(&'a str),
     /// A borrowed string is a run of the body without escapes, so it holds no `"`, `\\` or
     /// control character ([`write_parsed`] relies on this).
     Str(Cow<'a, str>),
@@ -461,7 +461,7 @@ impl<'a> Parser<'a> {
         self.pos - start
     }
 
-    fn number(&mut self) -> Parsed<Num> {
+    fn number(&mut self) -> Parsed<&'a str> {
         let start = self.pos;
         if self.peek() == Some(b'-') {
             self.pos += 1;
@@ -493,43 +493,25 @@ impl<'a> Parser<'a> {
             }
         }
         let literal = &self.text[start..self.pos];
-        if integral {
-            if let Ok(i) = literal.parse::<i64>() {
-                return Ok(Num::Int(i));
-            }
-            if let Ok(u) = literal.parse::<u64>() {
-                return Ok(Num::UInt(u));
+        // Up to 300 digits an integer is within f64's range without parsing it.
+        if !integral || literal.len() > 300 {
+            let finite = literal.parse::<f64>().is_ok_and(f64::is_finite);
+            if !finite {
+                return Err(self.fail("number out of range"));
             }
         }
-        let Ok(f) = literal.parse::<f64>() else {
-            return Err(self.fail("invalid number"));
-        };
-        if !f.is_finite() {
-            return Err(self.fail("number out of range"));
-        }
-        Ok(float_num(f))
+        Ok(literal)
     }
 }
 
-/// 2^63: the integral floats below this are integers in canonical form.
-const TWO_POW_63: f64 = 9_223_372_036_854_775_808.0;
-
-fn float_num(f: f64) -> Num {
-    if f.fract() == 0.0 && f.abs() < TWO_POW_63 {
-        Num::Int(f as i64)
-    } else {
-        Num::Float(f)
-    }
-}
-
-/// Append `value` as canonical JSON: sorted keys, no spaces, numbers as in [`write_num`],
-/// strings as in [`write_string`]. Only whole UTF-8 sequences are written.
+/// Append `value` as canonical JSON: sorted keys, no spaces, numbers as written, strings as in
+/// [`write_string`]. Only whole UTF-8 sequences are written.
 pub fn write_value(value: &Node<'_>, out: &mut Vec<u8>) {
     match value {
         Node::Null => out.extend_from_slice(b"null"),
         Node::Bool(true) => out.extend_from_slice(b"true"),
         Node::Bool(false) => out.extend_from_slice(b"false"),
-        Node::Num(n) => write_num(*n, out),
+        Node::Num(literal) => out.extend_from_slice(literal.as_bytes()),
         Node::Str(s) => write_parsed(s, out),
         Node::Arr(items) => {
             out.push(b'[');
@@ -613,71 +595,6 @@ fn push_escape(b: u8, out: &mut Vec<u8>) {
     }
 }
 
-/// Append a canonical number: integers as digits, other floats like Python's `repr(float)`.
-pub fn write_num(n: Num, out: &mut Vec<u8>) {
-    match n {
-        Num::Int(i) => {
-            let _ = write!(out, "{i}");
-        }
-        Num::UInt(u) => {
-            let _ = write!(out, "{u}");
-        }
-        Num::Float(f) => write_float(f, out),
-    }
-}
-
-/// Append a finite float: integral and within i64 as an integer, else Python's `repr`.
-pub fn write_float(f: f64, out: &mut Vec<u8>) {
-    if let Num::Int(i) = float_num(f) {
-        let _ = write!(out, "{i}");
-        return;
-    }
-    // `{:e}` gives the shortest round-trip digits, e.g. "1.2345e-7"; re-lay them like Python.
-    let sci = format!("{f:e}");
-    let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
-    let exp: i32 = exp.parse().unwrap_or(0);
-    let (sign, mantissa) = match mantissa.strip_prefix('-') {
-        Some(m) => ("-", m),
-        None => ("", mantissa),
-    };
-    let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
-    let decpt = exp + 1;
-    out.extend_from_slice(sign.as_bytes());
-    if -4 < decpt && decpt <= 16 {
-        let len = i32::try_from(digits.len()).unwrap_or(i32::MAX);
-        if decpt <= 0 {
-            out.extend_from_slice(b"0.");
-            for _ in 0..-decpt {
-                out.push(b'0');
-            }
-            out.extend_from_slice(digits.as_bytes());
-        } else if decpt >= len {
-            out.extend_from_slice(digits.as_bytes());
-            for _ in 0..decpt - len {
-                out.push(b'0');
-            }
-            out.extend_from_slice(b".0");
-        } else {
-            let (int, frac) = digits.split_at(decpt.unsigned_abs() as usize);
-            out.extend_from_slice(int.as_bytes());
-            out.push(b'.');
-            out.extend_from_slice(frac.as_bytes());
-        }
-    } else {
-        out.extend_from_slice(&digits.as_bytes()[..1]);
-        if digits.len() > 1 {
-            out.push(b'.');
-            out.extend_from_slice(&digits.as_bytes()[1..]);
-        }
-        let _ = write!(
-            out,
-            "e{}{:02}",
-            if exp < 0 { '-' } else { '+' },
-            exp.unsigned_abs()
-        );
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -691,36 +608,21 @@ mod tests {
     }
 
     #[test]
-    fn floats_match_python_repr() {
-        for (f, expected) in [
-            (0.1, "0.1"),
-            (1.5, "1.5"),
-            (1e-5, "1e-05"),
-            (0.0001, "0.0001"),
-            (1e16, "10000000000000000"),
-            (1e20, "1e+20"),
-            (-2.5e-300, "-2.5e-300"),
-            (123_456.789, "123456.789"),
-            (1.797_693_134_862_315_7e308, "1.7976931348623157e+308"),
-        ] {
-            let mut out = Vec::new();
-            write_float(f, &mut out);
-            assert_eq!(out, expected.as_bytes());
-        }
-    }
-
-    #[test]
-    fn canonical_sorts_dedups_and_unifies_numbers() {
+    fn canonical_sorts_dedups_and_keeps_number_literals() {
         assert_eq!(
-            canon(r#"{ "b": 1.0, "a": [1, 1e0, -0.0, -0, 2.50, 18446744073709551615, 3] }"#),
-            r#"{"a":[1,1,0,0,2.5,18446744073709551615,3],"b":1}"#
+            canon(r#"{ "b": 1.0, "a": [1, 1e0, 1E+0, -0.0, -0, 2.50, 18446744073709551615, 3] }"#),
+            r#"{"a":[1,1e0,1E+0,-0.0,-0,2.50,18446744073709551615,3],"b":1.0}"#
         );
+        let huge = format!("{}.{}e-7", "9".repeat(300), "1".repeat(80));
+        assert_eq!(canon(&huge), huge);
+        let long_int = "1".repeat(308);
+        assert_eq!(canon(&long_int), long_int);
         assert_eq!(canon(r#"{"k":1,"k":2}"#), r#"{"k":2}"#);
         assert_eq!(
             canon(r#""\u0001\"\\\n é \u00e9 \ud83c\udf89 \/""#),
             "\"\\u0001\\\"\\\\\\n é é 🎉 /\""
         );
-        assert_eq!(canon("100000000000000000000"), "1e+20");
+        assert_eq!(canon("100000000000000000001"), "100000000000000000001");
     }
 
     #[test]
@@ -733,6 +635,10 @@ mod tests {
             b"{\"a\":NaN}",
             b"{\"a\":Infinity}",
             b"{\"a\":1e400}",
+            b"{\"a\":-1e400}",
+            b"{\"a\":1.0e+}",
+            b"{\"a\":+1}",
+            b"{\"a\":.5}",
             b"{\"a\":01}",
             b"{\"a\":1.}",
             b"{\"a\":-}",
@@ -760,6 +666,9 @@ mod tests {
         );
         let err = parse_object(deep.as_bytes()).unwrap_err();
         assert!(err.to_string().contains("nested deeper"), "{err}");
+        let too_big = format!("{{\"a\":{}}}", "1".repeat(400));
+        let err = parse_object(too_big.as_bytes()).unwrap_err();
+        assert!(err.to_string().contains("out of range"), "{err}");
         let ok = format!("{{\"a\":{}{}}}", "[".repeat(100), "]".repeat(100));
         assert!(parse_object(ok.as_bytes()).is_ok());
     }

@@ -1,8 +1,11 @@
 //! Native hot path of `router`: pure modules plus thin pyo3 wrappers under `py/`.
 
 pub mod bucket;
-mod casefold;
+pub mod chat_messages;
+pub mod chat_template;
 pub mod fingerprint;
+pub mod hf_tokenizer;
+pub mod jinja_python;
 pub mod json;
 pub mod normalize;
 pub mod pretokenize;
@@ -20,6 +23,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     py::normalize::register(m)?;
     py::fingerprint::register(m)?;
     py::tokens::register(m)?;
+    py::hf_tokenizer::register(m)?;
     py::bucket::register(m)?;
     py::prober::register(m)?;
     Ok(())

@@ -1,195 +1,294 @@
-//! Prompt normalization: NFKC, full case folding, whitespace collapse, optional trimming of
-//! trailing punctuation and politeness filler. Pure; no pyo3.
-
-use crate::casefold::{FOLDS, WHITESPACE};
-use unicode_normalization::{is_nfkc_quick, IsNormalized, UnicodeNormalization};
-
-/// Which optional steps run after NFKC + case folding + whitespace collapse.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Options {
-    /// Drop trailing `. ! ? , ; : 。 、` (repeatedly, with the spaces before them).
-    pub strip_punctuation: bool,
-    /// Drop leading/trailing politeness words ("please", "thanks", ...) when other words remain.
-    pub strip_filler: bool,
-}
-
-impl Default for Options {
-    fn default() -> Self {
-        Self {
-            strip_punctuation: true,
-            strip_filler: false,
-        }
-    }
-}
-
-/// Trailing characters removed by `strip_punctuation` (after NFKC, so full-width forms are ASCII).
-const PUNCTUATION: &[char] = &['.', '!', '?', ',', ';', ':', '\u{3002}', '\u{3001}'];
-
-/// Trailing filler phrases, longest first so "thank you very much" wins over "thank you".
-const TRAILING_FILLER: &[&str] = &[
-    "thank you very much",
-    "thanks a lot",
-    "thank you",
-    "thanks",
-    "please",
-    "thx",
-    "pls",
-    "plz",
-];
-
-/// Leading filler words; only politeness, never greetings (those can be the whole question).
-const LEADING_FILLER: &[&str] = &["please", "kindly", "pls", "plz"];
-
-/// Bound on NFKC/case-fold rounds; real text reaches a fixpoint in one or two.
-const MAX_FOLD_ROUNDS: usize = 4;
+//! Prompt normalization for the `normalized` cache level. Pure; no pyo3.
+//!
+//! Two texts share a cache key at `normalized` only if they differ in blank space that cannot
+//! change what is asked. These four folds are all there is; everything else is compared code
+//! point for code point:
+//!
+//! | # | fold | where |
+//! |---|------|-------|
+//! | 1 | space separators and line breaks at the end of the text are removed | end of text |
+//! | 2 | blank lines before the first non-blank line are removed | start of text |
+//! | 3 | 1 to 3 leading spaces of a one-line text are removed (Markdown ignores them; 4 make code) | one-line text |
+//! | 4 | a run of space separators inside a prose line becomes one U+0020 | prose lines, past the line start |
+//!
+//! Space separators are Unicode's `Zs`: U+0020, U+00A0 (no-break), U+1680, U+2000..U+200A,
+//! U+202F, U+205F, U+3000. Line breaks are Python's `str.splitlines` set: `\n \r \v \f`,
+//! U+001C..U+001E, U+0085, U+2028, U+2029.
+//!
+//! | kept exactly | because |
+//! |---|---|
+//! | letter case | identifiers, base64, units (mW/MW), formulas (CO/Co) differ only in it |
+//! | every non-space character, no Unicode normalization | 3² is not 32, ½ is not 1⁄2, Ⅻ is not XII; fullwidth `Ａ` is not `A` to a question about code points or look-alike domains |
+//! | punctuation, trailing `?` and `!` included | "abc!" is not "abc"; `??!` is a C trigraph |
+//! | tabs, U+001F | delimiters in pasted data |
+//! | line breaks, their kind and number | rows, list items, poetry, code |
+//! | zero-width characters | ZWJ/ZWNJ change emoji and spelling |
+//! | fenced blocks: from a line opening with three backticks or tildes to its closing fence or the end | code |
+//! | indented lines (starting with blank space) | code, nested lists |
+//! | the lines of a paragraph from its first to its last with a backtick | inline code spans never leave their paragraph, so this covers them without matching backticks |
 
 /// Normalize `text` for cache matching; idempotent: `normalize(normalize(x)) == normalize(x)`.
-pub fn normalize(text: &str, options: Options) -> String {
-    let mut out = if text.is_ascii() {
-        collapse_ascii(text)
-    } else {
-        collapse(&fold_fixpoint(text))
-    };
-    strip(&mut out, options);
-    out
-}
-
-/// Python's `str.isspace` on an ASCII byte.
-pub const fn is_ascii_space(b: u8) -> bool {
-    matches!(b, b'\t' | b'\n' | 0x0b | 0x0c | b'\r' | 0x1c..=0x1f | b' ')
-}
-
-/// True if Python's `str.isspace` holds for `c`.
-pub fn is_space(c: char) -> bool {
-    if c.is_ascii() {
-        is_ascii_space(c as u8)
-    } else {
-        WHITESPACE.binary_search(&u32::from(c)).is_ok()
-    }
-}
-
-/// Append the full case folding of `c` to `out`.
-fn push_folded(c: char, out: &mut String) {
-    if c.is_ascii() {
-        out.push(c.to_ascii_lowercase());
-    } else if let Ok(i) = FOLDS.binary_search_by_key(&u32::from(c), |&(cp, _)| cp) {
-        out.push_str(FOLDS[i].1);
-    } else {
-        out.push(c);
-    }
-}
-
-/// NFKC of `text`, skipping the work when the quick check proves it already normalized.
-fn nfkc(text: String) -> String {
-    if is_nfkc_quick(text.chars()) == IsNormalized::Yes {
-        text
-    } else {
-        text.nfkc().collect()
-    }
-}
-
-/// NFKC, then case fold + NFKC until nothing changes (folding can un-normalize a string).
-/// Full case folding is idempotent, so once NFKC leaves the folded text alone it is final.
-fn fold_fixpoint(text: &str) -> String {
-    let mut current = nfkc(text.to_owned());
-    for _ in 0..MAX_FOLD_ROUNDS {
-        let mut folded = String::with_capacity(current.len());
-        for c in current.chars() {
-            push_folded(c, &mut folded);
-        }
-        if folded == current {
-            break;
-        }
-        if is_nfkc_quick(folded.chars()) == IsNormalized::Yes {
-            return folded;
-        }
-        let next: String = folded.nfkc().collect();
-        if next == folded {
-            return folded;
-        }
-        current = next;
-    }
-    current
-}
-
-/// Lowercase ASCII and collapse whitespace runs into one space, trimming both ends.
-fn collapse_ascii(text: &str) -> String {
+pub fn normalize(text: &str) -> String {
     let mut out = Vec::with_capacity(text.len());
-    let mut pending_space = false;
-    for &b in text.as_bytes() {
-        if is_ascii_space(b) {
-            pending_space = !out.is_empty();
-        } else {
-            if pending_space {
-                out.push(b' ');
-                pending_space = false;
-            }
-            out.push(b.to_ascii_lowercase());
-        }
-    }
-    // Only ASCII bytes were pushed, so this cannot fail.
+    normalize_into(text, &mut out);
+    // Only whole characters of `text` and ASCII spaces were written.
     String::from_utf8(out).unwrap_or_default()
 }
 
-/// Collapse whitespace runs (Python's definition) into one space, trimming both ends.
-fn collapse(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut pending_space = false;
-    for c in text.chars() {
-        if is_space(c) {
-            pending_space = !out.is_empty();
+/// Append the normalized UTF-8 of `text` to `out`. Every byte written is a byte of `text` or an
+/// ASCII space, so text without JSON escapes stays without them.
+pub fn normalize_into(text: &str, out: &mut Vec<u8>) {
+    let b = trim(text).as_bytes();
+    let ticks = b.contains(&b'`');
+    let mut fence: Option<(u8, usize)> = None;
+    // The paragraph's lines from the first to the last with a backtick: [start, end).
+    let mut code = (0, 0);
+    let mut paragraph_start = true;
+    let mut i = 0;
+    while i < b.len() {
+        if let Some(open) = fence {
+            let end = line_end(b, i);
+            if closes(&b[i..end], open) {
+                fence = None;
+            }
+            i = copy_line(b, i, end, out);
+            continue;
+        }
+        let end_if_fence = opens(b, i).map(|open| (open, line_end(b, i)));
+        if let Some((open, end)) = end_if_fence {
+            fence = Some(open);
+            paragraph_start = true;
+            i = copy_line(b, i, end, out);
+            continue;
+        }
+        if starts_blank(b, i) || break_len(b, i) > 0 {
+            let end = line_end(b, i);
+            if is_blank(&b[i..end]) {
+                paragraph_start = true;
+                i = copy_line(b, i, end, out);
+                continue;
+            }
+        }
+        if paragraph_start {
+            paragraph_start = false;
+            if ticks {
+                code = tick_lines(b, i);
+            }
+        }
+        if (code.0..code.1).contains(&i) || starts_blank(b, i) {
+            let end = line_end(b, i);
+            i = copy_line(b, i, end, out);
         } else {
-            if pending_space {
-                out.push(' ');
-                pending_space = false;
-            }
-            out.push(c);
+            let end = prose(b, i, out);
+            i = copy_line(b, end, end, out);
         }
     }
-    out
 }
 
-/// Apply the optional trimming steps until none of them changes the text.
-fn strip(s: &mut String, options: Options) {
+/// Folds 1-3: the text without trailing blank space, leading blank lines, and the up to three
+/// leading spaces of a one-line text.
+fn trim(text: &str) -> &str {
+    let text = text.trim_end_matches(|c| is_space(c) || is_line_break(c));
+    let first = text.len()
+        - text
+            .trim_start_matches(|c| is_space(c) || is_line_break(c))
+            .len();
+    let line_start = text[..first].rfind(is_line_break).map_or(0, |i| {
+        i + text[i..].chars().next().map_or(1, char::len_utf8)
+    });
+    let rest = &text[line_start..];
+    let indent = &text[line_start..first];
+    if !indent.is_empty() && indent.chars().count() <= 3 && !rest.contains(is_line_break) {
+        &text[first..]
+    } else {
+        rest
+    }
+}
+
+/// True for Unicode space separators (`Zs`), the characters fold 4 collapses.
+pub fn is_space(c: char) -> bool {
+    matches!(
+        c,
+        ' ' | '\u{a0}' | '\u{1680}' | '\u{2000}'
+            ..='\u{200a}' | '\u{202f}' | '\u{205f}' | '\u{3000}'
+    )
+}
+
+/// True for the line breaks of Python's `str.splitlines`.
+pub fn is_line_break(c: char) -> bool {
+    matches!(
+        c,
+        '\n' | '\u{b}' | '\u{c}' | '\r' | '\u{1c}'..='\u{1e}' | '\u{85}' | '\u{2028}' | '\u{2029}'
+    )
+}
+
+/// Length in bytes of the space separator starting at `b[i]`, or 0.
+fn space_len(b: &[u8], i: usize) -> usize {
+    match b.get(i..).unwrap_or_default() {
+        [b' ', ..] => 1,
+        [0xc2, 0xa0, ..] => 2,
+        [0xe1, 0x9a, 0x80, ..]
+        | [0xe2, 0x80, 0x80..=0x8a | 0xaf, ..]
+        | [0xe2, 0x81, 0x9f, ..]
+        | [0xe3, 0x80, 0x80, ..] => 3,
+        _ => 0,
+    }
+}
+
+/// Length in bytes of the line break starting at `b[i]`, or 0.
+fn break_len(b: &[u8], i: usize) -> usize {
+    match b.get(i..).unwrap_or_default() {
+        [b'\n' | 0x0b | 0x0c | b'\r' | 0x1c..=0x1e, ..] => 1,
+        [0xc2, 0x85, ..] => 2,
+        [0xe2, 0x80, 0xa8 | 0xa9, ..] => 3,
+        _ => 0,
+    }
+}
+
+/// Length of the blank character (space separator or tab) at `b[i]`, or 0.
+fn blank_len(b: &[u8], i: usize) -> usize {
+    if b.get(i) == Some(&b'\t') {
+        1
+    } else {
+        space_len(b, i)
+    }
+}
+
+/// True if the line at `i` starts with blank space (indentation, or a blank line).
+fn starts_blank(b: &[u8], i: usize) -> bool {
+    blank_len(b, i) > 0
+}
+
+/// True if `line` holds only spaces and tabs.
+fn is_blank(line: &[u8]) -> bool {
+    skip_blank(line, 0) == line.len()
+}
+
+/// The index after the blank characters from `i`.
+fn skip_blank(b: &[u8], mut i: usize) -> usize {
     loop {
-        let before = s.len();
-        if options.strip_punctuation {
-            while s.ends_with(PUNCTUATION) || s.ends_with(' ') {
-                s.pop();
-            }
-        }
-        if options.strip_filler {
-            strip_trailing_filler(s);
-            strip_leading_filler(s);
-        }
-        if s.len() == before {
-            return;
+        match blank_len(b, i) {
+            0 => return i,
+            n => i += n,
         }
     }
 }
 
-/// Remove one trailing filler phrase that follows a space (never the whole text).
-fn strip_trailing_filler(s: &mut String) {
-    for filler in TRAILING_FILLER {
-        if s.len() > filler.len() && s.ends_with(filler) {
-            let cut = s.len() - filler.len();
-            if s.as_bytes()[cut - 1] == b' ' {
-                s.truncate(cut);
-                while s.ends_with(' ') {
-                    s.pop();
-                }
-                return;
-            }
-        }
+/// Index of the line break ending the line at `i`, or `b.len()`.
+fn line_end(b: &[u8], mut i: usize) -> usize {
+    while i < b.len() && break_len(b, i) == 0 {
+        i += 1;
     }
+    i
 }
 
-/// Remove one leading filler word (optionally followed by `, ! .`) when more words follow.
-fn strip_leading_filler(s: &mut String) {
-    let Some(space) = s.find(' ') else { return };
-    let word = s[..space].trim_end_matches([',', '!', '.']);
-    if LEADING_FILLER.contains(&word) {
-        s.drain(..=space);
+/// Copy `b[start..end]` and the line break at `end`; the start of the next line.
+fn copy_line(b: &[u8], start: usize, end: usize, out: &mut Vec<u8>) -> usize {
+    let next = end + break_len(b, end);
+    out.extend_from_slice(&b[start..next]);
+    next
+}
+
+/// The fence opened by the line at `i` (its character and length): after any indentation, three
+/// or more backticks (and no backtick after them) or tildes.
+fn opens(b: &[u8], i: usize) -> Option<(u8, usize)> {
+    let start = skip_blank(b, i);
+    let c = *b.get(start)?;
+    if c != b'`' && c != b'~' {
+        return None;
+    }
+    let n = b[start..].iter().take_while(|&&x| x == c).count();
+    if n < 3 {
+        return None;
+    }
+    let end = line_end(b, start);
+    (c == b'~' || !b[start + n..end].contains(&b'`')).then_some((c, n))
+}
+
+/// True if `line` closes a fence opened with `n` times `c`: at least as many, then only blanks.
+fn closes(line: &[u8], (c, n): (u8, usize)) -> bool {
+    let start = skip_blank(line, 0);
+    let run = line[start..].iter().take_while(|&&x| x == c).count();
+    run >= n && is_blank(&line[start + run..])
+}
+
+/// For the paragraph starting at line `i` (it ends at a blank line, a fence or the end): the
+/// span from the start of its first line holding a backtick to the end of its last one.
+fn tick_lines(b: &[u8], start: usize) -> (usize, usize) {
+    let (mut first, mut last) = (None, start);
+    let mut i = start;
+    while i < b.len() {
+        let end = line_end(b, i);
+        if i > start && (is_blank(&b[i..end]) || opens(b, i).is_some()) {
+            break;
+        }
+        let next = end + break_len(b, end);
+        if b[i..end].contains(&b'`') {
+            first.get_or_insert(i);
+            last = next;
+        }
+        i = next;
+    }
+    first.map_or((0, 0), |first| (first, last))
+}
+
+const ONES: u64 = 0x0101_0101_0101_0101;
+const HIGHS: u64 = 0x8080_8080_8080_8080;
+
+/// High bit set in each byte of `w` that is at least `b`; every byte of `w` must be ASCII
+/// (setting the high bits first means no subtraction borrows from the next byte).
+const fn at_least(w: u64, b: u8) -> u64 {
+    ((w | HIGHS) - ONES * b as u64) & HIGHS
+}
+
+/// High bit set in each byte of `w` (all ASCII) equal to `b`.
+const fn equal(w: u64, b: u8) -> u64 {
+    !at_least(w ^ (ONES * b as u64), 1) & HIGHS
+}
+
+/// Fold 4 on the prose line at `i` (which does not start with blank space) into `out`; the
+/// index of the line break that ends it, or `b.len()`. Eight bytes at a time up to the first
+/// that needs a look: not printable ASCII, or a space after a space.
+fn prose(b: &[u8], mut i: usize, out: &mut Vec<u8>) -> usize {
+    loop {
+        let mut after_space = false;
+        while let Some(chunk) = b.get(i..i + 8) {
+            let w = u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8]));
+            // A non-ASCII byte only spoils its own lane of these masks, and it is flagged itself.
+            let spaces = equal(w, b' ');
+            let doubled = spaces & (spaces << 8 | u64::from(after_space) << 7);
+            let special = (w | !at_least(w, 0x20) | doubled) & HIGHS;
+            if special != 0 {
+                let k = (special.trailing_zeros() / 8) as usize;
+                out.extend_from_slice(&chunk[..k]);
+                i += k;
+                break;
+            }
+            out.extend_from_slice(chunk);
+            after_space = spaces >> 63 != 0;
+            i += 8;
+        }
+        let Some(&c) = b.get(i) else { return i };
+        if space_len(b, i) > 0 {
+            // The run's first space may already be out, copied by the eight-byte loop.
+            if i == 0 || b[i - 1] != b' ' {
+                out.push(b' ');
+            }
+            while let n @ 1.. = space_len(b, i) {
+                i += n;
+            }
+        } else if break_len(b, i) > 0 {
+            return i;
+        } else {
+            let n = match c {
+                0..=0x7f => 1,
+                0xc0..=0xdf => 2,
+                0xe0..=0xef => 3,
+                _ => 4,
+            };
+            out.extend_from_slice(&b[i..i + n]);
+            i += n;
+        }
     }
 }
 
@@ -198,78 +297,119 @@ mod tests {
     use super::*;
 
     fn n(text: &str) -> String {
-        normalize(text, Options::default())
-    }
-
-    fn filler(text: &str) -> String {
-        normalize(
-            text,
-            Options {
-                strip_punctuation: true,
-                strip_filler: true,
-            },
-        )
+        normalize(text)
     }
 
     #[test]
-    fn ascii_case_and_whitespace() {
-        assert_eq!(n("  Hello\t\n  World!!  "), "hello world");
+    fn blank_space_folds() {
+        assert_eq!(n("  Hello\t\n  World!!  "), "  Hello\t\n  World!!");
+        assert_eq!(n("  How   do I   reset it? "), "How do I reset it?");
+        assert_eq!(n("a\u{a0}b\u{3000}\u{2009} c\n"), "a b c");
+        assert_eq!(
+            n("\n\n \nfirst  line\nsecond  line\n\n"),
+            "first line\nsecond line"
+        );
         assert_eq!(n(""), "");
-        assert_eq!(n(" \t "), "");
+        assert_eq!(n(" \t "), "\t");
+        assert_eq!(n(" \n\u{2028} "), "");
     }
 
     #[test]
-    fn keeps_punctuation_when_asked() {
-        let keep = Options {
-            strip_punctuation: false,
-            strip_filler: false,
-        };
-        assert_eq!(normalize("Why?  ", keep), "why?");
+    fn meaning_is_kept() {
+        for text in [
+            "What is 3²?",
+            "x₂ + ½",
+            "Ⅻ",
+            "abc!",
+            "aGVsbG8=",
+            "ＡＢＣ",
+            "ﬁne Straße",
+            "e\u{301}",
+            "a\tb",
+            "a\u{200b}b",
+            "a\r\nb",
+        ] {
+            assert_eq!(n(text), text, "{text:?}");
+        }
     }
 
     #[test]
-    fn unicode_nfkc_and_full_casefold() {
-        // Full-width letters, ligature, sharp s, final sigma, Kelvin sign.
-        assert_eq!(n("ＨＥＬＬＯ"), "hello");
-        assert_eq!(n("ﬁne"), "fine");
-        assert_eq!(n("Straße"), "strasse");
-        assert_eq!(n("ΟΔΟΣ"), "οδοσ");
-        assert_eq!(n("\u{212A}"), "k");
-        assert_eq!(n("a\u{3000}b\u{00a0}c"), "a b c");
+    fn code_is_kept() {
+        let fenced = "Fix:\n```py\nx  =  1\n\nif  x:\n    y\n```\nand  more";
+        assert_eq!(
+            n(fenced),
+            "Fix:\n```py\nx  =  1\n\nif  x:\n    y\n```\nand more"
+        );
+        let tilde = "~~~\na  b\n~~~~\nc  d";
+        assert_eq!(n(tilde), "~~~\na  b\n~~~~\nc d");
+        let unclosed = "see\n```\na  b";
+        assert_eq!(n(unclosed), unclosed);
+        let inline = "Run `ls  -l`  now\nthen  this\n\nand  `that`\nfine  here";
+        assert_eq!(
+            n(inline),
+            "Run `ls  -l`  now\nthen this\n\nand  `that`\nfine here"
+        );
+        let spanning = "a `b\nc  d\ne` f\n\ng  h";
+        assert_eq!(n(spanning), "a `b\nc  d\ne` f\n\ng h");
+        assert_eq!(n("```foo``` is  inline"), "```foo``` is  inline");
+        assert_eq!(n("def f():\n    return  1"), "def f():\n    return  1");
+        assert_eq!(n("    x  =  1"), "    x  =  1");
+        assert_eq!(n("   x  =  1"), "x = 1");
+        assert_eq!(n("  a\n  b"), "  a\n  b");
     }
 
     #[test]
-    fn punctuation_and_filler() {
-        assert_eq!(n("What is Rust？"), "what is rust");
-        assert_eq!(filler("Please, tell me a joke, thanks!"), "tell me a joke");
-        assert_eq!(filler("tell me a joke please please."), "tell me a joke");
-        assert_eq!(filler("thanks"), "thanks");
-        assert_eq!(filler("please"), "please");
-        assert_eq!(filler("no thanksgiving"), "no thanksgiving");
+    fn fast_path_equals_byte_path() {
+        let alphabet = b"aZ  \t\n\x1c\"\\.!?09~`\x7f";
+        let mut state = 0x2545_f491_4f6c_dd1d_u64;
+        for len in 0..120 {
+            for _ in 0..20 {
+                let text: String = (0..len)
+                    .map(|_| {
+                        state = state
+                            .wrapping_mul(6_364_136_223_846_793_005)
+                            .wrapping_add(1);
+                        char::from(alphabet[(state >> 33) as usize % alphabet.len()])
+                    })
+                    .collect();
+                let once = n(&text);
+                assert_eq!(n(&once), once, "{text:?}");
+                // The byte path alone: a non-ASCII character every few bytes.
+                let slow = text.replace('Z', "é");
+                assert_eq!(n(&slow).replace('é', "Z"), once, "{text:?}");
+            }
+        }
     }
 
     #[test]
     fn idempotent_on_tricky_inputs() {
         for text in [
-            "\u{0345}\u{0301}A",
-            "ǅ ǈ ǋ ǲ",
-            "ﬀ ﬃ İ ŉ",
-            "x \u{0301}",
-            "please please .",
-            ". , ! thank you",
+            "    ```  x",
+            "  ```a  b",
+            " \u{a0}a  b",
+            "a \u{a0} \u{3000}b",
+            "x\n```\n",
+            "```\n```\na  b",
+            "`\n\n`  a",
+            "a  `\n  b  `  c",
+            "\u{85}  a",
+            "a\u{2028}  b  c",
         ] {
-            let once = filler(text);
-            assert_eq!(filler(&once), once, "{text:?}");
             let once = n(text);
             assert_eq!(n(&once), once, "{text:?}");
         }
     }
 
     #[test]
-    fn python_whitespace_set() {
-        assert!(is_space('\u{1c}'));
-        assert!(is_space('\u{85}'));
-        assert!(is_space('\u{3000}'));
-        assert!(!is_space('\u{200b}'));
+    fn character_classes() {
+        assert!(is_space('\u{a0}') && is_space('\u{202f}') && is_space('\u{3000}'));
+        assert!(!is_space('\t') && !is_space('\u{200b}') && !is_space('\u{1f}'));
+        assert!(is_line_break('\u{1c}') && is_line_break('\u{85}') && is_line_break('\u{2029}'));
+        for c in (0..0x11_0000).filter_map(char::from_u32) {
+            let mut buf = [0; 4];
+            let bytes = c.encode_utf8(&mut buf).as_bytes();
+            assert_eq!(space_len(bytes, 0) > 0, is_space(c), "{c:?}");
+            assert_eq!(break_len(bytes, 0) > 0, is_line_break(c), "{c:?}");
+        }
     }
 }

@@ -154,8 +154,15 @@ pub fn encoding_for_model(model: &str) -> Encoding {
 pub fn count_request_tokens(body: &[u8], encoding: Encoding) -> Result<usize, RequestError> {
     let request = parse_object(body)?;
     validate(&request)?;
+    // Prompt text outside the messages: tool and function definitions, a response schema.
+    let mut extra = 0;
+    for field in ["tools", "functions", "response_format", "tool_choice"] {
+        if let Some(value) = request.get(field) {
+            extra += count_json(value, encoding);
+        }
+    }
     if let Some(Node::Arr(messages)) = request.get("messages") {
-        return Ok(count_messages(messages, encoding));
+        return Ok(count_messages(messages, encoding) + extra);
     }
     for field in ["prompt", "input"] {
         if let Some(value) = request.get(field) {
@@ -167,8 +174,56 @@ pub fn count_request_tokens(body: &[u8], encoding: Encoding) -> Result<usize, Re
     ))
 }
 
+/// An image's tokens when its size is not known: the high-detail image rule at its largest (85
+/// base + 170 per 512-pixel tile, at most 8 tiles after scaling to `2048 x 768`).
+pub const IMAGE_TOKENS: usize = 85 + 170 * 8;
+/// An image sent with `detail: "low"`.
+pub const IMAGE_TOKENS_LOW: usize = 85;
+
+/// Every string and key of a JSON value encoded, numbers one token each: what a definition
+/// (a tool, a schema) costs in the prompt, give or take its rendering.
+fn count_json(value: &Node<'_>, encoding: Encoding) -> usize {
+    match value {
+        Node::Str(s) => encoding.count(s),
+        Node::Num(_) | Node::Bool(_) => 1,
+        Node::Null => 0,
+        Node::Arr(items) => items.iter().map(|v| count_json(v, encoding)).sum(),
+        Node::Obj(entries) => entries
+            .iter()
+            .map(|(k, v)| encoding.count(k) + count_json(v, encoding))
+            .sum(),
+    }
+}
+
+/// A content part's tokens: every text it carries (`text`, `input_text`, `refusal`, ...), and
+/// an image by the image rule, never by the bytes of its URL.
+fn count_part(part: &Node<'_>, encoding: Encoding) -> usize {
+    let Node::Obj(fields) = part else {
+        return part.as_str().map_or(0, |s| encoding.count(s));
+    };
+    let mut total = 0;
+    for (key, value) in fields {
+        match (key.as_ref(), value) {
+            ("type", _) => {}
+            ("image_url" | "input_image" | "image", image) => {
+                let detail = image.get("detail").and_then(Node::as_str);
+                total += if detail == Some("low") {
+                    IMAGE_TOKENS_LOW
+                } else {
+                    IMAGE_TOKENS
+                };
+            }
+            ("input_audio" | "file", _) => total += count_json(value, encoding).min(IMAGE_TOKENS),
+            (_, Node::Str(s)) => total += encoding.count(s),
+            (_, nested) => total += count_json(nested, encoding),
+        }
+    }
+    total
+}
+
 /// Cookbook accounting: every string field of a message is encoded, plus fixed overheads. Content
-/// parts count their `text`; tool calls count function name and arguments; images are not counted.
+/// parts count every text they carry and images by the image rule; tool calls count function
+/// name and arguments.
 fn count_messages(messages: &[Node<'_>], encoding: Encoding) -> usize {
     let mut total = REPLY_PRIMING;
     for message in messages {
@@ -181,9 +236,7 @@ fn count_messages(messages: &[Node<'_>], encoding: Encoding) -> usize {
                 Node::Str(s) => total += encoding.count(s),
                 Node::Arr(items) if key == "content" => {
                     for part in items {
-                        if let Some(text) = part.get("text").and_then(Node::as_str) {
-                            total += encoding.count(text);
-                        }
+                        total += count_part(part, encoding);
                     }
                 }
                 Node::Arr(calls) if key == "tool_calls" => {
@@ -258,7 +311,37 @@ mod tests {
         // 3 priming + 3 per message + role(1) + content(2) + name(1) + 1 for name.
         assert_eq!(count_request_tokens(body, Encoding::Cl100k).unwrap(), 11);
         let parts = br#"{"messages":[{"role":"user","content":[{"type":"text","text":"hello world"},{"type":"image_url","image_url":{"url":"x"}}]}]}"#;
-        assert_eq!(count_request_tokens(parts, Encoding::Cl100k).unwrap(), 9);
+        // An image counts by the image rule (its size unknown: the largest), never its URL.
+        assert_eq!(
+            count_request_tokens(parts, Encoding::Cl100k).unwrap(),
+            9 + IMAGE_TOKENS
+        );
+        let low = br#"{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,AAAA","detail":"low"}}]}]}"#;
+        assert_eq!(
+            count_request_tokens(low, Encoding::Cl100k).unwrap(),
+            7 + IMAGE_TOKENS_LOW
+        );
+    }
+
+    #[test]
+    fn prompt_text_outside_message_text_counts() {
+        let count = |b: &str| count_request_tokens(b.as_bytes(), Encoding::Cl100k).unwrap();
+        let plain = count(r#"{"messages":[{"role":"user","content":"hi"}]}"#);
+        let description = "word ".repeat(1000);
+        let tools = format!(
+            r#"{{"messages":[{{"role":"user","content":"hi"}}],"tools":[{{"type":"function","function":{{"name":"f","description":"{description}"}}}}]}}"#
+        );
+        assert!(count(&tools) >= plain + 1000);
+        let schema = format!(
+            r#"{{"messages":[{{"role":"user","content":"hi"}}],"response_format":{{"type":"json_schema","json_schema":{{"description":"{description}"}}}}}}"#
+        );
+        assert!(count(&schema) >= plain + 1000);
+        for kind in ["input_text", "refusal"] {
+            let part = format!(
+                r#"{{"messages":[{{"role":"user","content":[{{"type":"{kind}","{kind}":"{description}"}}]}}]}}"#
+            );
+            assert!(count(&part) >= 1000, "{kind}");
+        }
     }
 
     #[test]

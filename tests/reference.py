@@ -8,24 +8,14 @@ import hashlib
 import json
 import os
 import re
-import unicodedata
 from typing import Any
 
 import tiktoken
 import tiktoken.load
 
-PUNCTUATION = ".!?,;:\u3002\u3001"
-TRAILING_FILLER = (
-    "thank you very much",
-    "thanks a lot",
-    "thank you",
-    "thanks",
-    "please",
-    "thx",
-    "pls",
-    "plz",
-)
-LEADING_FILLER = ("please", "kindly", "pls", "plz")
+# Unicode's space separators (Zs) and Python's str.splitlines line breaks.
+SPACES = " \u00a0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) + "\u202f\u205f\u3000"
+LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
 TRANSPORT_FIELDS = frozenset(
     {
         "metadata",
@@ -38,46 +28,65 @@ TRANSPORT_FIELDS = frozenset(
         "user",
     }
 )
-_SPACES = re.compile(r"\s+")
 _TWO_POW_63 = 2**63
+_SPACE_RUN = re.compile(f"[{SPACES}]+")
+_LINES = re.compile(f"([{LINE_BREAKS}])")
+_FENCE = re.compile(f"[{SPACES}\t]*(`{{3,}}(?!.*`)|~{{3,}})", re.DOTALL)
 
 
-def _fold(text: str) -> str:
-    """NFKC, then casefold + NFKC until stable (at most 4 rounds), as the Rust side does."""
-    current = unicodedata.normalize("NFKC", text)
-    for _ in range(4):
-        folded = current.casefold()
-        if folded == current:
-            break
-        following = unicodedata.normalize("NFKC", folded)
-        if following == current:
-            break
-        current = following
-    return current
+def _is_blank(line: str) -> bool:
+    return not line.strip(SPACES + "\t")
 
 
-def _strip_once(s: str, strip_punctuation: bool, strip_filler: bool) -> str:
-    if strip_punctuation:
-        s = s.rstrip(PUNCTUATION + " ")
-    if strip_filler:
-        for filler in TRAILING_FILLER:
-            if len(s) > len(filler) and s.endswith(filler) and s[-len(filler) - 1] == " ":
-                s = s[: -len(filler)].rstrip(" ")
-                break
-        word, space, rest = s.partition(" ")
-        if space and word.rstrip(",!.") in LEADING_FILLER:
-            s = rest
-    return s
+def _closes(line: str, fence: str) -> bool:
+    body = line.lstrip(SPACES + "\t")
+    run = len(body) - len(body.lstrip(fence[0]))
+    return run >= len(fence) and _is_blank(body[run:])
 
 
-def normalize(text: str, *, strip_punctuation: bool = True, strip_filler: bool = False) -> str:
-    """Reference for `router.normalize`: unicodedata NFKC + str.casefold + regex whitespace."""
-    s = _SPACES.sub(" ", _fold(text)).strip(" ")
-    while True:
-        stripped = _strip_once(s, strip_punctuation, strip_filler)
-        if stripped == s:
-            return s
-        s = stripped
+def normalize(text: str) -> str:
+    """Reference for `router.normalize`: the four blank-space folds of rust/normalize.rs."""
+    blank = SPACES + LINE_BREAKS
+    text = text.rstrip(blank)
+    first = len(text) - len(text.lstrip(blank))
+    text = text[max(text.rfind(c, 0, first) for c in LINE_BREAKS) + 1 :]
+    indent = len(text) - len(text.lstrip(SPACES))
+    if 0 < indent <= 3 and not any(c in text for c in LINE_BREAKS):
+        text = text[indent:]
+    parts = _LINES.split(text)
+    lines, breaks = parts[::2], [*parts[1::2], ""]
+    # Which lines are kept verbatim: fences and their content, indented lines, and per paragraph
+    # the lines from the first to the last one holding a backtick.
+    verbatim = [False] * len(lines)
+    paragraph: list[int] = []
+
+    def close_paragraph() -> None:
+        ticked = [i for i in paragraph if "`" in lines[i]]
+        if ticked:
+            for i in range(ticked[0], ticked[-1] + 1):
+                verbatim[i] = True
+        paragraph.clear()
+
+    fence = ""
+    for i, line in enumerate(lines):
+        if fence:
+            verbatim[i] = True
+            if _closes(line, fence):
+                fence = ""
+            continue
+        opened = _FENCE.match(line)
+        if opened or _is_blank(line):
+            close_paragraph()
+            verbatim[i] = True
+            fence = opened.group(1) if opened else ""
+            continue
+        paragraph.append(i)
+        verbatim[i] = line[0] in SPACES + "\t"
+    close_paragraph()
+    return "".join(
+        (line if keep else _SPACE_RUN.sub(" ", line)) + brk
+        for line, keep, brk in zip(lines, verbatim, breaks, strict=True)
+    )
 
 
 def _reject_constant(name: str) -> Any:
@@ -97,6 +106,16 @@ def _parse_float(text: str) -> float:
     return value
 
 
+class Number(str):
+    """A JSON number's literal exactly as written (the canonical form keeps it)."""
+
+
+def _literal(text: str) -> Number:
+    if float(text) in (float("inf"), float("-inf")):
+        raise ValueError(f"number out of range: {text}")
+    return Number(text)
+
+
 def loads(body: bytes) -> Any:
     """Decode a request body the way the Rust side accepts it (no NaN/Infinity)."""
     return json.loads(
@@ -107,20 +126,31 @@ def loads(body: bytes) -> Any:
     )
 
 
-def _numbers(value: Any) -> Any:
-    """Integral floats within i64 become ints, so 1 and 1.0 compare equal."""
-    if isinstance(value, float) and value.is_integer() and abs(value) < _TWO_POW_63:
-        return int(value)
-    if isinstance(value, list):
-        return [_numbers(v) for v in value]
+def loads_literal(body: bytes) -> Any:
+    """Decode a request body keeping each number's literal as a `Number`."""
+    return json.loads(
+        body.decode("utf-8"),
+        parse_constant=_reject_constant,
+        parse_int=_literal,
+        parse_float=_literal,
+    )
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON with sorted keys and numbers as written (`json.dumps` would quote them)."""
+    if isinstance(value, Number):
+        return str(value)
     if isinstance(value, dict):
-        return {k: _numbers(v) for k, v in value.items()}
-    return value
+        items = (f"{dumps(k)}:{dumps(v)}" for k, v in sorted(value.items()))
+        return "{" + ",".join(items) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(dumps(v) for v in value) + "]"
+    return json.dumps(value, ensure_ascii=False)
 
 
 def _texts(value: Any) -> Any:
     """Mirror of the Rust `write_texts`: strings normalized, text parts' `text` normalized."""
-    if isinstance(value, str):
+    if isinstance(value, str) and not isinstance(value, Number):
         return normalize(value)
     if isinstance(value, list):
         return [
@@ -150,17 +180,16 @@ def canonical_value(request: dict[str, Any], level: str = "exact") -> dict[str, 
 
 
 def canonical(body: bytes, *, level: str = "exact") -> bytes:
-    """Reference for `router.canonical`: json.loads, sorted compact json.dumps."""
-    request = loads(body)
+    """Reference for `router.canonical`: json.loads keeping number literals, sorted compact JSON."""
+    request = loads_literal(body)
     if not isinstance(request, dict):
         raise ValueError("request body must be a JSON object")
-    value = _numbers(canonical_value(request, level))
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    return dumps(canonical_value(request, level)).encode()
 
 
 def fingerprint(body: bytes, *, namespace: str = "", level: str = "exact") -> bytes:
     """A reference key of the same cost shape (hashlib blake2b-128; Rust uses xxh3-128)."""
-    header = f"router-fp/1\n{level}\n{len(namespace.encode())}:{namespace}\n".encode()
+    header = f"router-fp/2\n{level}\n{len(namespace.encode())}:{namespace}\n".encode()
     return hashlib.blake2b(header + canonical(body, level=level), digest_size=16).digest()
 
 
@@ -208,12 +237,53 @@ def _count_texts(value: Any, enc: tiktoken.Encoding) -> int:
     return 0
 
 
+IMAGE_TOKENS = 85 + 170 * 8
+IMAGE_TOKENS_LOW = 85
+
+
+def _count_json(value: Any, enc: tiktoken.Encoding) -> int:
+    """Every string and key encoded, numbers and booleans one token each."""
+    if isinstance(value, str):
+        return len(enc.encode_ordinary(value))
+    if isinstance(value, bool | int | float):
+        return 1
+    if isinstance(value, list):
+        return sum(_count_json(v, enc) for v in value)
+    if isinstance(value, dict):
+        return sum(len(enc.encode_ordinary(k)) + _count_json(v, enc) for k, v in value.items())
+    return 0
+
+
+def _count_part(part: Any, enc: tiktoken.Encoding) -> int:
+    """Every text a content part carries; an image by the image rule."""
+    if not isinstance(part, dict):
+        return len(enc.encode_ordinary(part)) if isinstance(part, str) else 0
+    total = 0
+    for key, value in part.items():
+        if key == "type":
+            continue
+        if key in ("image_url", "input_image", "image"):
+            low = isinstance(value, dict) and value.get("detail") == "low"
+            total += IMAGE_TOKENS_LOW if low else IMAGE_TOKENS
+        elif key in ("input_audio", "file"):
+            total += min(_count_json(value, enc), IMAGE_TOKENS)
+        else:
+            total += _count_json(value, enc)
+    return total
+
+
 def count_request_tokens(body: bytes, enc: tiktoken.Encoding) -> int:
-    """Cookbook prompt-token accounting with tiktoken (special tokens counted as plain text)."""
+    """Cookbook prompt-token accounting with tiktoken (special tokens counted as plain text),
+    plus the prompt text outside the messages (tools, functions, response format)."""
     request = loads(body)
+    extra = sum(
+        _count_json(request[field], enc)
+        for field in ("tools", "functions", "response_format", "tool_choice")
+        if field in request
+    )
     messages = request.get("messages")
     if isinstance(messages, list):
-        total = 3
+        total = 3 + extra
         for message in messages:
             total += 3
             for key, value in message.items():
@@ -221,9 +291,7 @@ def count_request_tokens(body: bytes, enc: tiktoken.Encoding) -> int:
                     total += len(enc.encode_ordinary(value))
                 elif key == "content" and isinstance(value, list):
                     for part in value:
-                        text = part.get("text") if isinstance(part, dict) else None
-                        if isinstance(text, str):
-                            total += len(enc.encode_ordinary(text))
+                        total += _count_part(part, enc)
                 elif key == "tool_calls" and isinstance(value, list):
                     for call in value:
                         function = call.get("function") if isinstance(call, dict) else None

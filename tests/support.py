@@ -94,13 +94,14 @@ def spawn(
     log: Path,
     env: dict[str, str] | None = None,
     ready_timeout: float = 20.0,
+    cwd: Path | None = None,
 ) -> Proc:
-    """Start a process, wait until it listens on `port`, return its handle."""
+    """Start a process (in the repository, or `cwd`), wait until it listens on `port`."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     fh = log.open("wb")
     with fh:  # the child keeps its own copy of the descriptor
         popen = subprocess.Popen(
-            list(args), stdout=fh, stderr=subprocess.STDOUT, env=full_env, cwd=REPO
+            list(args), stdout=fh, stderr=subprocess.STDOUT, env=full_env, cwd=cwd or REPO
         )
     proc = Proc(args=args, port=port, log=log, popen=popen)
     try:

@@ -1,15 +1,22 @@
 """Type stubs for the native extension `router._native` (Rust, pyo3)."""
 
+import os
+from os import PathLike
 from typing import final
 
 __all__ = [
     "BucketTable",
+    "ChatTemplate",
+    "ChatTemplateError",
+    "HfTokenizer",
     "InvalidArgumentError",
     "NativeError",
     "Prober",
     "RegionHealth",
     "RequestDecodeError",
     "RequestShapeError",
+    "TokenizeError",
+    "TokenizerLoadError",
     "__version__",
     "canonical",
     "count_request_tokens",
@@ -27,7 +34,7 @@ class NativeError(Exception):
     """Root of every error raised by router._native."""
 
 class RequestDecodeError(NativeError):
-    """The body is not UTF-8 JSON, is nested too deep, or has an out-of-range number."""
+    """The body is not UTF-8 JSON, is nested too deep, or has a number beyond f64's range."""
 
 class RequestShapeError(NativeError):
     """The request body is JSON of the wrong shape, e.g. `messages` is not an array."""
@@ -35,8 +42,19 @@ class RequestShapeError(NativeError):
 class InvalidArgumentError(NativeError):
     """An argument has an unsupported value, e.g. an unknown encoding or a negative limit."""
 
-def normalize(text: str, *, strip_punctuation: bool = True, strip_filler: bool = False) -> str:
-    """Normalize a prompt for cache matching (NFKC, case fold, whitespace); idempotent."""
+class TokenizerLoadError(NativeError):
+    """A tokenizer.json file is missing, unreadable, or not a tokenizer; `path` names the file."""
+
+    path: str
+
+class TokenizeError(NativeError):
+    """The tokenizer could not encode a text (e.g. no unknown token for a character)."""
+
+class ChatTemplateError(NativeError):
+    """A chat template has a syntax error, or rendering failed (e.g. its raise_exception)."""
+
+def normalize(text: str) -> str:
+    """Normalize a prompt for the "normalized" cache level (blank space only); idempotent."""
 
 def fingerprint(body: bytes, *, namespace: str = "", level: str = "exact") -> bytes:
     """The 16-byte cache key of a raw request body (xxh3-128 over its canonical form)."""
@@ -58,6 +76,46 @@ def count_request_tokens(body: bytes, encoding: str) -> int:
 
 def preload_tokenizers() -> None:
     """Build the cl100k/o200k tokenizers now instead of on first use."""
+
+@final
+class HfTokenizer:
+    """A Hugging Face tokenizer.json (the Rust tokenizers crate), loaded once from a path."""
+
+    def __new__(cls, path: str | os.PathLike[str]) -> HfTokenizer: ...
+    @property
+    def path(self) -> str:
+        """The file the tokenizer was loaded from."""
+    @property
+    def vocab_size(self) -> int:
+        """Size of the vocabulary, added tokens included."""
+    def count(self, text: str, *, add_special_tokens: bool = False) -> int:
+        """Number of tokens in `text`, as len(tokenizers.Tokenizer.encode(text).ids)."""
+    def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of `text`, as tokenizers.Tokenizer.encode(text).ids."""
+    def count_many(self, texts: list[str], *, add_special_tokens: bool = False) -> list[int]:
+        """Number of tokens of each text, in order, with the GIL released once."""
+    def count_chat(
+        self,
+        template: ChatTemplate,
+        body: bytes,
+        *,
+        add_generation_prompt: bool = True,
+        add_special_tokens: bool = False,
+    ) -> int:
+        """Prompt tokens of a chat/messages/responses request body rendered with `template`."""
+    def token_to_id(self, token: str) -> int | None:
+        """The id of `token` in the vocabulary or the added tokens, or None."""
+
+@final
+class ChatTemplate:
+    """A model's Jinja chat template compiled once, rendered as transformers renders it."""
+
+    def __new__(cls, template: str, bos_token: str = "", eos_token: str = "") -> ChatTemplate: ...
+    def render(self, body: bytes, add_generation_prompt: bool = True) -> str:
+        """The prompt text of a chat/messages/responses request body or a messages array."""
+    @property
+    def bos_token(self) -> str:
+        """The BOS token string given at construction."""
 
 @final
 class BucketTable:
@@ -92,6 +150,9 @@ class RegionHealth:
     def name(self) -> str: ...
     @property
     def url(self) -> str: ...
+    @property
+    def probe_path(self) -> str:
+        """The request path of the next probe (base URL prefix included)."""
     @property
     def healthy(self) -> bool: ...
     @property
@@ -150,8 +211,8 @@ class Prober:
         interval_s: float = 1.0,
         jitter: float = 0.1,
         timeout_s: float = 0.8,
-        path: str = ...,
-        fallback_path: str = ...,
+        path: str = "/health",
+        fallback_path: str = "/v1/models",
         expected_statuses: list[int] = ...,
         healthy_after: int = 2,
         unhealthy_after: int = 2,
@@ -160,15 +221,17 @@ class Prober:
         eject_after: int = 5,
         base_ejection_s: float = 5.0,
         max_ejection_s: float = 60.0,
-    ) -> Prober: ...
+        ca_file: str | PathLike[str] | None = None,
+    ) -> Prober:
+        """Settings as keywords; https regions trust the system store plus `ca_file` (PEM)."""
     def configure(
         self,
         *,
         interval_s: float = 1.0,
         jitter: float = 0.1,
         timeout_s: float = 0.8,
-        path: str = ...,
-        fallback_path: str = ...,
+        path: str = "/health",
+        fallback_path: str = "/v1/models",
         expected_statuses: list[int] = ...,
         healthy_after: int = 2,
         unhealthy_after: int = 2,
@@ -177,6 +240,7 @@ class Prober:
         eject_after: int = 5,
         base_ejection_s: float = 5.0,
         max_ejection_s: float = 60.0,
+        ca_file: str | PathLike[str] | None = None,
     ) -> None:
         """Replace the probe settings (hot reload); regions and their history are kept."""
     def start(self) -> None:
@@ -185,8 +249,8 @@ class Prober:
         """Stop probing and join the thread (idempotent; also done on garbage collection)."""
     @property
     def running(self) -> bool: ...
-    def upsert_region(self, name: str, url: str) -> None:
-        """Add a region or change its URL (its history resets only when the URL changes)."""
+    def upsert_region(self, name: str, url: str, path: str | None = None) -> None:
+        """Add a region or change its URL (history reset) or own probe path (no 404 fallback)."""
     def remove_region(self, name: str) -> bool:
         """Stop probing a region and forget it; False if it was unknown."""
     def regions(self) -> list[str]:

@@ -40,6 +40,12 @@ class ServerConfig(_Section, frozen=True):
     max_messages: Annotated[int, msgspec.Meta(ge=1)] = 2048
     max_in_flight_per_ip: Annotated[int, msgspec.Meta(ge=0)] = 256
     max_response_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 64 << 20
+    # A region's response head (status line and headers) over this many bytes, or with more
+    # than max_headers fields, fails the attempt like a broken answer (fail over, else 502).
+    max_response_head_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 64 << 10
+    # One SSE event of a region's stream above this ends the stream as broken (continued
+    # elsewhere, or an error event), so a never-ending line costs bounded memory and CPU.
+    max_event_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 1 << 20
     # Young-generation GC threshold once started (CPython's default is 700; 0 keeps it).
     # Fewer passes over in-flight requests' objects: a third less CPU per request at c=128.
     gc_gen0_threshold: Annotated[int, msgspec.Meta(ge=0)] = 50_000
@@ -71,12 +77,56 @@ class RegionConfig(_Section, frozen=True):
     # Idle pooled connections are dropped after this; keep it below the region's own keep-alive
     # timeout (uvicorn, used by vLLM, closes after 5 s) so a reused connection is never stale.
     keepalive_s: float = 4.0
+    # The server software: what it can do and how to probe it. vllm and llama-server continue
+    # a final assistant message and report stream usage; llama-cpp-python does neither.
+    kind: Literal["generic", "vllm", "llama-server", "llama-cpp-python", "openai", "sim"] = (
+        "generic"
+    )
+    # Continuing a stream cut mid-way: "continue" (send the text so far as an assistant
+    # prefill), "regenerate" (resend the request; only for deterministic requests, the new
+    # text must match what the client has), "none", or "auto" (from `kind`).
+    continuation: Literal["auto", "continue", "regenerate", "none"] = "auto"
+    # The request id goes to the region in this header, always as a UUID (the client's id when
+    # it is one; one derived from it otherwise); "" sends none.
+    request_id_header: str = "X-Request-Id"
+    # The route active probes ask, from the server root; unset: from `kind` (a route that does
+    # not wait for the model), else [health] path with its 404 fallback.
+    health_path: str | None = None
+
+    def probe_path(self) -> str | None:
+        """The region's own probe path, if it has one (set, or known for its kind)."""
+        if self.health_path is not None:
+            return self.health_path
+        return _PROBE_PATHS.get(self.kind)
+
+
+# Health routes that answer without waiting for the model (a busy server must not look dead,
+# and llama-cpp-python's /v1/models waits for the model lock, then can interrupt a stream).
+_PROBE_PATHS = {
+    "vllm": "/health",
+    "llama-server": "/health",
+    "llama-cpp-python": "/openapi.json",
+    "sim": "/health",
+}
+
+FallbackOn = Literal["unavailable", "overloaded", "server_error", "timeout", "context_length"]
 
 
 class ModelsConfig(_Section, frozen=True):
-    """[models]: client-facing aliases -> the model name regions serve."""
+    """[models]: client-facing aliases -> the model name regions serve; model fallbacks."""
 
     aliases: dict[str, str] = msgspec.field(default_factory=dict)
+    # Per client-facing model, the models to try in order when no region could answer it
+    # (each with its own regions). Never on an error the request caused, except too long a
+    # prompt when "context_length" is listed (a larger-context model can take it).
+    fallbacks: dict[str, tuple[str, ...]] = msgspec.field(default_factory=dict)
+    fallback_on: tuple[FallbackOn, ...] = (
+        "unavailable",
+        "overloaded",
+        "server_error",
+        "timeout",
+        "context_length",
+    )
 
 
 _SHA256_HEX = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
@@ -139,6 +189,29 @@ class LimitsConfig(_Section, frozen=True):
     default_max_tokens: Annotated[int, msgspec.Meta(ge=0)] = 256
 
 
+class TokenizerConfig(_Section, frozen=True):
+    """[tokenizers.models.<model>]: count a model's prompts exactly with its own tokenizer."""
+
+    # A Hugging Face tokenizer.json (loaded at start-up; nothing is downloaded).
+    file: str
+    # The model's chat template (a Jinja file, e.g. the `chat_template` of its
+    # tokenizer_config.json saved alone); unset: message texts only, plus a per-message overhead.
+    chat_template: str | None = None
+    bos_token: str = ""
+    eos_token: str = ""
+    # Tokens a message costs beyond its text when there is no template to render.
+    per_message: Annotated[int, msgspec.Meta(ge=0)] = 4
+    # Count the way llama.cpp does (the tokenizer adds BOS) rather than the template's own BOS.
+    add_special_tokens: bool = False
+
+
+class TokenizersConfig(_Section, frozen=True):
+    """[tokenizers]: model (as regions serve it, or its alias) -> tokenizer; others use the
+    built-in OpenAI encodings where the name says so, else an estimate of 4 bytes a token."""
+
+    models: dict[str, TokenizerConfig] = msgspec.field(default_factory=dict)
+
+
 class AdmissionConfig(_Section, frozen=True):
     """[admission]: per-region in-flight caps and the bounded priority wait queue."""
 
@@ -164,7 +237,7 @@ class CacheConfig(_Section, frozen=True):
 
     # Off unless asked for: a cache changes what a proxy answers, so it is an explicit choice.
     enabled: bool = False
-    # "normalized" also folds case, spacing, punctuation and look-alike characters in prompts.
+    # "normalized" also folds blank space in prompts (runs, ends of lines; never in code).
     level: Literal["exact", "normalized"] = "exact"
     max_bytes: Annotated[int, msgspec.Meta(gt=0)] = 64 << 20
     # A response bigger than this is served but never stored (and never buffered for storing).
@@ -206,6 +279,8 @@ class HealthConfig(_Section, frozen=True):
     path: str = "/health"
     # Used for a region whose `path` answers 404 (llama.cpp, OpenAI).
     fallback_path: str = "/v1/models"
+    # A PEM bundle trusted besides the system store for https regions (a private CA).
+    ca_file: str | None = None
     # Statuses that count as a good probe; empty means any 2xx.
     expected_statuses: tuple[int, ...] = ()
     healthy_after: _POSITIVE = 2
@@ -234,6 +309,11 @@ class RoutingConfig(_Section, frozen=True):
     retry_budget_window_s: _SECONDS = 10.0
     # Give up on a region that sent no first byte in this long (None: timeouts.first_byte).
     ttft_timeout_s: _SECONDS | None = None
+    # A stream's first token (not only its headers or role preamble) must come within this,
+    # when another region can serve the request; None turns it off.
+    stream_ttft_timeout_s: _SECONDS | None = 10.0
+    # A region asking (Retry-After) to wait longer than this is not waited for.
+    max_retry_after_s: Annotated[float, msgspec.Meta(ge=0)] = 5.0
     # Endpoints (e.g. "/v1/chat/completions") that hedge: after hedge_delay_ms without a first
     # byte (None: the region's p95 TTFT), also ask the next region; the first byte wins.
     hedge_endpoints: tuple[str, ...] = ()
@@ -244,6 +324,13 @@ class RoutingConfig(_Section, frozen=True):
     max_resumes: Annotated[int, msgspec.Meta(ge=0)] = 2
     # When no region is available, still try them (ejected first) instead of answering 503.
     panic_routing: bool = True
+    # Circuit per (region, model): this many consecutive failures of a model in a region send
+    # its traffic elsewhere first for circuit_base_s * 2^(k-1) s (at most circuit_max_s), then
+    # one request tries it again. A region that answers with an error is alive: its other
+    # models keep their traffic (ejection is for regions that cannot be reached).
+    circuit_after: _POSITIVE = 3
+    circuit_base_s: _SECONDS = 5.0
+    circuit_max_s: _SECONDS = 30.0
 
 
 class ObservabilityConfig(_Section, frozen=True):
@@ -321,6 +408,7 @@ class Config(_Section, frozen=True):
     models: ModelsConfig = msgspec.field(default_factory=ModelsConfig)
     auth: AuthConfig = msgspec.field(default_factory=AuthConfig)
     limits: LimitsConfig = msgspec.field(default_factory=LimitsConfig)
+    tokenizers: TokenizersConfig = msgspec.field(default_factory=TokenizersConfig)
     admission: AdmissionConfig = msgspec.field(default_factory=AdmissionConfig)
     cache: CacheConfig = msgspec.field(default_factory=CacheConfig)
     health: HealthConfig = msgspec.field(default_factory=HealthConfig)
@@ -406,6 +494,14 @@ def _check(config: Config, source: str) -> None:
             raise fail(
                 f"models.aliases.{alias}", f"expected a model some region serves, got {target!r}"
             )
+    everything = set(config.served_models())
+    for model, chain in config.models.fallbacks.items():
+        where = f"models.fallbacks.{model}"
+        if model not in everything:
+            raise fail(where, f"expected a model clients may ask for, got {model!r}")
+        for fallback in chain:
+            if fallback not in everything or fallback == model:
+                raise fail(where, f"expected other served models, got {fallback!r}")
     _check_rollout(config, source)
 
 

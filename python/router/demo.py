@@ -40,6 +40,7 @@ REGION_TEMPLATE = """
 name = "{name}"
 base_url = "http://127.0.0.1:{port}/v1"
 models = ["sim-1"]
+kind = "sim"
 bias_ms = {rtt}
 """
 

@@ -32,6 +32,27 @@ create_exception!(
     "An argument has an unsupported value, e.g. an unknown encoding or a negative limit."
 );
 
+create_exception!(
+    _native,
+    TokenizerLoadError,
+    NativeError,
+    "A tokenizer.json file is missing, unreadable, or not a tokenizer; `path` names the file."
+);
+
+create_exception!(
+    _native,
+    TokenizeError,
+    NativeError,
+    "The tokenizer could not encode a text (e.g. no unknown token for a character)."
+);
+
+create_exception!(
+    _native,
+    ChatTemplateError,
+    NativeError,
+    "A chat template has a syntax error, or rendering failed (e.g. its raise_exception)."
+);
+
 /// Register the exception classes on the module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
@@ -42,6 +63,9 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         "InvalidArgumentError",
         py.get_type::<InvalidArgumentError>(),
     )?;
+    m.add("TokenizerLoadError", py.get_type::<TokenizerLoadError>())?;
+    m.add("TokenizeError", py.get_type::<TokenizeError>())?;
+    m.add("ChatTemplateError", py.get_type::<ChatTemplateError>())?;
     Ok(())
 }
 

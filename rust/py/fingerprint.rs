@@ -57,8 +57,8 @@ fn fingerprint_hex(py: Python<'_>, body: &[u8], namespace: &str, level: &str) ->
     Ok(format!("{:032x}", u128::from_be_bytes(key)))
 }
 
-/// The canonical JSON the fingerprint hashes (sorted keys, no spaces, 1.0 written as 1,
-/// transport fields dropped; text normalized at level "normalized").
+/// The canonical JSON the fingerprint hashes (sorted keys, no spaces, numbers exactly as
+/// written, transport fields dropped; text normalized at level "normalized").
 #[pyfunction]
 #[pyo3(signature = (body, *, level = "exact"))]
 fn canonical<'py>(py: Python<'py>, body: &[u8], level: &str) -> PyResult<Bound<'py, PyBytes>> {

@@ -3,6 +3,7 @@
 pub mod bucket;
 pub mod errors;
 pub mod fingerprint;
+pub mod hf_tokenizer;
 pub mod normalize;
 pub mod prober;
 pub mod tokens;

@@ -6,7 +6,7 @@
 use pyo3::prelude::*;
 use pyo3::types::PyString;
 
-use crate::normalize::{normalize as normalize_text, Options};
+use crate::normalize::normalize as normalize_text;
 use crate::py::errors::InvalidArgumentError;
 
 /// Inputs at least this long are processed with the GIL released; shorter ones finish before
@@ -20,25 +20,17 @@ pub fn utf8<'a>(text: &'a Bound<'_, PyString>, what: &str) -> PyResult<&'a str> 
     })
 }
 
-/// Normalize a prompt for cache matching: NFKC, full case folding, whitespace collapsed and
-/// trimmed; optionally drop trailing punctuation and politeness filler. Idempotent.
+/// Normalize a prompt for the "normalized" cache level: only blank space that cannot change
+/// what is asked is folded (trailing blank space, leading blank lines, up to 3 leading spaces of
+/// a one-line text, runs of Unicode spaces inside a prose line to one space). Case, digits,
+/// punctuation, every other character, line breaks, indentation and code are kept. Idempotent.
 #[pyfunction]
-#[pyo3(signature = (text, *, strip_punctuation = true, strip_filler = false))]
-fn normalize(
-    py: Python<'_>,
-    text: &Bound<'_, PyString>,
-    strip_punctuation: bool,
-    strip_filler: bool,
-) -> PyResult<String> {
+fn normalize(py: Python<'_>, text: &Bound<'_, PyString>) -> PyResult<String> {
     let text = utf8(text, "text")?;
-    let options = Options {
-        strip_punctuation,
-        strip_filler,
-    };
     if text.len() >= DETACH_MIN_BYTES {
-        Ok(py.detach(|| normalize_text(text, options)))
+        Ok(py.detach(|| normalize_text(text)))
     } else {
-        Ok(normalize_text(text, options))
+        Ok(normalize_text(text))
     }
 }
 

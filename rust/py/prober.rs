@@ -1,11 +1,14 @@
 //! Python wrapper of the health prober: `Prober`, its `RegionHealth` snapshots and events.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::conversion::FromPyObjectOwned;
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 
-use crate::prober::{self, Outcome, ProbeConfig, ProberError, RegionSnapshot};
+use crate::prober::{self, Outcome, ProberError, RegionSnapshot, Settings};
 
 fn value_error(e: &ProberError) -> PyErr {
     match e {
@@ -14,45 +17,52 @@ fn value_error(e: &ProberError) -> PyErr {
     }
 }
 
-fn seconds(what: &str, s: f64) -> PyResult<Duration> {
-    Duration::try_from_secs_f64(s).map_err(|_| {
-        PyValueError::new_err(format!("{what} must be a non-negative number of seconds"))
+fn seconds(key: &str, value: &Bound<'_, PyAny>) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(arg(key, value)?).map_err(|_| {
+        PyValueError::new_err(format!("{key} must be a non-negative number of seconds"))
     })
 }
 
-#[allow(clippy::too_many_arguments)]
-fn build_config(
-    interval_s: f64,
-    jitter: f64,
-    timeout_s: f64,
-    path: String,
-    fallback_path: String,
-    expected_statuses: Vec<u16>,
-    healthy_after: u32,
-    unhealthy_after: u32,
-    ewma_alpha: f64,
-    window: usize,
-    eject_after: u32,
-    base_ejection_s: f64,
-    max_ejection_s: f64,
-) -> PyResult<ProbeConfig> {
-    let config = ProbeConfig {
-        interval: seconds("interval_s", interval_s)?,
-        jitter,
-        timeout: seconds("timeout_s", timeout_s)?,
-        path,
-        fallback_path,
-        expected_statuses,
-        healthy_after,
-        unhealthy_after,
-        ewma_alpha,
-        window,
-        eject_after,
-        base_ejection: seconds("base_ejection_s", base_ejection_s)?,
-        max_ejection: seconds("max_ejection_s", max_ejection_s)?,
-    };
-    config.validate().map_err(|e| value_error(&e))?;
-    Ok(config)
+/// One setting's value, a type error naming the key.
+fn arg<'py, T: FromPyObjectOwned<'py>>(key: &str, value: &Bound<'py, PyAny>) -> PyResult<T> {
+    value.extract::<T>().map_err(|e| {
+        let e: PyErr = e.into();
+        PyTypeError::new_err(format!("{key}: {}", e.value(value.py())))
+    })
+}
+
+/// `Prober(**settings)` and `configure(**settings)`: every key optional, defaults from
+/// [`Settings::default`] (the one place they are defined).
+fn settings(kwargs: Option<&Bound<'_, PyDict>>, method: &str) -> PyResult<Settings> {
+    let mut s = Settings::default();
+    for (key, value) in kwargs.into_iter().flat_map(PyDictMethods::iter) {
+        let key: String = key.extract()?;
+        let k = key.as_str();
+        let v = &value;
+        match k {
+            "interval_s" => s.interval = seconds(k, v)?,
+            "jitter" => s.jitter = arg(k, v)?,
+            "timeout_s" => s.timeout = seconds(k, v)?,
+            "path" => s.path = arg(k, v)?,
+            "fallback_path" => s.fallback_path = arg(k, v)?,
+            "expected_statuses" => s.expected_statuses = arg(k, v)?,
+            "healthy_after" => s.healthy_after = arg(k, v)?,
+            "unhealthy_after" => s.unhealthy_after = arg(k, v)?,
+            "ewma_alpha" => s.ewma_alpha = arg(k, v)?,
+            "window" => s.window = arg(k, v)?,
+            "eject_after" => s.eject_after = arg(k, v)?,
+            "base_ejection_s" => s.base_ejection = seconds(k, v)?,
+            "max_ejection_s" => s.max_ejection = seconds(k, v)?,
+            "ca_file" => s.ca_file = arg::<Option<PathBuf>>(k, v)?,
+            _ => {
+                return Err(PyTypeError::new_err(format!(
+                    "{method}() got an unexpected keyword argument '{key}'"
+                )))
+            }
+        }
+    }
+    s.validate().map_err(|e| value_error(&e))?;
+    Ok(s)
 }
 
 /// One region's health at the moment of `Prober.snapshot()`.
@@ -61,6 +71,7 @@ fn build_config(
 pub struct RegionHealth {
     name: String,
     url: String,
+    probe_path: String,
     healthy: bool,
     probed: bool,
     ejected: bool,
@@ -90,6 +101,7 @@ impl From<RegionSnapshot> for RegionHealth {
         Self {
             name: s.name,
             url: s.url,
+            probe_path: s.probe_path,
             healthy: s.healthy,
             probed: s.probed,
             ejected: s.ejected,
@@ -146,88 +158,24 @@ pub struct Prober {
 
 #[pymethods]
 impl Prober {
+    /// Keyword-only settings, each optional (see `router/_native.pyi` for names and defaults).
     #[new]
-    #[pyo3(signature = (
-        *, interval_s = 1.0, jitter = 0.1, timeout_s = 0.8, path = "/health".to_owned(),
-        fallback_path = "/v1/models".to_owned(), expected_statuses = Vec::new(), healthy_after = 2,
-        unhealthy_after = 2, ewma_alpha = 0.3, window = 64, eject_after = 5, base_ejection_s = 5.0,
-        max_ejection_s = 60.0
-    ))]
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        interval_s: f64,
-        jitter: f64,
-        timeout_s: f64,
-        path: String,
-        fallback_path: String,
-        expected_statuses: Vec<u16>,
-        healthy_after: u32,
-        unhealthy_after: u32,
-        ewma_alpha: f64,
-        window: usize,
-        eject_after: u32,
-        base_ejection_s: f64,
-        max_ejection_s: f64,
-    ) -> PyResult<Self> {
-        let config = build_config(
-            interval_s,
-            jitter,
-            timeout_s,
-            path,
-            fallback_path,
-            expected_statuses,
-            healthy_after,
-            unhealthy_after,
-            ewma_alpha,
-            window,
-            eject_after,
-            base_ejection_s,
-            max_ejection_s,
-        )?;
-        let inner = prober::Prober::new(config).map_err(|e| value_error(&e))?;
+    #[pyo3(signature = (**settings))]
+    fn new(py: Python<'_>, settings: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+        let settings = self::settings(settings, "Prober")?;
+        // Loading the trust store reads files: no need for the GIL.
+        let inner = py
+            .detach(|| prober::Prober::new(settings))
+            .map_err(|e| value_error(&e))?;
         Ok(Self { inner })
     }
 
     /// Replace the probe settings (hot reload); regions and their history are kept.
-    #[pyo3(signature = (
-        *, interval_s = 1.0, jitter = 0.1, timeout_s = 0.8, path = "/health".to_owned(),
-        fallback_path = "/v1/models".to_owned(), expected_statuses = Vec::new(), healthy_after = 2,
-        unhealthy_after = 2, ewma_alpha = 0.3, window = 64, eject_after = 5, base_ejection_s = 5.0,
-        max_ejection_s = 60.0
-    ))]
-    #[allow(clippy::too_many_arguments)]
-    fn configure(
-        &self,
-        interval_s: f64,
-        jitter: f64,
-        timeout_s: f64,
-        path: String,
-        fallback_path: String,
-        expected_statuses: Vec<u16>,
-        healthy_after: u32,
-        unhealthy_after: u32,
-        ewma_alpha: f64,
-        window: usize,
-        eject_after: u32,
-        base_ejection_s: f64,
-        max_ejection_s: f64,
-    ) -> PyResult<()> {
-        let config = build_config(
-            interval_s,
-            jitter,
-            timeout_s,
-            path,
-            fallback_path,
-            expected_statuses,
-            healthy_after,
-            unhealthy_after,
-            ewma_alpha,
-            window,
-            eject_after,
-            base_ejection_s,
-            max_ejection_s,
-        )?;
-        self.inner.set_config(config).map_err(|e| value_error(&e))
+    #[pyo3(signature = (**settings))]
+    fn configure(&self, py: Python<'_>, settings: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
+        let settings = self::settings(settings, "configure")?;
+        py.detach(|| self.inner.set_settings(settings))
+            .map_err(|e| value_error(&e))
     }
 
     /// Start the probe thread (idempotent).
@@ -246,10 +194,12 @@ impl Prober {
         self.inner.is_running()
     }
 
-    /// Add a region or change its URL (its history resets only when the URL changes).
-    fn upsert_region(&self, name: &str, url: &str) -> PyResult<()> {
+    /// Add a region or change its URL (history reset) or own probe path (no 404 fallback).
+    #[pyo3(signature = (name, url, path = None))]
+    fn upsert_region(&self, name: &str, url: &str, path: Option<&str>) -> PyResult<()> {
         self.inner
-            .upsert_region(name, url)
+            .upsert_region(name, url, path)
+            .map(|_| ())
             .map_err(|e| value_error(&e))
     }
 
@@ -260,7 +210,7 @@ impl Prober {
 
     /// Names of the regions in the table, sorted.
     fn regions(&self) -> Vec<String> {
-        prober::lock(self.inner.table()).names()
+        self.inner.regions()
     }
 
     /// Record one proxied attempt's outcome; True if this report ejected the region.

@@ -8,6 +8,12 @@ Modes: blackhole (read the request, never answer), html (200 with an HTML page),
 application/json that is not JSON), badsse (200 text/event-stream whose events are not JSON and
 that ends without [DONE]), nodone (valid SSE chunks, then a clean close without [DONE]), big (a
 64 MiB JSON body), drip (200 headers, then one byte a second).
+
+Hostile modes (an attacker's region, issue 24): hugeheaders (64 MiB of response headers),
+manyheaders (200,000 small headers), redirect (307 to another host), cookies (a good answer
+with Set-Cookie, a CORS grant and a false Content-Encoding: gzip), echo (500 whose body echoes
+the request's headers, the router's key for the region included), longline (a stream whose
+second event is one 8 MiB line that never ends).
 """
 
 from __future__ import annotations
@@ -16,14 +22,28 @@ import argparse
 import asyncio
 import json
 
-MODES = ("blackhole", "html", "badjson", "badsse", "nodone", "big", "drip")
+MODES = (
+    "blackhole",
+    "html",
+    "badjson",
+    "badsse",
+    "nodone",
+    "big",
+    "drip",
+    "hugeheaders",
+    "manyheaders",
+    "redirect",
+    "cookies",
+    "echo",
+    "longline",
+)
 _MAX_HEAD = 64 * 1024
 # Stops a forgotten server by itself: the suite never needs it this long.
 _LIFETIME_S = 300.0
 
 
-async def _read_request(reader: asyncio.StreamReader) -> tuple[str, bytes] | None:
-    """The request line's path and body; None when the client went away."""
+async def _read_request(reader: asyncio.StreamReader) -> tuple[str, bytes, bytes] | None:
+    """The request line's path, its body and its head; None when the client went away."""
     try:
         head = await reader.readuntil(b"\r\n\r\n")
     except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
@@ -36,7 +56,7 @@ async def _read_request(reader: asyncio.StreamReader) -> tuple[str, bytes] | Non
         if name.strip().lower() == "content-length":
             length = int(value.strip() or 0)
     body = await reader.readexactly(length) if length else b""
-    return path, body
+    return path, body, head
 
 
 def _head(status: str, content_type: str, extra: str = "") -> bytes:
@@ -56,9 +76,54 @@ def _sse_event(content: str, finish: str | None = None) -> bytes:
     return b"data: " + json.dumps(event).encode() + b"\n\n"
 
 
-async def _answer(mode: str, writer: asyncio.StreamWriter, body: bytes) -> None:
+async def _answer(mode: str, writer: asyncio.StreamWriter, body: bytes, head: bytes) -> None:
     stream = b'"stream": true' in body or b'"stream":true' in body
-    if mode == "blackhole":
+    if mode == "hugeheaders":
+        writer.write(b"HTTP/1.1 200 OK\r\nX-Big: ")
+        piece = b"a" * (1024 * 1024)
+        for _ in range(64):
+            writer.write(piece)
+            await writer.drain()
+        writer.write(b"\r\n\r\n")
+    elif mode == "manyheaders":
+        writer.write(b"HTTP/1.1 200 OK\r\n")
+        for start in range(0, 200_000, 10_000):
+            writer.write(b"".join(b"X-%d: v\r\n" % i for i in range(start, start + 10_000)))
+            await writer.drain()
+        writer.write(b"Content-Length: 2\r\n\r\n{}")
+    elif mode == "redirect":
+        where = "Location: http://127.0.0.2:9/v1/chat/completions\r\nContent-Length: 0\r\n"
+        writer.write(_head("307 Temporary Redirect", "text/plain", where))
+    elif mode == "cookies":
+        answer = json.dumps(
+            {
+                "id": "c",
+                "choices": [{"index": 0, "message": {"content": "hi"}, "finish_reason": "stop"}],
+            }
+        ).encode()
+        extra = (
+            "Set-Cookie: session=stolen; Path=/\r\nAccess-Control-Allow-Origin: *\r\n"
+            f"Content-Encoding: gzip\r\nContent-Length: {len(answer)}\r\n"
+        )
+        writer.write(_head("200 OK", "application/json", extra) + answer)
+    elif mode == "echo":
+        echoed = json.dumps({"error": {"message": head.decode("latin-1"), "type": "server"}})
+        data = echoed.encode()
+        writer.write(
+            _head(
+                "500 Internal Server Error", "application/json", f"Content-Length: {len(data)}\r\n"
+            )
+            + data
+        )
+    elif mode == "longline":
+        writer.write(_head("200 OK", "text/event-stream", "Transfer-Encoding: chunked\r\n"))
+        writer.write(_chunk(_sse_event("Hello")))
+        writer.write(_chunk(b"data: "))
+        for _ in range(8 * 16):
+            writer.write(_chunk(b"x" * 65536))
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+    elif mode == "blackhole":
         await asyncio.sleep(_LIFETIME_S)
     elif mode == "html":
         page = b"<html><body><h1>502 Bad Gateway</h1>nginx</body></html>"
@@ -100,13 +165,13 @@ async def _serve_one(mode: str, reader: asyncio.StreamReader, writer: asyncio.St
         request = await _read_request(reader)
         if request is None:
             return
-        path, body = request
+        path, body, head = request
         if path.endswith("/health") or path.endswith("/models"):
             ok = b'{"object": "list", "data": [{"id": "sim-1", "object": "model"}]}'
             writer.write(_head("200 OK", "application/json", f"Content-Length: {len(ok)}\r\n") + ok)
             await writer.drain()
             return
-        await _answer(mode, writer, body)
+        await _answer(mode, writer, body, head)
     except (ConnectionError, asyncio.IncompleteReadError):
         pass
     finally:

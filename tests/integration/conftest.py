@@ -77,6 +77,7 @@ def region_toml(proc: Proc, *, models: tuple[str, ...] = (MODEL,), **extra: Any)
         f'base_url = "{proc.url}/v1"',
         f"models = {json.dumps(list(models))}",
     ]
+    extra.setdefault("kind", "sim")
     lines += [f"{key} = {json.dumps(value)}" for key, value in extra.items()]
     return "\n".join(lines) + "\n"
 

@@ -170,7 +170,7 @@ def test_key_order_and_whitespace_do_not_change_the_key(router: Proc) -> None:
     a = b'{"model":"sim-1","temperature":0,"messages":[{"role":"user","content":"order"}]}'
     b = (
         b'{\n  "messages": [ { "content": "order", "role": "user" } ],\n'
-        b'  "temperature": 0.0,\n  "model": "sim-1"\n}'
+        b'  "temperature": 0,\n  "model": "sim-1"\n}'
     )
     status_a, headers_a, body_a = asyncio.run(post_raw(router, a))
     status_b, headers_b, body_b = asyncio.run(post_raw(router, b))
@@ -412,7 +412,7 @@ async def abort_leader_then_follow(proc: Proc, body: bytes) -> tuple[bytes, str]
             return first + rest, follower.headers["x-cache"]
 
 
-def test_aborted_leader_releases_its_followers_and_nothing_is_stored(router: Proc) -> None:
+def test_a_follower_gets_the_whole_answer_after_its_leader_left(router: Proc) -> None:
     body = msgspec.json.encode(
         {
             "model": MODEL,
@@ -423,10 +423,11 @@ def test_aborted_leader_releases_its_followers_and_nothing_is_stored(router: Pro
     )
     payload, state = asyncio.run(abort_leader_then_follow(router, body))
     assert state == "HIT"  # it joined the leader's flight
-    # The follower ends cleanly: an OpenAI-shaped error event, never a hang or a cut stream.
-    assert payload.rstrip().endswith(b"}")
-    assert b'"upstream_stream_error"' in payload
-    assert chat(client(router), "leader walks away", stream=True).headers["x-cache"] == "MISS"
+    # Issue 24 item 5: the exchange outlives the leader's client while a follower reads it.
+    assert payload.endswith(b"data: [DONE]\n\n")
+    assert b'"upstream_stream_error"' not in payload
+    # ... and, whole, it was stored.
+    assert chat(client(router), "leader walks away", stream=True).headers["x-cache"] == "HIT"
 
 
 def test_embeddings_are_cached_and_identical(router: Proc) -> None:
@@ -448,3 +449,62 @@ def test_a_miss_asks_the_region_for_identity_bytes(router: Proc, sim: Proc) -> N
     status, headers, _ = asyncio.run(post_raw(router, body, **{"Accept-Encoding": "gzip, br"}))
     assert (status, headers["x-cache"]) == (200, "MISS")
     assert asyncio.run(sim_last_headers(sim))["accept-encoding"] == "identity"
+
+
+def test_a_leader_whose_client_leaves_still_serves_its_followers(router: Proc, sim: Proc) -> None:
+    """Issue 24 item 5: the upstream exchange lives as long as anyone still reads it."""
+    body = msgspec.json.encode(
+        {
+            "model": MODEL,
+            "temperature": 0,
+            "stream": True,
+            "messages": [{"role": "user", "content": "the leader hangs up"}],
+        }
+    )
+    slow = {"x-sim-ttft-ms": "200", "x-sim-tokens-per-s": "100"}
+    h = {"Authorization": f"Bearer {KEYS['alpha']}", "Content-Type": "application/json", **slow}
+
+    async def scenario() -> tuple[bytes, str]:
+        url = f"{router.url}/v1/chat/completions"
+        async with aiohttp.ClientSession() as leader_session, aiohttp.ClientSession() as s:
+            leader = await leader_session.post(url, data=body, headers=h)
+            await leader.content.readany()  # the leader streams...
+
+            async def follow() -> tuple[bytes, str]:
+                async with s.post(url, data=body, headers=h) as r:
+                    return await r.read(), r.headers["x-cache"]
+
+            follower = asyncio.create_task(follow())
+            await asyncio.sleep(0.3)
+            leader.close()  # ...and its client hangs up mid-answer
+            return await follower
+
+    before = origin_calls(sim)
+    raw, state = asyncio.run(scenario())
+    assert state == "HIT"
+    assert raw.endswith(b"data: [DONE]\n\n")
+    assert b"upstream_stream_error" not in raw
+    assert origin_calls(sim) == before + 1
+
+
+def test_requests_whose_headers_differ_do_not_share_an_exchange(router: Proc, sim: Proc) -> None:
+    """Issue 24 item 5: a follower never gets an answer another client's headers shaped."""
+    body = msgspec.json.encode(
+        {"model": MODEL, "temperature": 0, "messages": [{"role": "user", "content": "mine"}]}
+    )
+    base = {"Authorization": f"Bearer {KEYS['alpha']}", "Content-Type": "application/json"}
+
+    async def pair() -> list[int]:
+        url = f"{router.url}/v1/chat/completions"
+        async with aiohttp.ClientSession() as s:
+
+            async def one(extra: dict[str, str]) -> int:
+                async with s.post(url, data=body, headers={**base, **extra}) as r:
+                    await r.read()
+                    return r.status
+
+            bad = {"x-sim-fail": "500", "x-sim-rtt-ms": "300"}
+            return list(await asyncio.gather(one(bad), one({"x-sim-rtt-ms": "300"})))
+
+    statuses = asyncio.run(pair())
+    assert statuses[1] == 200

@@ -446,3 +446,30 @@ def test_hedging_then_routing_hot_reload(tmp_path: Path) -> None:
     finally:
         for proc in (env.router, env.a, env.b, env.c):
             proc.kill()
+
+
+async def test_a_burst_in_flight_when_the_nearest_region_dies_is_not_turned_into_502s(
+    fresh_three: Three,
+) -> None:
+    """Issue 23: 40 requests in flight at the nearest region when it is SIGKILLed, after only a
+    handful in the previous seconds: every one is answered by another region (a broken
+    connection retried elsewhere spends no retry budget; a refused one neither)."""
+    three = fresh_three
+    url = three.router.url + "/v1/chat/completions"
+    timeout = aiohttp.ClientTimeout(total=20)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+
+        async def one(i: int) -> int:
+            body = {"model": MODEL, "messages": messages(200_000 + i)}
+            # Slow at a only: the burst is still waiting there when it dies.
+            headers = {"x-sim-ttft-ms": "1500", "x-sim-only": "a"}
+            async with session.post(url, json=body, headers=headers) as resp:
+                await resp.read()
+                return resp.status
+
+        burst = [asyncio.create_task(one(i)) for i in range(40)]
+        await asyncio.sleep(0.7)
+        assert (await asyncio.to_thread(sim_stats, three.a))["active"] >= 30
+        three.a.kill()
+        statuses = Counter(await asyncio.gather(*burst))
+    assert statuses == {200: 40}

@@ -361,3 +361,26 @@ async def test_a_fresh_connection_or_a_partial_answer_is_never_sent_again(serve)
         await pool.post("/v1/chat/completions", b"{}", [])
     assert (pool.stale_retries, len(server.requests)) == (0, 2)
     await pool.close()
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"X-Big: " + b"a" * 200_000 + b"\r\n",  # one huge field, still arriving
+        b"".join(b"X-%d: v\r\n" % i for i in range(300)),  # too many small ones
+    ],
+    ids=["size", "count"],
+)
+async def test_a_response_head_over_its_bounds_fails_the_exchange(serve, head: bytes) -> None:  # type: ignore[no-untyped-def]
+    async def script(request: bytes, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\n" + head)  # never finished: the bound must cut it
+        await writer.drain()
+        await asyncio.sleep(5)
+
+    _, url = await serve(script)
+    pool = http1.Pool(
+        url, limit=2, keepalive_s=5, connect_timeout=2, total_timeout=10, max_head_bytes=65536
+    )
+    with pytest.raises(http1.HeadTooLarge):
+        await pool.post("/v1/chat/completions", b"{}", [])
+    await pool.close()

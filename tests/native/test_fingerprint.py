@@ -29,12 +29,14 @@ def test_key_is_16_bytes_and_hex_matches() -> None:
     assert router.fingerprint_hex(body(CHAT)) == key.hex()
 
 
-def test_order_whitespace_and_number_spelling_do_not_matter() -> None:
+def test_order_and_whitespace_do_not_matter_number_spelling_does() -> None:
     shuffled = {k: CHAT[k] for k in reversed(list(CHAT))}
-    spaced = json.dumps(shuffled, indent=3).replace('"temperature": 0.5', '"temperature": 5e-1')
+    spaced = json.dumps(shuffled, indent=3)
     assert router.fingerprint(spaced.encode()) == router.fingerprint(body(CHAT))
+    other = spaced.replace('"temperature": 0.5', '"temperature": 5e-1')
+    assert router.fingerprint(other.encode()) != router.fingerprint(body(CHAT))
     one = body({"model": "m", "prompt": "x", "n": 1})
-    assert router.fingerprint(one) == router.fingerprint(b'{"model":"m","prompt":"x","n":1.0}')
+    assert router.fingerprint(one) != router.fingerprint(b'{"model":"m","prompt":"x","n":1.0}')
 
 
 def test_transport_fields_ignored() -> None:
@@ -59,8 +61,8 @@ def test_namespace_separates_tenants() -> None:
 
 
 def test_normalized_level() -> None:
-    loud = {**CHAT, "messages": [{"role": "user", "content": "HELLO   world!"}]}
-    calm = {**CHAT, "messages": [{"role": "user", "content": "hello world"}]}
+    loud = {**CHAT, "messages": [{"role": "user", "content": "  Hello   world!\n"}]}
+    calm = {**CHAT, "messages": [{"role": "user", "content": "Hello world!"}]}
     exact = [router.fingerprint(body(b)) for b in (loud, calm)]
     norm = [router.fingerprint(body(b), level="normalized") for b in (loud, calm)]
     assert exact[0] != exact[1]
@@ -70,9 +72,31 @@ def test_normalized_level() -> None:
 
 def test_canonical_form() -> None:
     raw = b'{"b": 1.0, "a": [1e0, -0.0, 2.50], "stream": true, "model": "M"}'
-    assert router.canonical(raw) == b'{"a":[1,0,2.5],"b":1,"model":"M"}'
-    prompt = b'{"prompt": ["  A  B. ", [1, 2]], "model": "M"}'
-    assert router.canonical(prompt, level="normalized") == b'{"model":"M","prompt":["a b",[1,2]]}'
+    assert router.canonical(raw) == b'{"a":[1e0,-0.0,2.50],"b":1.0,"model":"M"}'
+    prompt = b'{"prompt": ["  A  B. ", [1, 2.0]], "model": "M"}'
+    assert (
+        router.canonical(prompt, level="normalized") == b'{"model":"M","prompt":["A B.",[1,2.0]]}'
+    )
+
+
+@pytest.mark.parametrize(
+    "literal",
+    [
+        "12345678901234567890",
+        "-12345678901234567891",
+        "1" * 300,
+        "3.141592653589793238462643383279502884197",
+        "6.02214076e23",
+        "6.02214076E+23",
+        "1e-320",
+        "-0",
+        "-0.0",
+        "0.000",
+    ],
+)
+def test_number_literals_are_kept_digit_for_digit(literal: str) -> None:
+    raw = f'{{"model":"m","seed": {literal} }}'.encode()
+    assert router.canonical(raw) == f'{{"model":"m","seed":{literal}}}'.encode()
 
 
 @pytest.mark.parametrize(
@@ -84,6 +108,7 @@ def test_canonical_form() -> None:
         (b'{"temperature": NaN}', "not valid JSON"),
         (b'{"temperature": Infinity}', "not valid JSON"),
         (b'{"temperature": 1e400}', "not valid JSON"),
+        (b'{"seed": ' + b"9" * 400 + b"}", "out of range"),
         (b'{"a":' + b"[" * 200 + b"]" * 200 + b"}", "nested deeper than 128"),
     ],
 )

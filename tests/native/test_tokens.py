@@ -108,6 +108,38 @@ def test_counts_equal_tiktoken_on_corpus(encoding: str) -> None:
     assert router.count_request_tokens(raw, encoding) == reference.count_request_tokens(raw, enc)
 
 
+@pytest.mark.parametrize("encoding", ["cl100k_base", "o200k_base"])
+def test_prompt_text_outside_message_text_is_counted_like_the_reference(encoding: str) -> None:
+    """Issue 24: a prompt hidden in tool descriptions, a response schema, input_text or
+    refusal parts, or an image data URL is counted (images by the image rule)."""
+    enc = reference.tiktoken_encoding(encoding)
+    if enc is None:
+        pytest.skip("no tiktoken vocabulary file found in the tiktoken-rs crate sources")
+    hidden = CORPUS[3] * 20
+    image = "data:image/png;base64," + "A" * 400_000
+    chat = {
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "input_text", "input_text": hidden},
+                    {"type": "refusal", "refusal": hidden},
+                    {"type": "image_url", "image_url": {"url": image}},
+                    {"type": "image_url", "image_url": {"url": image, "detail": "low"}},
+                ],
+            }
+        ],
+        "tools": [{"type": "function", "function": {"name": "f", "description": hidden}}],
+        "response_format": {"type": "json_schema", "json_schema": {"schema": {"d": hidden}}},
+    }
+    raw = json.dumps(chat).encode()
+    counted = router.count_request_tokens(raw, encoding)
+    assert counted == reference.count_request_tokens(raw, enc)
+    four = len(enc.encode_ordinary(hidden)) * 4
+    # Four copies of the hidden text and two images, never the 800 kB of image data.
+    assert four < counted < four + 2 * reference.IMAGE_TOKENS + 200
+
+
 def test_preload_then_count() -> None:
     router.preload_tokenizers()
     router.preload_tokenizers()

@@ -56,3 +56,41 @@ def test_data_of_one_event_is_what_the_decoder_reads(lines: list[bytes]) -> None
     event = b"\n".join(line.replace(b"\n", b"") for line in lines)
     decoded = sse.Decoder().feed(event + b"\n\n")
     assert sse.data_of(event) == (decoded[0] if decoded else None)
+
+
+@given(
+    st.lists(_ATOMS | st.just(b"\n\n"), max_size=40).map(b"".join),
+    st.lists(st.integers(0, 400), max_size=8),
+)
+def test_splitter_events_decode_as_the_stream_does(stream: bytes, cuts: list[int]) -> None:
+    # Whole events, however the stream is cut, carry exactly what the decoder reads from it.
+    points = sorted({min(c, len(stream)) for c in cuts})
+    pieces = [stream[a:b] for a, b in zip([0, *points], [*points, len(stream)], strict=True)]
+    splitter = sse.Splitter(1 << 20)
+    events = [event for piece in pieces for event in splitter.feed(piece)]
+    whole = b"".join(events)
+    expected = sse.Decoder().feed(stream)
+    got = sse.Decoder().feed(whole)
+    assert got == expected[: len(got)]
+    decoder = sse.Decoder()
+    decoder.feed(stream)
+    if not decoder.pending:
+        assert got == expected
+
+
+def test_splitter_bounds_one_event() -> None:
+    splitter = sse.Splitter(64)
+    assert splitter.feed(b"data: " + b"x" * 40) == []
+    try:
+        splitter.feed(b"y" * 40)
+    except sse.EventTooLarge:
+        pass
+    else:
+        raise AssertionError("a 86-byte event passed a 64-byte bound")
+    big = sse.Splitter(64)
+    try:
+        big.feed(b"data: " + b"x" * 100 + b"\n\n")
+    except sse.EventTooLarge:
+        pass
+    else:
+        raise AssertionError("a whole oversized event passed")

@@ -11,6 +11,7 @@ from aiohttp import web
 
 from router.access.auth import Authenticator, Tenant
 from router.access.global_limits import UNLIMITED, GlobalLeases, Rates
+from router.access.tokenizers import ModelTokenizer
 from router.access.usage import StreamUsage, completion_budget, usage_tokens
 from router.config import Commit, Preparer
 from router.core.timing import AUTH, RATE_LIMIT
@@ -127,6 +128,7 @@ class Limiter:
         shared: GlobalLeases | None = None,
         fail_open: bool = True,
         shards: int = 64,
+        tokenizers: Mapping[str, ModelTokenizer] | None = None,
     ) -> None:
         self.default_max_tokens = default_max_tokens
         self.shared = shared
@@ -137,16 +139,24 @@ class Limiter:
             self.configure(tenant)
         self._active: dict[str, int] = {}
         self._encodings: dict[str, str] = {}
+        # Models counted exactly with their own tokenizer ([tokenizers]).
+        self.tokenizers = dict(tokenizers or {})
 
     @classmethod
-    def from_config(cls, config: LimitsConfig, tenants: Iterable[Tenant]) -> Limiter:
-        """Build from the `[limits]` section and the tenants auth knows."""
+    def from_config(
+        cls,
+        config: LimitsConfig,
+        tenants: Iterable[Tenant],
+        tokenizers: Mapping[str, ModelTokenizer] | None = None,
+    ) -> Limiter:
+        """Build from the `[limits]` section, the tenants auth knows and the model tokenizers."""
         shared = GlobalLeases.from_config(config) if config.backend == "redis" else None
         return cls(
             tenants,
             default_max_tokens=config.default_max_tokens,
             shared=shared,
             fail_open=config.on_redis_error == "open",
+            tokenizers=tokenizers,
         )
 
     def configure(self, tenant: Tenant) -> None:
@@ -175,8 +185,12 @@ class Limiter:
         encoding = self._encodings.get(model)
         if encoding is None:
             encoding = self._encodings[model] = encoding_for_model(model)
+        exact = self.tokenizers.get(model) or self.tokenizers.get(parsed.model)
         try:
-            prompt = count_request_tokens(parsed.body, encoding)
+            if exact is not None:
+                prompt = exact.count(parsed.endpoint, parsed.body)
+            else:
+                prompt = count_request_tokens(parsed.body, encoding)
         except NativeError:
             # A body the request stage accepted but the counter cannot read: estimate, never 500.
             prompt = len(parsed.body) // 4 + 1

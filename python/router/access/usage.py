@@ -6,29 +6,39 @@ its token reservations with these.
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
+from router.core.request import whole_number
+from router.errors import InvalidRequest
 from router.native import count_tokens
 from router.net import sse
 
 
 class _Budget(msgspec.Struct):
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    n: int | None = None
+    max_tokens: Any = None
+    max_completion_tokens: Any = None
+    n: Any = None
 
 
 _BUDGET = msgspec.json.Decoder(_Budget)
 
 
 def completion_budget(body: bytes, default: int) -> int:
-    """Tokens the answer may use: (max_completion_tokens or max_tokens or default) * n."""
+    """Tokens the answer may use: (max_completion_tokens or max_tokens or default) * n, each
+    read as a region would read it; a value no region would read is a 400, never the default."""
     try:
         budget = _BUDGET.decode(body)
     except msgspec.MsgspecError:
-        return default  # the request stage already rejected bodies that matter
-    most = budget.max_completion_tokens or budget.max_tokens or default
-    return max(0, most) * max(1, budget.n or 1)
+        raise InvalidRequest("The request's token fields cannot be read.") from None
+    most = (
+        whole_number(budget.max_completion_tokens, "max_completion_tokens")
+        or whole_number(budget.max_tokens, "max_tokens")
+        or default
+    )
+    n = whole_number(budget.n, "n", minimum=1) or 1
+    return max(0, most) * n
 
 
 class _Usage(msgspec.Struct):

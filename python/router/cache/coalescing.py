@@ -29,12 +29,24 @@ class _State(Enum):
 class Flight(Generic[T]):
     """One in-progress upstream request: its stream chunks so far and, at the end, its result."""
 
-    __slots__ = ("_changed", "_error", "_result", "_state", "chunks", "followers", "key")
+    __slots__ = (
+        "_changed",
+        "_error",
+        "_result",
+        "_state",
+        "chunks",
+        "detached",
+        "followers",
+        "key",
+    )
 
     def __init__(self, key: Hashable) -> None:
         self.key = key
         self.chunks: list[bytes] = []
         self.followers = 0
+        # The exchange went on without its leader (its client left, followers still read):
+        # whoever took it over finishes or fails the flight.
+        self.detached = False
         self._state = _State.RUNNING
         self._result: T | None = None
         self._error: BaseException | None = None
@@ -110,14 +122,17 @@ class SingleFlight(Generic[T]):
 
     @contextmanager
     def lead(self, flight: Flight[T]) -> Iterator[Flight[T]]:
-        """Leader's scope: leaving it without `finish` (error, cancel, abort) fails the flight."""
+        """Leader's scope: leaving it without `finish` (error, cancel, abort) fails the flight,
+        unless the exchange was detached from the leader and goes on for its followers."""
         try:
             yield flight
         except BaseException as exc:
-            self._close(flight, _State.FAILED, None, exc)
+            if not flight.detached:
+                self._close(flight, _State.FAILED, None, exc)
             raise
         finally:
-            self._close(flight, _State.FAILED, None, None)
+            if not flight.detached:
+                self._close(flight, _State.FAILED, None, None)
 
     def finish(self, flight: Flight[T], result: T) -> None:
         """Leader: success; followers get `result` (and already have every chunk)."""

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, MutableMapping
+from collections.abc import AsyncIterator, Callable, Mapping, MutableMapping
 from typing import Any
 
 import msgspec
@@ -82,7 +82,10 @@ _KNOBS = msgspec.json.Decoder(_Knobs)
 
 def knobs(body: bytes) -> dict[str, Any]:
     """The policy-relevant request fields as a mapping (the body is already validated JSON)."""
-    k = _KNOBS.decode(body)
+    try:
+        k = _KNOBS.decode(body)
+    except (msgspec.MsgspecError, RecursionError):
+        return {"temperature": "unreadable", "n": None, "tools": None, "functions": None}
     return {"temperature": k.temperature, "n": k.n, "tools": k.tools, "functions": k.functions}
 
 
@@ -134,12 +137,23 @@ class Tap:
             if payload != sse.DONE and self._flight is not None:
                 self._flight.publish(payload)
 
+    def wanted(self) -> bool:
+        """Whether coalesced followers read this exchange (it outlives its own client then)."""
+        return self._flight is not None and self._flight.followers > 0
+
+    def detach(self) -> None:
+        """The exchange goes on without its leader's client; its end settles the flight."""
+        if self._flight is not None:
+            self._flight.detached = True
+
     def end(self, clean: bool) -> None:
         """The stream ended: `clean` when the upstream finished without error or abort."""
         if not clean:
             self._recorder.fail()
         entry = self._entry(chunks=tuple(self._recorder.chunks))
-        if self._store and self._recorder.complete and self._recorded <= self._max_entry:
+        # A fallback model's answer is not the answer to the model asked for: never stored.
+        store = self._store and self.ctx.fallback is None
+        if store and self._recorder.complete and self._recorded <= self._max_entry:
             self._cache.put(self._key, entry)
         if self._flight is not None:
             if clean:
@@ -154,7 +168,12 @@ class Tap:
         entry = self._entry(body=body, content_type=content_type or "application/json")
         if status != 200:
             entry = msgspec.structs.replace(entry, status=status)
-        elif self._store and len(body) <= self._max_entry and complete_body(body):
+        elif (
+            self._store
+            and self.ctx.fallback is None
+            and len(body) <= self._max_entry
+            and complete_body(body)
+        ):
             self._cache.put(self._key, entry)
         if self._flight is not None:
             self._cache.flights.finish(self._flight, entry)
@@ -253,8 +272,11 @@ async def _lead_or_follow(
         if race:
             return await _race(request, ctx, cache, origin, tap, (key, namespace, model), None)
         return await _origin(request, ctx, cache, XCache.MISS, origin, tap)
+    # Only requests whose forwarded headers match share one upstream exchange: a header can
+    # change the answer (or the error), and no client may get another's.
+    flight_key = (key, _forwarded(request.headers))
     for _ in range(FOLLOW_RETRIES + 1):
-        flight, leads = cache.flights.join(key)
+        flight, leads = cache.flights.join(flight_key)
         if leads:
             with cache.flights.lead(flight):
                 # A flight that ended while this request awaited tier 2 may have just stored it.
@@ -370,6 +392,38 @@ async def _replay(
     # Headers, events and the chunked terminator in one write.
     await resp.write_eof(b"".join(sse.encode(c) for c in entry.chunks) + sse.encode_done())
     return resp
+
+
+# Headers that never change an answer: transport, identity, SDK telemetry, tracing.
+_VOLATILE = frozenset(
+    {
+        "accept",
+        "accept-encoding",
+        "authorization",
+        "cache-control",
+        "connection",
+        "content-length",
+        "content-type",
+        "host",
+        "traceparent",
+        "tracestate",
+        "user-agent",
+        "x-api-key",
+        "x-request-id",
+        "x-router-timeout-ms",
+    }
+)
+
+
+def _forwarded(headers: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """The request's headers that could change a region's answer, in a stable order."""
+    out = []
+    for name, value in headers.items():
+        low = name.lower()
+        if low not in _VOLATILE and not low.startswith("x-stainless-"):
+            out.append((low, value))
+    out.sort()
+    return tuple(out)
 
 
 class _Rejoin(Exception):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections.abc import Mapping, Sequence
 
@@ -22,7 +23,8 @@ from router.core.stages import AttemptObserver, Hedger, Opener, RetryPolicy, Slo
 from router.core.timing import QUEUE
 from router.core.transport import UpstreamResponse
 from router.core.upstream import Opened, Upstream, response_headers
-from router.net import http1
+from router.errors import UpstreamError
+from router.net import http1, sse
 
 log = logging.getLogger("router")
 
@@ -33,6 +35,128 @@ DEFAULT_MAX_RESPONSE_BYTES = 64 << 20
 # What an SSE stream's first bytes may start with (a field name, or a comment).
 _SSE_STARTS = (b"data:", b":", b"event:", b"id:", b"retry:")
 _RAW = msgspec.json.Decoder(msgspec.Raw)
+# Error codes that say the request itself is at fault, whatever the status they come with.
+_REQUEST_CODES = frozenset(
+    {
+        "context_length_exceeded",
+        "invalid_request_error",
+        "content_policy_violation",
+        "content_filter",
+        "invalid_prompt",
+        "string_above_max_length",
+    }
+)
+# Failures after which the next attempt is free of the retry budget (see RequestContext).
+_FREE = frozenset({FailureKind.CONNECT, FailureKind.SPILL})
+# Same-region retries wait this long (times 2^n, jittered), unless the region said how long.
+_BACKOFF_S = 0.25
+# At most this many attempts at one region for one request.
+_PER_REGION = 2
+
+
+class _ErrorDetail(msgspec.Struct):
+    type: str | None = None
+    code: str | int | None = None
+
+
+class _ErrorBody(msgspec.Struct):
+    error: _ErrorDetail | str | None = None
+
+
+_ERROR = msgspec.json.Decoder(_ErrorBody)
+
+
+class _Delta(msgspec.Struct):
+    content: str | None = None
+    tool_calls: list[object] | None = None
+    reasoning_content: str | None = None
+    refusal: str | None = None
+
+
+class _TokenChoice(msgspec.Struct):
+    delta: _Delta | None = None
+    text: str | None = None
+    finish_reason: str | None = None
+
+
+class _TokenChunk(msgspec.Struct):
+    choices: list[_TokenChoice] | None = None
+
+
+_TOKEN = msgspec.json.Decoder(_TokenChunk)
+
+
+def has_token(data: bytes) -> bool:
+    """Whether a stream's first bytes carry its first token (or its end), not only a role
+    preamble or keep-alive comments: what a stream's time to first token waits for."""
+    if b'"role"' not in data and b'"content":""' not in data:
+        return True  # the usual first chunk: a token
+    for event in sse.split_events(data[: sse.last_boundary(data)]):
+        payload = sse.data_of(event)
+        if payload is None:
+            continue
+        if payload == sse.DONE:
+            return True
+        try:
+            chunk = _TOKEN.decode(payload)
+        except msgspec.MsgspecError:
+            return True  # not a chat chunk this check understands: do not hold it back
+        if chunk.choices is None:
+            return True
+        for choice in chunk.choices:
+            d = choice.delta
+            if choice.text or choice.finish_reason is not None:
+                return True
+            if d is not None and (d.content or d.tool_calls or d.reasoning_content or d.refusal):
+                return True
+    return False
+
+
+_FIELDS = msgspec.json.Decoder(dict[str, msgspec.Raw])
+
+
+def with_usage(body: bytes) -> bytes:
+    """A stream request that also asks for the usage chunk (stream_options.include_usage)."""
+    fields = _FIELDS.decode(body)
+    options: dict[str, object] = {}
+    raw = fields.get("stream_options")
+    if raw is not None:
+        decoded = msgspec.json.decode(raw)
+        if isinstance(decoded, dict):
+            options = decoded
+    options["include_usage"] = True
+    fields["stream_options"] = msgspec.Raw(msgspec.json.encode(options))
+    return msgspec.json.encode(fields)
+
+
+def caused_by_request(body: bytes) -> bool:
+    """Whether an error answer blames the request (OpenAI's invalid_request_error shape)."""
+    if b"error" not in body:
+        return False
+    try:
+        error = _ERROR.decode(body).error
+    except msgspec.MsgspecError:
+        return False
+    if not isinstance(error, _ErrorDetail):
+        return False
+    return error.type == "invalid_request_error" or (
+        isinstance(error.code, str) and error.code in _REQUEST_CODES
+    )
+
+
+def retry_after(headers: CIMultiDict[str]) -> float | None:
+    """Seconds the region asked to wait: retry-after-ms, else Retry-After (seconds)."""
+    for name, scale in (("retry-after-ms", 0.001), ("Retry-After", 1.0)):
+        raw = headers.get(name)
+        if raw is None:
+            continue
+        try:
+            seconds = float(raw) * scale
+        except ValueError:
+            continue  # an HTTP date: not worth parsing for a retry within one request
+        if seconds >= 0 and seconds == seconds and seconds != float("inf"):
+            return seconds
+    return None
 
 
 def _media(headers: CIMultiDict[str]) -> str:
@@ -105,9 +229,36 @@ async def open_attempt(
                 # Committing to a region only once it produced body bytes lets a region that
                 # dies between headers and first token be retried elsewhere.
                 first = await resp.content.readany()
+                # The first token, within the same deadline: a region that sends its headers
+                # and role preamble at once, then nothing, is as slow as a silent one.
+                while first and not has_token(first):
+                    more = await resp.content.readany()
+                    if not more:
+                        break
+                    first += more
                 if not first:
-                    raise AttemptError(name, FailureKind.DISCONNECT, "empty stream")
+                    # A clean end before any byte: the server refused the request its own way
+                    # (llama-cpp-python answers a prompt over its context so); every region
+                    # would, so it is one clean error, tried nowhere else.
+                    error = UpstreamError(
+                        "The region ended the stream before sending anything; the prompt may "
+                        "exceed the model's context.",
+                        code="empty_stream",
+                    )
+                    raise AttemptError(
+                        name,
+                        FailureKind.REQUEST,
+                        "empty stream",
+                        retryable=False,
+                        status=502,
+                        headers=CIMultiDict({"Content-Type": "application/json"}),
+                        body=error.body(),
+                    )
                 headers_out = response_headers(resp.headers)
+                encoding = headers_out.get("Content-Encoding", "identity").strip().lower()
+                if encoding != "identity":
+                    detail = f"content encoding {encoding!r}"
+                    raise AttemptError(name, FailureKind.INVALID, detail)
                 _check_stream_start(name, headers_out, first)
                 return Opened(upstream, status, headers_out, response=resp, first=first)
             # Nothing is sent to the client until the whole body is read, so a failure reading
@@ -115,11 +266,42 @@ async def open_attempt(
             deadline.reschedule(None)
             whole = await _read_capped(resp, name, max_bytes)
             headers_out = response_headers(resp.headers)
+            if status >= 300:
+                whole = upstream.scrub(whole)
+            encoding = headers_out.get("Content-Encoding", "identity").strip().lower()
+            if encoding != "identity":
+                # Asked for identity bytes: anything else cannot be checked, cached or trusted.
+                raise AttemptError(name, FailureKind.INVALID, f"content encoding {encoding!r}")
+            if 300 <= status < 400:
+                # Relayed, a redirect would send the client (and its prompt) somewhere else.
+                raise AttemptError(name, FailureKind.INVALID, f"HTTP {status} redirect")
             if status in RETRY_STATUSES:
+                if caused_by_request(whole):
+                    raise AttemptError(
+                        name,
+                        FailureKind.REQUEST,
+                        f"HTTP {status}: the request was refused",
+                        retryable=False,
+                        status=status,
+                        headers=headers_out,
+                        body=whole,
+                    )
                 raise AttemptError(
                     name,
                     FailureKind.STATUS,
                     f"HTTP {status}",
+                    status=status,
+                    headers=headers_out,
+                    body=whole,
+                    retry_after_s=retry_after(headers_out),
+                )
+            if status in (400, 413) and b"context_length_exceeded" in whole:
+                # Too long for this model: no region of it can answer, a larger one may.
+                raise AttemptError(
+                    name,
+                    FailureKind.REQUEST,
+                    f"HTTP {status}: context length exceeded",
+                    retryable=False,
                     status=status,
                     headers=headers_out,
                     body=whole,
@@ -158,8 +340,8 @@ class Attempts:
         "headers_in",
         "hedger",
         "held",
-        "identity",
         "max_bytes",
+        "max_retry_after_s",
         "observers",
         "priority",
         "retry",
@@ -178,7 +360,7 @@ class Attempts:
         slots: SlotGate | None = None,
         hedger: Hedger | None = None,
         max_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
-        identity: bool = False,
+        max_retry_after_s: float = 5.0,
     ) -> None:
         self.ctx = ctx
         self.headers_in = headers_in
@@ -189,9 +371,8 @@ class Attempts:
         self.slots = slots
         self.hedger = hedger
         self.max_bytes = max_bytes
-        # The cache records, stores and replays identity bytes: a compressed answer could be
-        # neither parsed nor served to a later client that asked for another encoding.
-        self.identity = identity
+        # A region asking to wait longer than this is failed over (or its answer returned).
+        self.max_retry_after_s = max_retry_after_s
         tenant = ctx.tenant
         self.priority = tenant.priority if tenant is not None else 0
         self.held: list[Slot] = []
@@ -224,18 +405,18 @@ class Attempts:
             ctx.timer.record(QUEUE, int(slot.wait_s * 1e9))
             ctx.queue_depth = slot.queue_depth
         headers = upstream.request_headers(self.headers_in, ctx.request_id)
-        if self.identity:
-            headers["Accept-Encoding"] = "identity"
         first_byte = self.retry.first_byte(ctx, self._first_byte)
+        usage_added = False
+        if body is None:
+            body = ctx.request.body
+            if ctx.meter is not None and upstream.reports_usage and not ctx.request.include_usage:
+                # Settle with the region's own numbers, not a count of the text.
+                body = with_usage(body)
+                usage_added = True
         try:
-            return await open_attempt(
-                upstream,
-                ctx,
-                ctx.request.body if body is None else body,
-                headers,
-                first_byte,
-                self.max_bytes,
-            )
+            opened = await open_attempt(upstream, ctx, body, headers, first_byte, self.max_bytes)
+            opened.usage_added = usage_added
+            return opened
         except BaseException:
             # This attempt's own slot: with hedging two attempts hold slots at once.
             if slot is not None:
@@ -249,25 +430,52 @@ class Attempts:
             observer(self.ctx, upstream, error, seconds)
 
     async def first(self) -> Opened:
-        """Try the candidates in order until one answers; raise the last AttemptError if none."""
+        """Try the candidates until one answers; raise the last AttemptError if none does.
+
+        Each candidate once, in order; then, when it is the only region serving the model, the
+        same region again (at most twice, after a backoff or the region's own Retry-After when
+        it fits the client's deadline) if its failure may pass: never after a silence or a
+        broken answer. The retry policy gates every attempt after the first.
+        """
         ctx = self.ctx
         gate = self.retry.allow
         opener: Opener = self.open
         if self.hedger is not None:
             opener = self.hedger(ctx, self.candidates, self.open, self.observers, gate)
         last: AttemptError | None = None
-        for upstream in self.candidates:
+        tries: dict[str, int] = {}
+        failures: dict[str, AttemptError] = {}
+        while True:
+            upstream, delay = self._next(tries, failures)
+            if upstream is None:
+                break
+            if last is not None:
+                ctx.free_retry = last.kind in _FREE or (
+                    last.kind == FailureKind.DISCONNECT and upstream.name != last.region
+                )
             if not gate(ctx):
                 break
+            if delay > 0:
+                await asyncio.sleep(delay)
             ctx.attempts += 1
             ctx.region = upstream.name
+            tries[upstream.name] = tries.get(upstream.name, 0) + 1
             began = time.perf_counter()
             try:
                 opened = await opener(upstream)
             except AttemptError as exc:
                 self.observe(upstream, exc, time.perf_counter() - began)
-                last = exc
-                if not exc.retryable:
+                ctx.last_failure = exc.kind
+                repeated = (
+                    last is not None
+                    and exc.kind == last.kind == FailureKind.STATUS
+                    and exc.status == last.status
+                    and exc.body == last.body
+                    and exc.region != last.region
+                )
+                last = failures[upstream.name] = exc
+                if not exc.retryable or repeated:
+                    # Two regions with the same answer: the request, not the region, decides it.
                     break
                 log.warning("request %s: attempt %d failed: %s", ctx.request_id, ctx.attempts, exc)
                 continue
@@ -277,6 +485,33 @@ class Attempts:
         if last is None:
             raise AttemptError("-", FailureKind.CONNECT, "no candidate regions", retryable=False)
         raise last
+
+    def _next(
+        self, tries: dict[str, int], failures: dict[str, AttemptError]
+    ) -> tuple[Upstream | None, float]:
+        """The next region to try and how long to wait first (None: nothing left to try)."""
+        for upstream in self.candidates:
+            if upstream.name not in tries:
+                return upstream, 0.0
+        if len(self.candidates) > 1:
+            # Another region serves the model: its failure is the answer, not a reason to wait.
+            return None, 0.0
+        deadline = self.ctx.deadline
+        now = time.monotonic()
+        for upstream in self.candidates:
+            failure = failures.get(upstream.name)
+            count = tries.get(upstream.name, 0)
+            if failure is None or not failure.same_region or count >= _PER_REGION:
+                continue
+            delay = _BACKOFF_S * (2 ** (count - 1)) * random.uniform(0.5, 1.5)
+            if failure.retry_after_s is not None:
+                if failure.retry_after_s > self.max_retry_after_s:
+                    continue
+                delay = max(delay, failure.retry_after_s)
+            if deadline is not None and now + delay >= deadline:
+                continue
+            return upstream, delay
+        return None, 0.0
 
     async def again(self, upstream: Upstream, body: bytes) -> Opened:
         """A further attempt after bytes reached the client (a continuation), counted and

@@ -6,6 +6,7 @@ import os
 import random
 from typing import TYPE_CHECKING, Protocol
 
+from router.core.failure import FailureKind
 from router.core.timing import StageTimer
 
 if TYPE_CHECKING:
@@ -20,10 +21,13 @@ _ID_OK = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456
 # Ids correlate log lines, they guard nothing: a PRNG seeded from the OS saves a getrandom(2)
 # system call per request.
 _IDS = random.Random(os.urandom(16))
+# The version (4) and variant (RFC 4122) bits of a UUID.
+_UUID_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))
+_UUID_SET = (0x4000 << 64) | (0x8000 << 48)
 
 
 def request_id(header: str | None) -> str:
-    """The client's x-request-id if it is sane, otherwise a fresh random one."""
+    """The client's x-request-id if it is sane, otherwise a fresh random UUID (version 4)."""
     if (
         header
         and len(header) <= _ID_MAX
@@ -31,7 +35,9 @@ def request_id(header: str | None) -> str:
         and _ID_OK.issuperset(header.encode())
     ):
         return header
-    return f"{_IDS.getrandbits(96):024x}"
+    n = (_IDS.getrandbits(128) & _UUID_CLEAR) | _UUID_SET
+    h = f"{n:032x}"
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 class Principal(Protocol):
@@ -107,8 +113,11 @@ class RequestContext:
         "candidates",
         "deadline",
         "endpoint",
+        "fallback",
+        "free_retry",
         "grant",
         "hedged",
+        "last_failure",
         "meter",
         "parsed",
         "queue_depth",
@@ -144,8 +153,14 @@ class RequestContext:
         # The regions this request may use, in order, and those attempts went to, in order.
         self.candidates: list[Upstream] = []
         self.tried: list[str] = []
-        # The region a hedge was sent to.
+        # The fallback model that answered instead of the one asked for.
+        self.fallback: str | None = None
+        # The region a hedge was sent to, and why the last failed attempt failed.
         self.hedged: str | None = None
+        self.last_failure: FailureKind | None = None
+        # Whether the next attempt costs the retry budget nothing: the failed one never reached
+        # its region, or broke its connection and the next goes to another region.
+        self.free_retry = False
         # A stream that may be continued elsewhere: what was sent so far.
         self.tracker: StreamGuard | None = None
         self.queue_depth: int | None = None

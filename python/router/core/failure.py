@@ -24,6 +24,9 @@ class FailureKind(StrEnum):
     TOO_LARGE = "too_large"
     # Admission: the region is full here and now; says nothing of its health.
     SPILL = "spill"
+    # The request caused it (a validation error, context length, content policy): every region
+    # would answer the same, so it is returned as it is, retried nowhere, held against no one.
+    REQUEST = "request"
 
 
 class Origin(StrEnum):
@@ -38,7 +41,7 @@ def health_outcome(kind: FailureKind | str | None, status: int | None) -> str | 
     """A failure as a prober outcome (what it says about the region); None: nothing at all."""
     if kind is None:
         return "ok"
-    if kind == FailureKind.SPILL:
+    if kind in (FailureKind.SPILL, FailureKind.REQUEST):
         return None
     if kind == FailureKind.CONNECT:
         return "connect_error"
@@ -69,6 +72,7 @@ class AttemptError(Exception):
         headers: CIMultiDict[str] | None = None,
         body: bytes = b"",
         origin: Origin = Origin.UPSTREAM,
+        retry_after_s: float | None = None,
     ) -> None:
         super().__init__(f"{region}: {kind}: {detail}")
         self.region = region
@@ -80,6 +84,19 @@ class AttemptError(Exception):
         self.status = status
         self.headers = headers
         self.body = body
+        # What the region asked for (Retry-After, retry-after-ms), if it said.
+        self.retry_after_s = retry_after_s
+
+    @property
+    def same_region(self) -> bool:
+        """Whether trying this region again for the same request may go better: not after it
+        stayed silent (never wait on the same silent region twice), sent something broken, or
+        was full."""
+        return self.retryable and self.kind in (
+            FailureKind.STATUS,
+            FailureKind.DISCONNECT,
+            FailureKind.CONNECT,
+        )
 
 
 class Spill(Exception):

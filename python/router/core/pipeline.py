@@ -18,16 +18,18 @@ from aiohttp import web
 
 from router.config import Config
 from router.core.attempt import Attempts
+from router.core.client_limit import InFlightPerIp
 from router.core.context import RequestContext, request_id
 from router.core.failure import AttemptError
 from router.core.relay import relay_stream, whole
-from router.core.request import check_content_type, parse_body, read_body
+from router.core.request import ParsedRequest, check_content_type, parse_body, read_body
 from router.core.responses import error_response, failure_response
 from router.core.stages import (
     AttemptObserver,
     Authenticator,
     Continuer,
     ExchangeObserver,
+    FallbackPolicy,
     Hedger,
     RequestFilter,
     ResponseCache,
@@ -39,7 +41,7 @@ from router.core.stages import (
     VersionRouter,
 )
 from router.core.upstream import CURRENT, Upstream, Upstreams
-from router.errors import ApiError, NotFound, RateLimited, Unavailable
+from router.errors import ApiError, NotFound, Unavailable
 
 log = logging.getLogger("router")
 
@@ -80,39 +82,6 @@ class _Unlimited:
         return configured
 
 
-class InFlightPerIp:
-    """Counts in-flight requests per peer address; 429 above `limit` (0 disables the cap)."""
-
-    __slots__ = ("_counts", "limit")
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self._counts: dict[str, int] = {}
-
-    def in_flight(self, ip: str) -> int:
-        """Requests from `ip` being handled now."""
-        return self._counts.get(ip, 0)
-
-    def enter(self, ip: str) -> None:
-        """Count one more request from `ip`, or 429 when it already has `limit` in flight."""
-        current = self._counts.get(ip, 0)
-        if current >= self.limit:
-            raise RateLimited(
-                f"Too many concurrent requests from your address (limit {self.limit}).",
-                code="too_many_concurrent_requests",
-                headers={"Retry-After": "1"},
-            )
-        self._counts[ip] = current + 1
-
-    def leave(self, ip: str) -> None:
-        """One request from `ip` ended."""
-        left = self._counts[ip] - 1
-        if left:
-            self._counts[ip] = left
-        else:
-            del self._counts[ip]
-
-
 @dataclass(slots=True)
 class Features:
     """Every stage the driver calls, built once by build_app in dependency order."""
@@ -127,6 +96,7 @@ class Features:
     hedger: Hedger | None = None
     continuer: Continuer | None = None
     cache: ResponseCache | None = None
+    fallbacks: FallbackPolicy | None = None
     decorators: tuple[ResponseDecorator, ...] = ()
     exchange: ExchangeObserver | None = None
 
@@ -222,7 +192,7 @@ class Pipeline:
         timer.begin("parse")
         check_content_type(headers.get("Content-Type"))
         body = await read_body(request, config.server.max_body_bytes, config.server.body_timeout_s)
-        ctx.parsed = parse_body(ctx.endpoint, body, max_items=config.server.max_messages)
+        ctx.parsed = asked = parse_body(ctx.endpoint, body, max_items=config.server.max_messages)
         # Alias -> version (sticky per user/key) -> its upstream model; 404 for unknown models.
         if features.rollout is not None:
             features.rollout.assign(ctx, headers)
@@ -234,7 +204,7 @@ class Pipeline:
         features.retry.begin(ctx, headers)
 
         async def origin(tap: Tap | None) -> web.StreamResponse:
-            return await self._forward(request, ctx, config, upstreams, tap)
+            return await self._forward(request, ctx, config, upstreams, tap, asked)
 
         # The cache wraps selection + forward: it may answer, or tee the origin's answer.
         if features.cache is not None:
@@ -248,54 +218,73 @@ class Pipeline:
         config: Config,
         upstreams: Upstreams,
         tap: Tap | None,
+        asked: ParsedRequest,
     ) -> web.StreamResponse:
-        """Select the candidates, attempt them in order, relay the answer."""
+        """Select the candidates, attempt them in order, relay the answer; when no region
+        could answer, the same for each fallback model in turn."""
         features = self.features
-        candidates = features.selector(ctx, upstreams)
-        if features.rollout is not None:
-            candidates = features.rollout.regions(ctx, candidates)
-        if not candidates:
-            raise Unavailable(f"No region can serve model `{ctx.request.model}` now.")
-        max_bytes = config.server.max_response_bytes
-        attempts = Attempts(
-            ctx,
-            request.headers,
-            candidates,
-            config.timeouts,
-            retry=features.retry,
-            observers=features.observers,
-            slots=features.slots,
-            hedger=features.hedger,
-            max_bytes=max_bytes,
-            identity=tap is not None,
-        )
+        fallbacks = features.fallbacks
+        chain = fallbacks.chain(asked.model) if fallbacks is not None else ()
         timer = ctx.timer
-        try:
-            timer.begin("upstream")
-            try:
-                opened = await attempts.first()
-            except AttemptError as exc:
+        timer.begin("upstream")
+        for step, model in enumerate((asked.model, *chain)):
+            more = step < len(chain)
+            if step:
+                log.warning("request %s: falling back to model %s", ctx.request_id, model)
+                ctx.parsed = asked.as_model(model)
+                ctx.fallback = model
+                if features.rollout is not None:
+                    features.rollout.assign(ctx, request.headers)
+            candidates = features.selector(ctx, upstreams)
+            if features.rollout is not None:
+                candidates = features.rollout.regions(ctx, candidates)
+            if not candidates:
+                if more and fallbacks is not None and fallbacks.moves(None):
+                    continue
                 timer.end("upstream")
-                return failure_response(exc, ctx.request_id)
-            timer.end("upstream")
-            if opened.response is None:
-                return whole(ctx, opened, tap)
-            timer.begin("stream")
+                raise Unavailable(f"No region can serve model `{ctx.request.model}` now.")
+            attempts = Attempts(
+                ctx,
+                request.headers,
+                candidates,
+                config.timeouts,
+                retry=features.retry,
+                observers=features.observers,
+                slots=features.slots,
+                hedger=features.hedger,
+                max_bytes=config.server.max_response_bytes,
+                max_retry_after_s=config.routing.max_retry_after_s,
+            )
             try:
-                return await relay_stream(
-                    request,
-                    ctx,
-                    opened,
-                    config.timeouts.idle,
-                    tap=tap,
-                    max_bytes=max_bytes,
-                    continuer=features.continuer,
-                    attempts=attempts,
-                )
+                try:
+                    opened = await attempts.first()
+                except AttemptError as exc:
+                    if more and fallbacks is not None and fallbacks.moves(exc):
+                        continue
+                    timer.end("upstream")
+                    return failure_response(exc, ctx.request_id)
+                timer.end("upstream")
+                if opened.response is None:
+                    return whole(ctx, opened, tap)
+                timer.begin("stream")
+                try:
+                    return await relay_stream(
+                        request,
+                        ctx,
+                        opened,
+                        config.timeouts.idle,
+                        tap=tap,
+                        max_bytes=config.server.max_response_bytes,
+                        max_event_bytes=config.server.max_event_bytes,
+                        continuer=features.continuer,
+                        attempts=attempts,
+                        strip_usage=opened.usage_added,
+                    )
+                finally:
+                    timer.end("stream")
             finally:
-                timer.end("stream")
-        finally:
-            attempts.release()
+                attempts.release()
+        raise AssertionError("unreachable: the last model returns or raises")
 
     async def unknown(self, request: web.Request) -> web.StreamResponse:
         """A POST to a /v1/ path the router does not serve: authenticated, then 404."""

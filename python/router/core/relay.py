@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from aiohttp import web
@@ -9,9 +10,11 @@ from aiohttp import web
 from router.core.attempt import DEFAULT_MAX_RESPONSE_BYTES, Attempts
 from router.core.context import RequestContext
 from router.core.responses import stream_error_event
-from router.core.stages import Continuer, StreamGuard, Tap
+from router.core.stages import Continuer, Tap
+from router.core.stream import DEFAULT_MAX_EVENT_BYTES, DONE_EVENT, StreamState, passable
+from router.core.transport import UpstreamResponse
 from router.core.upstream import Opened
-from router.net import http1
+from router.net import http1, sse
 from router.net.idle import IdleWatch
 from router.net.stream_response import StreamResponse
 
@@ -19,22 +22,69 @@ log = logging.getLogger("router")
 
 
 class _Truncated(Exception):
-    """The region closed a stream cleanly but without `data: [DONE]`: it did not finish."""
+    """The region ended a stream that had not finished (see core.stream)."""
 
 
 class _TooLarge(Exception):
     """The region's stream passed [server] max_response_bytes."""
 
 
-def _ends_done(tail: bytes) -> bool:
-    return tail.rstrip().endswith(b"[DONE]")
+# Streams still read for the cache's other readers after the client that started them left.
+_DRAINING: set[asyncio.Task[None]] = set()
 
 
-def _boundary(guard: StreamGuard | None, tail: bytes) -> bytes:
-    """What closes a half-sent event before an error event (a guard only sends whole events)."""
-    if guard is not None or tail.endswith((b"\n\n", b"\r\n\r\n")):
-        return b""
-    return b"\n\n"
+async def _drain(
+    upstream: UpstreamResponse,
+    splitter: sse.Splitter,
+    state: StreamState,
+    tap: Tap,
+    idle_timeout: float,
+    room: int,
+) -> None:
+    """Read the rest of a stream into the tap alone: others still read this exchange."""
+    complete = False
+    content = upstream.content
+    try:
+        async with IdleWatch(idle_timeout) as idle:
+            while True:
+                idle.waiting()
+                chunk = await content.readany()
+                idle.busy()
+                if not chunk:
+                    break
+                room -= len(chunk)
+                if room < 0:
+                    return
+                data = passable(splitter.feed(chunk), state, False)
+                if data:
+                    tap.chunk(data)
+        complete = not splitter.pending and state.complete
+        if complete and not state.done:
+            tap.chunk(DONE_EVENT)
+    except (http1.ClientError, TimeoutError, sse.EventTooLarge) as exc:
+        log.warning("stream kept for coalesced readers broke: %s", exc)
+    finally:
+        tap.end(complete)
+        if complete:
+            upstream.release()
+        else:
+            upstream.close()
+
+
+def _hand_off(
+    upstream: UpstreamResponse,
+    splitter: sse.Splitter,
+    state: StreamState,
+    tap: Tap,
+    idle_timeout: float,
+    room: int,
+) -> None:
+    tap.detach()
+    task = asyncio.get_running_loop().create_task(
+        _drain(upstream, splitter, state, tap, idle_timeout, room)
+    )
+    _DRAINING.add(task)
+    task.add_done_callback(_DRAINING.discard)
 
 
 def whole(ctx: RequestContext, opened: Opened, tap: Tap | None) -> web.Response:
@@ -53,13 +103,18 @@ async def relay_stream(
     *,
     tap: Tap | None = None,
     max_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
     continuer: Continuer | None = None,
     attempts: Attempts | None = None,
+    strip_usage: bool = False,
 ) -> web.StreamResponse:
-    """Relay an upstream SSE stream chunk by chunk; write() waits for the client (backpressure).
+    """Relay an upstream SSE stream event by event; write() waits for the client (backpressure).
 
-    A stream that breaks, stalls, grows past `max_bytes` or ends without `[DONE]` never looks
-    complete to the client: it is continued elsewhere or ends with an SSE error event.
+    Only whole events go out (one scan of the bytes, each event at most `max_event_bytes`);
+    events that are not JSON are dropped. A stream that breaks, stalls, grows too large or ends
+    before every choice finished never looks complete to the client: it is continued elsewhere
+    or ends with an SSE error event. One that finished every choice but left out `[DONE]` gets
+    it added.
     """
     upstream = opened.response
     assert upstream is not None
@@ -68,23 +123,38 @@ async def relay_stream(
     # The usage an OpenAI stream reports last settles the request's token reservation.
     meter = ctx.meter
     guard = continuer.track(ctx) if continuer is not None else None
+    splitter = sse.Splitter(max_event_bytes)
+    state = StreamState()
     complete = False
-    # The stream's last bytes: whether it ended with [DONE], and whether it is between events.
-    tail = opened.first[-64:]
-    size = len(opened.first)
-    try:
-        await resp.prepare(request)
-        await resp.write(opened.first if guard is None else guard.feed(opened.first))
+    # Whether the rest of the stream went to a background reader (the client left, others read).
+    handed = False
+    size = 0
+
+    async def send(data: bytes) -> None:
+        await resp.write(data if guard is None else guard.feed(data))
         if guard is not None:
             guard.settle()
         if tap is not None:
-            tap.chunk(opened.first)
+            tap.chunk(data)
         if meter is not None:
-            meter.feed(opened.first)
+            meter.feed(data)
+
+    try:
+        await resp.prepare(request)
         content = upstream.content
+        chunk = opened.first
         try:
             async with IdleWatch(idle_timeout) as idle:
-                while True:
+                while chunk:
+                    size += len(chunk)
+                    if size > max_bytes:
+                        raise _TooLarge
+                    stripped: list[bytes] = []
+                    data = passable(splitter.feed(chunk), state, strip_usage, stripped)
+                    if data:
+                        await send(data)
+                    if stripped and meter is not None:
+                        meter.feed(b"".join(stripped))
                     idle.waiting()
                     chunk = await content.readany()
                     # A slow client is backpressure, not an idle upstream.
@@ -93,60 +163,67 @@ async def relay_stream(
                     more = content.read_nowait()
                     if more:
                         chunk += more
-                    if not chunk:
-                        if not _ends_done(tail):
-                            raise _Truncated
-                        if guard is not None:
-                            await resp.write(guard.flush())
-                        break
-                    size += len(chunk)
-                    if size > max_bytes:
-                        raise _TooLarge
-                    tail = chunk[-64:] if len(chunk) >= 64 else (tail + chunk)[-64:]
-                    await resp.write(chunk if guard is None else guard.feed(chunk))
-                    if guard is not None:
-                        guard.settle()
-                    if tap is not None:
-                        tap.chunk(chunk)
-                    if meter is not None:
-                        meter.feed(chunk)
+            if splitter.pending:
+                raise _Truncated("stream ended mid-event")
+            if not state.complete:
+                raise _Truncated(
+                    "stream ended before every choice finished"
+                    if state.done
+                    else "stream ended without [DONE]"
+                )
+            if not state.done:
+                await send(DONE_EVENT)
             complete = True
         # A failed write to the client is a ConnectionResetError (aiohttp's own subclasses it).
-        except (http1.ClientError, ConnectionResetError, TimeoutError, _Truncated) as exc:
+        except (
+            http1.ClientError,
+            ConnectionResetError,
+            TimeoutError,
+            _Truncated,
+            sse.EventTooLarge,
+        ) as exc:
             transport = request.transport
             if transport is None or transport.is_closing():
-                # A write to the client failed: it left, so there is nobody to tell.
+                # A write to the client failed: it left, so there is nobody to tell; but the
+                # cache's coalesced readers of this exchange still get the whole answer.
+                if tap is not None and tap.wanted() and not isinstance(exc, _Truncated):
+                    _hand_off(upstream, splitter, state, tap, idle_timeout, max_bytes - size)
+                    handed = True
                 return resp
-            if isinstance(exc, TimeoutError):
-                reason = "idle timeout"
-            elif isinstance(exc, _Truncated):
-                reason = "stream ended without [DONE]"
-            else:
-                reason = str(exc) or "disconnect"
+            timeout = isinstance(exc, TimeoutError)
+            reason = "idle timeout" if timeout else str(exc) or "disconnect"
             log.warning("request %s: stream from %s broke: %s", ctx.request_id, ctx.region, reason)
             resumed = False
             if continuer is not None and attempts is not None:
                 resumed = await continuer.resume(ctx, resp, attempts.again, reason)
             if not resumed:
-                await resp.write(
-                    _boundary(guard, tail)
-                    + stream_error_event(f"The region stopped mid-stream ({reason}).")
-                )
+                await resp.write(stream_error_event(f"The region stopped mid-stream ({reason})."))
         except _TooLarge:
             log.warning(
                 "request %s: stream from %s over %d bytes", ctx.request_id, ctx.region, max_bytes
             )
-            await resp.write(
-                _boundary(guard, tail)
-                + stream_error_event(f"The region's answer exceeded {max_bytes} bytes.")
+            await resp.write(stream_error_event(f"The region's answer exceeded {max_bytes} bytes."))
+        except asyncio.CancelledError:
+            # The client left (aiohttp cancels its handler): others may still read this.
+            if tap is not None and tap.wanted():
+                _hand_off(upstream, splitter, state, tap, idle_timeout, max_bytes - size)
+                handed = True
+            raise
+        if state.invalid:
+            log.warning(
+                "request %s: dropped %d events from %s that were not JSON",
+                ctx.request_id,
+                state.invalid,
+                ctx.region,
             )
     finally:
-        if tap is not None:
-            tap.end(complete)
-        if complete:
-            upstream.release()
-        else:
-            # Closing (not releasing) the connection is what tells the region to stop generating.
-            upstream.close()
+        if not handed:
+            if tap is not None:
+                tap.end(complete)
+            if complete:
+                upstream.release()
+            else:
+                # Closing (not releasing) the connection tells the region to stop generating.
+                upstream.close()
     await resp.write_eof()
     return resp

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -48,6 +49,12 @@ class _Chat(msgspec.Struct):
     messages: list[_Message]
     stream: bool | None = None
     stream_options: _StreamOptions | None = None
+    # Read laxly (see whole_number), as a region's parser would.
+    max_tokens: Any = None
+    max_completion_tokens: Any = None
+    n: Any = None
+    # Decoded here so a number no float holds (1e999) is a 400 now, not a 500 later.
+    temperature: Any = None
 
 
 class _Completion(msgspec.Struct):
@@ -57,6 +64,9 @@ class _Completion(msgspec.Struct):
     prompt: str | list[Any]
     stream: bool | None = None
     stream_options: _StreamOptions | None = None
+    max_tokens: Any = None
+    n: Any = None
+    temperature: Any = None
 
 
 class _Embedding(msgspec.Struct):
@@ -98,6 +108,14 @@ class ParsedRequest(msgspec.Struct, frozen=True, kw_only=True):
             self, upstream_model=upstream_model, body=_ENCODER.encode(fields)
         )
 
+    def as_model(self, model: str) -> ParsedRequest:
+        """The same request asked of another model (a fallback): body and fields name it."""
+        fields = _RAW_OBJECT.decode(self.body)
+        fields["model"] = msgspec.Raw(_ENCODER.encode(model))
+        return msgspec.structs.replace(
+            self, model=model, upstream_model=model, body=_ENCODER.encode(fields)
+        )
+
 
 def check_content_type(content_type: str | None) -> None:
     """JSON or nothing; anything else is 415."""
@@ -114,6 +132,10 @@ async def read_body(request: web.Request, max_bytes: int, within_s: float) -> by
     declared = request.content_length
     if declared is not None and declared > max_bytes:
         raise PayloadTooLarge(f"Request body is {declared} bytes; the limit is {max_bytes}.")
+    if request.headers.get("Content-Encoding", "identity").strip().lower() != "identity":
+        # aiohttp decodes the body: its length is not the declared one, and the limit applies
+        # to what it decodes to (a small compressed body may expand a thousandfold).
+        declared = None
     content = request.content
     try:
         if declared is not None and content.is_eof():
@@ -154,6 +176,71 @@ def _invalid(exc: msgspec.MsgspecError) -> InvalidRequest:
     else:
         message = f"Request body is not valid JSON: {text}"
     return InvalidRequest(message, param=param)
+
+
+def whole_number(value: object, param: str, minimum: int = 0) -> int | None:
+    """An integer field read the way a lax region parser (pydantic) reads it: 5000, 5000.0,
+    5e3 and "5000" are 5000. Anything else is a 400, never a default: a limit must not be
+    dodged by how a number is written."""
+    if value is None:
+        return None
+    number: int | None = None
+    if isinstance(value, bool):
+        number = None
+    elif isinstance(value, int):
+        number = value
+    elif isinstance(value, float) and value.is_integer():
+        number = int(value)
+    elif isinstance(value, str):
+        digits = value.strip()
+        if digits.isascii() and digits.isdigit():
+            number = int(digits)
+    if number is None or number < minimum:
+        raise InvalidRequest(
+            f"`{param}` must be an integer of at least {minimum}, got {value!r}.", param=param
+        )
+    return number
+
+
+# Top-level fields the router acts on: a second copy of one is refused (a region whose parser
+# keeps the first value would see another model, limit or stream flag than the router did).
+_ACTED = (
+    "model",
+    "messages",
+    "prompt",
+    "input",
+    "stream",
+    "stream_options",
+    "max_tokens",
+    "max_completion_tokens",
+    "n",
+    "temperature",
+    "user",
+    "tools",
+    "functions",
+)
+_ACTED_KEY = re.compile(rb'"(' + b"|".join(k.encode() for k in _ACTED) + rb')"\s*:')
+
+
+def _check_duplicates(body: bytes) -> None:
+    """400 when a field the router acts on appears twice at the top level."""
+    found = _ACTED_KEY.findall(body)
+    if len(found) == len(set(found)):
+        return  # the usual case: one scan, no second copy anywhere
+    top: list[list[tuple[str, object]]] = []
+
+    def pairs(items: list[tuple[str, object]]) -> dict[str, object]:
+        top.append(items)
+        return dict(items)
+
+    try:
+        json.loads(body, object_pairs_hook=pairs)
+    except (RecursionError, ValueError):
+        raise InvalidRequest("Request body is nested too deeply.") from None
+    keys = [key for key, _ in top[-1]] if top else []
+    for name in _ACTED:
+        if keys.count(name) > 1:
+            raise InvalidRequest(f"`{name}` is given more than once.", param=name)
 
 
 def _check_count(count: int, limit: int, param: str) -> None:
@@ -202,6 +289,9 @@ def parse_body(endpoint: str, body: bytes, *, max_items: int = 2048) -> ParsedRe
         decoded = _DECODERS[endpoint].decode(body)
     except msgspec.MsgspecError as exc:
         raise _invalid(exc) from None
+    except RecursionError:
+        raise InvalidRequest("Request body is nested too deeply.") from None
+    _check_duplicates(body)
     stream = False
     include_usage = False
     if isinstance(decoded, _Chat):
@@ -216,6 +306,10 @@ def parse_body(endpoint: str, body: bytes, *, max_items: int = 2048) -> ParsedRe
         _check_count(len(decoded.input), max_items, "input")
         _check_token_list(decoded.input, "input")
     if isinstance(decoded, _Chat | _Completion):
+        whole_number(decoded.max_tokens, "max_tokens")
+        whole_number(decoded.n, "n", minimum=1)
+        if isinstance(decoded, _Chat):
+            whole_number(decoded.max_completion_tokens, "max_completion_tokens")
         stream = bool(decoded.stream)
         options = decoded.stream_options
         include_usage = stream and options is not None and bool(options.include_usage)

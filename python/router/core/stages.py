@@ -34,6 +34,7 @@ __all__ = [
     "CacheMark",
     "Continuer",
     "ExchangeObserver",
+    "FallbackPolicy",
     "Gate",
     "Grant",
     "Hedger",
@@ -87,6 +88,13 @@ class RetryPolicy(Protocol):
     def begin(self, ctx: RequestContext, headers: Mapping[str, str]) -> None: ...
     def allow(self, ctx: RequestContext) -> bool: ...
     def first_byte(self, ctx: RequestContext, configured: float) -> float: ...
+
+
+class FallbackPolicy(Protocol):
+    """Model fallbacks: the next models to try, and which failures move to them."""
+
+    def chain(self, model: str) -> Sequence[str]: ...
+    def moves(self, error: AttemptError | None) -> bool: ...
 
 
 class Slot(Protocol):
@@ -156,6 +164,12 @@ class Tap(Protocol):
     def chunk(self, data: bytes) -> None: ...
     def end(self, clean: bool) -> None: ...
     def body(self, status: int, content_type: str | None, body: bytes) -> None: ...
+    def wanted(self) -> bool:
+        """Whether others read this exchange (coalesced requests): it outlives its client."""
+        ...
+
+    def detach(self) -> None:
+        """The exchange goes on without the client that started it."""
 
 
 Origin = Callable[["Tap | None"], Awaitable["web.StreamResponse"]]

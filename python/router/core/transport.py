@@ -13,6 +13,8 @@ from typing import Protocol
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from router.net.http1 import ClientError, ConnectError
+
 
 class UpstreamBody(Protocol):
     """An answer's body as it arrives."""
@@ -93,6 +95,8 @@ class _LocalBody:
             return b""
         if isinstance(item, BaseException):
             self.done = True
+            if isinstance(item, ConnectionError):
+                raise ClientError(str(item) or type(item).__name__) from item
             raise item
         return item
 
@@ -154,7 +158,14 @@ class LocalTransport:
     ) -> _LocalResponse:
         sent: CIMultiDict[str] = CIMultiDict(headers)
         self.requests.append((path, body, sent))
-        response = _LocalResponse(await self.handler(path, body, sent))
+        try:
+            reply = await self.handler(path, body, sent)
+        except ConnectionRefusedError as exc:
+            raise ConnectError(str(exc)) from None
+        except ConnectionError as exc:
+            # What the HTTP client says when the region hangs up before answering.
+            raise ClientError(str(exc) or type(exc).__name__) from None
+        response = _LocalResponse(reply)
         self.responses.append(response)
         return response
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from contextvars import ContextVar
 from urllib.parse import urlsplit
@@ -34,9 +36,39 @@ _HOP = frozenset(
     }
 )
 # Client credentials are for the router, never for a region; the region key replaces them.
-_REQUEST_DROP = _HOP | {"authorization", "x-api-key", "api-key"}
+# The body forwarded is the one aiohttp decoded, so no content-encoding describes it; the
+# router asks for identity bytes itself. Client-supplied forwarding headers are spoofable and
+# name the client to the provider: neither is passed on, and the router adds none.
+_REQUEST_DROP = _HOP | {
+    "authorization",
+    "x-api-key",
+    "api-key",
+    "cookie",
+    "content-encoding",
+    "accept-encoding",
+    "forwarded",
+    "x-forwarded-for",
+    "x-forwarded-host",
+    "x-forwarded-proto",
+    "x-real-ip",
+    "x-request-id",
+}
 # aiohttp's web server sets its own Date/Server; content-length is recomputed from the body.
-_RESPONSE_DROP = _HOP | {"date", "server"}
+# A region's cookies and CORS policy are not the router's to hand out.
+_RESPONSE_DROP = _HOP | {"date", "server", "set-cookie", "set-cookie2"}
+_CORS = "access-control-"
+# Servers that honour stream_options.include_usage (llama-cpp-python ignores it).
+_REPORTS_USAGE = frozenset({"vllm", "llama-server", "openai", "sim"})
+# Request ids the router sends upstream are UUIDs (llama-cpp-python refuses anything else).
+_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", re.I)
+_IDS = uuid.UUID("6f1a4e0e-8c1b-4c61-9d0e-2b5f1c3a7d40")
+
+
+def upstream_id(request_id: str) -> str:
+    """The request id as a UUID: itself when it is one, else one derived from it (stable)."""
+    if len(request_id) == 36 and _UUID.match(request_id):
+        return request_id
+    return str(uuid.uuid5(_IDS, request_id))
 
 
 # The stage timer of the request whose task is running: the pool's connect hook runs in that
@@ -57,7 +89,17 @@ def record_connect(ns: int) -> None:
 class Upstream:
     """One region: its config, the credentials sent to it, and its connection pool."""
 
-    __slots__ = ("_base_path", "auth", "base", "config", "name", "pool")
+    __slots__ = (
+        "_base_path",
+        "_secret",
+        "auth",
+        "base",
+        "config",
+        "id_header",
+        "name",
+        "pool",
+        "reports_usage",
+    )
 
     def __init__(self, config: RegionConfig, pool: Transport, api_key: str | None):
         self.config = config
@@ -66,6 +108,10 @@ class Upstream:
         self._base_path = urlsplit(self.base).path
         self.pool = pool
         self.auth = f"Bearer {api_key}" if api_key else None
+        self._secret = api_key.encode() if api_key else None
+        self.id_header = config.request_id_header
+        # Whether its server sends a usage chunk when a stream asks for one.
+        self.reports_usage = config.kind in _REPORTS_USAGE
 
     def path(self, endpoint: str) -> str:
         """The region's request path for a router path such as /v1/chat/completions."""
@@ -78,19 +124,32 @@ class Upstream:
     def request_headers(self, client: Mapping[str, str], request_id: str) -> CIMultiDict[str]:
         """Client headers minus hop-by-hop and client credentials, plus the region key and id."""
         out: CIMultiDict[str] = CIMultiDict()
+        # Headers the client's Connection header names are hop-by-hop too (RFC 9110 7.6.1).
+        named = client.get("Connection")
+        hop = {h.strip().lower() for h in named.split(",")} if named else ()
         for key, value in client.items():
-            if key.lower() not in _REQUEST_DROP:
+            low = key.lower()
+            if low not in _REQUEST_DROP and low not in hop:
                 out.add(key, value)
         if self.auth is not None:
             out["Authorization"] = self.auth
-        out["X-Request-Id"] = request_id
+        out["Accept-Encoding"] = "identity"
+        if self.id_header:
+            out[self.id_header] = upstream_id(request_id)
         return out
+
+    def scrub(self, body: bytes) -> bytes:
+        """A region's answer with its own API key blanked (a region may echo our headers)."""
+        secret = self._secret
+        if secret is not None and secret in body:
+            return body.replace(secret, b"***")
+        return body
 
 
 class Opened:
     """An attempt that got a usable answer: a whole body, or a stream and its first chunk."""
 
-    __slots__ = ("body", "first", "headers", "response", "status", "upstream")
+    __slots__ = ("body", "first", "headers", "response", "status", "upstream", "usage_added")
 
     def __init__(
         self,
@@ -110,13 +169,16 @@ class Opened:
         # Stream: the live upstream response, its first chunk already read.
         self.response = response
         self.first = first
+        # The router added include_usage to the stream's request (its usage chunk is ours).
+        self.usage_added = False
 
 
 def response_headers(upstream: CIMultiDictProxy[str]) -> CIMultiDict[str]:
     """Upstream response headers safe to relay to the client."""
     out: CIMultiDict[str] = CIMultiDict()
     for key, value in upstream.items():
-        if key.lower() not in _RESPONSE_DROP:
+        low = key.lower()
+        if low not in _RESPONSE_DROP and not low.startswith(_CORS):
             out.add(key, value)
     return out
 
@@ -175,6 +237,8 @@ def open_upstreams(config: Config) -> Upstreams:
             connect_timeout=config.timeouts.connect,
             total_timeout=config.timeouts.total,
             on_connect=record_connect,
+            max_head_bytes=config.server.max_response_head_bytes,
+            max_headers=config.server.max_headers,
         )
         regions.append(Upstream(region, pool, api_key))
     return Upstreams(regions)

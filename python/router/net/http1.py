@@ -37,6 +37,10 @@ class ConnectError(ClientError):
     """No connection to the region could be opened."""
 
 
+class HeadTooLarge(ClientError):
+    """The region's response head passed the pool's size or count bound."""
+
+
 class _Connection(asyncio.Protocol):
     """One keep-alive connection; carries at most one exchange at a time."""
 
@@ -52,6 +56,9 @@ class _Connection(asyncio.Protocol):
         # Exchanges sent on it, and whether any byte of the current one's answer arrived.
         self.uses = 0
         self.answered = False
+        # The current answer's head: bytes seen before it completed, header fields so far.
+        self._head_bytes = 0
+        self._head_done = False
         self._names: list[str] = []
         self._values: list[str] = []
 
@@ -66,10 +73,22 @@ class _Connection(asyncio.Protocol):
             # Bytes nobody asked for: the connection cannot be trusted with another request.
             self.abort()
             return
+        if not self._head_done:
+            self._head_bytes += len(data)
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
-            self._fail(ClientError(f"invalid HTTP from the region ({exc})"))
+            cause = exc.__context__
+            if isinstance(cause, HeadTooLarge):
+                self._fail(cause)
+            else:
+                self._fail(ClientError(f"invalid HTTP from the region ({exc})"))
+            self.abort()
+            return
+        if not self._head_done and self._head_bytes > self._pool.max_head_bytes:
+            # llhttp buffers a header it has not finished: bound what a region can make us hold.
+            limit = self._pool.max_head_bytes
+            self._fail(HeadTooLarge(f"the region's response head passed {limit} bytes"))
             self.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -85,6 +104,9 @@ class _Connection(asyncio.Protocol):
     # -- httptools callbacks
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if len(self._names) >= self._pool.max_headers:
+            limit = self._pool.max_headers
+            raise HeadTooLarge(f"the region's response has more than {limit} header fields")
         self._names.append(name.decode("latin-1"))
         self._values.append(value.decode("latin-1"))
 
@@ -93,7 +115,9 @@ class _Connection(asyncio.Protocol):
         names, values = self._names, self._values
         self._names, self._values = [], []
         if status < 200:
+            self._head_bytes = 0
             return  # 1xx: an interim answer; the real one follows
+        self._head_done = True
         response = self.response
         if response is not None:
             response.start(status, CIMultiDict(zip(names, values, strict=True)))
@@ -123,6 +147,8 @@ class _Connection(asyncio.Protocol):
         self.response = response
         self.uses += 1
         self.answered = False
+        self._head_bytes = 0
+        self._head_done = False
         assert self.transport is not None
         self.transport.write(data)
 
@@ -307,6 +333,8 @@ class Pool:
         total_timeout: float | None,
         on_connect: Callable[[int], None] | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        max_head_bytes: int = 64 * 1024,
+        max_headers: int = 128,
     ) -> None:
         url = urlsplit(base_url)
         if url.scheme not in ("http", "https") or not url.hostname:
@@ -327,6 +355,9 @@ class Pool:
         self.connect_timeout = connect_timeout
         self.total_timeout = total_timeout
         self.on_connect = on_connect
+        # A response head (status line and headers) over either bound fails the exchange.
+        self.max_head_bytes = max_head_bytes
+        self.max_headers = max_headers
         self._idle: list[_Connection] = []
         self._open = 0
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()

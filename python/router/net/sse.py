@@ -97,3 +97,58 @@ class Decoder:
     def pending(self) -> bool:
         """True when bytes of an unfinished event are buffered."""
         return bool(self._buf) or bool(self._data)
+
+
+class EventTooLarge(Exception):
+    """One SSE event grew past the splitter's bound before it ended."""
+
+
+class Splitter:
+    """Cuts an SSE byte stream into whole raw events (each with its ending blank line), linear
+    in the bytes however they are chunked; an event longer than `max_bytes` raises
+    EventTooLarge, so a never-ending line costs a bounded buffer and one scan of its bytes."""
+
+    __slots__ = ("_buf", "_scan", "max_bytes")
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._buf = bytearray()
+        # Where the next boundary search starts: bytes before it hold no blank line.
+        self._scan = 0
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        """The events `chunk` completes, in order (raw bytes, blank line included)."""
+        if not self._buf and chunk.endswith(b"\n\n") and b"\r" not in chunk:
+            # The common shape: whole `data:` events ended by LF LF, one split.
+            parts = chunk.split(b"\n\n")
+            parts.pop()
+            if len(chunk) > self.max_bytes and max(map(len, parts)) + 2 > self.max_bytes:
+                raise EventTooLarge(f"an SSE event passed {self.max_bytes} bytes")
+            return [part + b"\n\n" for part in parts if part]
+        buf = self._buf
+        buf += chunk
+        events: list[bytes] = []
+        start = 0
+        pos = max(self._scan, 0)
+        while True:
+            lf = buf.find(b"\n\n", pos)
+            crlf = buf.find(b"\n\r\n", pos)
+            if lf < 0 and crlf < 0:
+                break
+            end = lf + 2 if crlf < 0 or 0 <= lf < crlf else crlf + 3
+            event = bytes(buf[start:end])
+            if event.strip(b"\r\n"):
+                events.append(event)
+            start = pos = end
+        if start:
+            del buf[:start]
+        # A boundary may straddle this chunk and the next: rescan the last two bytes.
+        self._scan = max(0, len(buf) - 2)
+        if len(buf) > self.max_bytes:
+            raise EventTooLarge(f"an SSE event passed {self.max_bytes} bytes")
+        return events
+
+    @property
+    def pending(self) -> int:
+        """Bytes of an unfinished event held back."""
+        return len(self._buf)

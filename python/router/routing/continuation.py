@@ -15,10 +15,11 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from router.config import RoutingConfig
+from router.config import RegionConfig, RoutingConfig
 from router.core.context import RequestContext
 from router.core.failure import AttemptError
 from router.core.request import CHAT
+from router.core.stream import DEFAULT_MAX_EVENT_BYTES, DONE_EVENT, StreamState, passable
 from router.core.upstream import Opened, Upstream
 from router.net import http1, sse
 from router.net.idle import IdleWatch
@@ -102,15 +103,17 @@ def _object(payload: bytes) -> dict[str, Any] | None:
     return obj if isinstance(obj, dict) else None
 
 
-def continuation_body(body: bytes, prefill: str, tokens_sent: int) -> bytes:
+def continuation_body(body: bytes, prefill: str, tokens_sent: int, kind: str = "vllm") -> bytes:
     """The chat request again, with `prefill` as a trailing assistant message to continue."""
     fields = _DECODE.decode(body)
     messages = list(fields.get("messages") or [])
     messages.append({"role": "assistant", "content": prefill})
     fields["messages"] = messages
-    # vLLM continues the last assistant message instead of opening a new turn with these.
-    fields["continue_final_message"] = True
-    fields["add_generation_prompt"] = False
+    if kind != "llama-server":
+        # vLLM continues the last assistant message instead of opening a new turn with these;
+        # llama-server continues a trailing assistant message by itself.
+        fields["continue_final_message"] = True
+        fields["add_generation_prompt"] = False
     for key in ("max_tokens", "max_completion_tokens"):
         limit = fields.get(key)
         if isinstance(limit, int):
@@ -140,8 +143,61 @@ def restamp(event: bytes, ident: dict[str, Any]) -> bytes | None:
     return b"data: " + _ENCODE.encode(obj)
 
 
+# What each server kind can do with a cut stream ([[regions]] kind, continuation = "auto").
+_CONTINUES = frozenset({"vllm", "llama-server", "sim"})
+
+
+def mode_of(config: RegionConfig) -> str:
+    """How a region can carry on a cut stream: continue, regenerate or none."""
+    if config.continuation != "auto":
+        return config.continuation
+    return "continue" if config.kind in _CONTINUES else "regenerate"
+
+
+class _Sampling(msgspec.Struct):
+    temperature: float | None = None
+    seed: int | None = None
+
+
+_SAMPLING = msgspec.json.Decoder(_Sampling)
+
+
+def deterministic(body: bytes) -> bool:
+    """Whether the same request gives the same text again: temperature 0, or a seed."""
+    try:
+        sampling = _SAMPLING.decode(body)
+    except msgspec.MsgspecError:
+        return False
+    return sampling.temperature == 0 or sampling.seed is not None
+
+
+def whole_usage(event: bytes, sent: int) -> bytes:
+    """A continuation's usage event rewritten to cover the whole answer: the `sent` tokens the
+    client already had were part of the continuation's prompt (the prefill), and are part of
+    the answer's completion."""
+    payload = sse.data_of(event)
+    if payload is None or b'"usage"' not in payload:
+        return event
+    obj = _object(payload)
+    usage = obj.get("usage") if obj is not None else None
+    if obj is None or not isinstance(usage, dict):
+        return event
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if not isinstance(prompt, int) or not isinstance(completion, int):
+        return event
+    usage["prompt_tokens"] = max(0, prompt - sent)
+    usage["completion_tokens"] = completion + sent
+    usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+    return b"data: " + _ENCODE.encode(obj) + b"\n\n"
+
+
 class MidstreamPolicy:
-    """What the relay does when a stream breaks: report it, then continue elsewhere or give up."""
+    """What the relay does when a stream breaks: report it, then continue elsewhere or give up.
+
+    A region continues only in the way it can (`mode_of`): "continue" sends the text so far as
+    an assistant prefill; "regenerate" resends the request (deterministic requests only) and
+    holds its output back until it has passed, and matched, what the client already has.
+    """
 
     def __init__(
         self,
@@ -186,26 +242,85 @@ class MidstreamPolicy:
         tracker.settle()
         if tracker.done:
             return False
-        failed = {ctx.region}
-        remaining = [u for u in ctx.candidates if u.name not in failed]
-        for upstream in remaining[: self.max_resumes]:
+        again = deterministic(ctx.request.body)
+        tried = 0
+        for upstream in ctx.candidates:
+            if tried >= self.max_resumes or upstream.name == ctx.region:
+                continue
+            mode = mode_of(upstream.config)
+            if mode == "none" or (mode == "regenerate" and not again):
+                continue
+            tried += 1
             log.warning(
-                "request %s: resuming on %s after %d tokens (%s)",
+                "request %s: %s on %s after %d tokens (%s)",
                 ctx.request_id,
+                "resuming" if mode == "continue" else "regenerating",
                 upstream.name,
                 tracker.events,
                 reason,
             )
-            body = continuation_body(ctx.request.body, tracker.text, tracker.events)
-            ok = await _continue_on(ctx, upstream, body, open_one, out, tracker, self.idle_s)
+            if mode == "continue":
+                body = continuation_body(
+                    ctx.request.body, tracker.text, tracker.events, upstream.config.kind
+                )
+            else:
+                body = ctx.request.body
+            ok = await _continue_on(
+                ctx, upstream, body, open_one, out, tracker, self.idle_s, mode == "regenerate"
+            )
             if ok:
                 ctx.region = upstream.name
                 return True
             if ok is False:
                 # It answered and then broke (a failed attempt was reported by the attempt path).
                 self.report(upstream.name, "server_error")
-            failed.add(upstream.name)
         return False
+
+
+class _Diverged(Exception):
+    """A regenerated answer does not start with the text the client already has."""
+
+
+class _Catchup:
+    """Holds a regenerated stream back until it has passed the text the client has."""
+
+    __slots__ = ("have", "seen", "through")
+
+    def __init__(self, have: str) -> None:
+        self.have = have
+        self.seen = ""
+        self.through = not have
+
+    def event(self, event: bytes) -> bytes | None:
+        """The event to relay (its new text only), None to hold it back; _Diverged if the new
+        answer is not the old one continued."""
+        if self.through:
+            return event
+        payload = sse.data_of(event)
+        obj = _object(payload) if payload is not None and payload != _DONE else None
+        choices = obj.get("choices") if obj is not None else None
+        if obj is None or not isinstance(choices, list) or len(choices) != 1:
+            return None
+        choice = choices[0]
+        delta = choice.get("delta") if isinstance(choice, dict) else None
+        piece = delta.get("content") if isinstance(delta, dict) else None
+        if not isinstance(piece, str) or not piece:
+            if isinstance(choice, dict) and choice.get("finish_reason") is not None:
+                raise _Diverged("ended before reaching the text already sent")
+            return None
+        seen = self.seen + piece
+        if len(seen) <= len(self.have):
+            if not self.have.startswith(seen):
+                raise _Diverged("the regenerated text differs")
+            self.seen = seen
+            self.through = seen == self.have
+            return None
+        if not seen.startswith(self.have):
+            raise _Diverged("the regenerated text differs")
+        self.through = True
+        assert isinstance(delta, dict)
+        delta["content"] = seen[len(self.have) :]
+        return b"data: " + _ENCODE.encode(obj) + b"\n\n"
 
 
 async def _continue_on(
@@ -216,9 +331,11 @@ async def _continue_on(
     out: web.StreamResponse,
     tracker: StreamTracker,
     idle_s: float,
+    regenerate: bool,
+    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
 ) -> bool | None:
-    """Stream the continuation from `upstream` into `out`: True once it ended with [DONE],
-    False if it broke, None if the attempt itself failed."""
+    """Stream the continuation from `upstream` into `out`: True once it finished, False if it
+    broke or diverged, None if the attempt itself failed."""
     try:
         opened = await open_one(upstream, body)
     except AttemptError as exc:
@@ -230,24 +347,34 @@ async def _continue_on(
             "request %s: resume on %s failed: HTTP %d", ctx.request_id, upstream.name, opened.status
         )
         return False
-    local = StreamTracker()
+    splitter = sse.Splitter(max_event_bytes)
+    state = StreamState()
+    catchup = _Catchup(tracker.text if regenerate else "")
+    sent = 0 if regenerate else tracker.events
+    complete = False
     try:
         chunk = opened.first
         async with IdleWatch(idle_s) as idle:
             while chunk:
-                whole = local.feed(chunk)
-                if whole:
-                    await _write_resumed(out, whole, tracker)
+                events = []
+                for event in sse.split_events(passable(splitter.feed(chunk), state, False)):
+                    kept = catchup.event(event + b"\n\n")
+                    if kept is not None:
+                        events.append(whole_usage(kept, sent) if sent else kept)
+                if events:
+                    await _write_resumed(out, b"".join(events), tracker)
                 idle.waiting()
                 chunk = await resp.content.readany()
                 idle.busy()
-        local.settle()
-        return local.done
-    except (http1.ClientError, TimeoutError) as exc:
+        complete = not splitter.pending and state.complete and catchup.through
+        if complete and not state.done:
+            await _write_resumed(out, DONE_EVENT, tracker)
+        return complete
+    except (http1.ClientError, TimeoutError, sse.EventTooLarge, _Diverged) as exc:
         log.warning("request %s: resume on %s failed: %s", ctx.request_id, upstream.name, exc)
         return False
     finally:
-        if local.done:
+        if complete:
             resp.release()
         else:
             resp.close()

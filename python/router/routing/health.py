@@ -30,6 +30,7 @@ def prober_kwargs(config: HealthConfig) -> dict[str, Any]:
         "timeout_s": config.timeout_s,
         "path": config.path,
         "fallback_path": config.fallback_path,
+        "ca_file": config.ca_file,
         "expected_statuses": list(config.expected_statuses),
         "healthy_after": config.healthy_after,
         "unhealthy_after": config.unhealthy_after,
@@ -96,7 +97,7 @@ class Health:
                 self._admin.pop(name, None)
         for name, region in wanted.items():
             try:
-                self.prober.upsert_region(name, region.base_url)
+                self.prober.upsert_region(name, region.base_url, path=region.probe_path())
             except ValueError as exc:
                 raise ConfigError(f"regions.{name}.base_url: {exc}") from None
             self._bias_s[name] = region.bias_ms / 1000

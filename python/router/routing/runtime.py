@@ -8,14 +8,17 @@ from collections.abc import Callable, Mapping, MutableMapping, Sequence
 
 from router.config import Config, RoutingConfig
 from router.core.context import RequestContext
-from router.core.failure import AttemptError, health_outcome
+from router.core.failure import AttemptError, FailureKind, health_outcome
 from router.core.stages import AttemptObserver, Selector
 from router.core.upstream import Upstream, Upstreams
 from router.routing.budget import RetryBudget
+from router.routing.circuit import Circuits
 from router.routing.health import Health
 
 log = logging.getLogger("router")
 
+# Failures that come with an answer from the region: it is up, the model there is failing.
+_ANSWERED = frozenset({FailureKind.STATUS, FailureKind.INVALID, FailureKind.TOO_LARGE})
 # A client's overall deadline: the OpenAI SDKs send their timeout as x-stainless-timeout (s).
 _DEADLINE_HEADERS = (("x-router-timeout-ms", 0.001), ("x-stainless-timeout", 1.0))
 
@@ -74,14 +77,16 @@ def _budget(config: RoutingConfig) -> RetryBudget:
     )
 
 
-def selector(health: Health, live: LiveRouting) -> Selector:
-    """Regions serving the model, nearest healthy first (see selection.select)."""
+def selector(health: Health, live: LiveRouting, circuits: Circuits | None = None) -> Selector:
+    """Regions serving the model, nearest healthy first (see selection.select); a region whose
+    circuit for this model is open goes last."""
 
     panicking = False
 
     def select(ctx: RequestContext, upstreams: Upstreams) -> Sequence[Upstream]:
         nonlocal panicking
-        serving = upstreams.serving(ctx.request.upstream_model)
+        model = ctx.request.upstream_model
+        serving = upstreams.serving(model)
         by_name: dict[str, Upstream] = {}
         for u in serving:
             by_name[u.name] = u
@@ -94,9 +99,15 @@ def selector(health: Health, live: LiveRouting) -> Selector:
             else:
                 log.warning("a region is available again: panic mode over")
         ordered: list[Upstream] = []
+        tripped: list[Upstream] = []
+        now = time.monotonic()
         for ranked in chosen.order:
-            ordered.append(by_name[ranked.name])
-        return ordered
+            upstream = by_name[ranked.name]
+            if circuits is None or circuits.closed(upstream.name, model, now):
+                ordered.append(upstream)
+            else:
+                tripped.append(upstream)
+        return ordered + tripped if tripped else ordered
 
     return select
 
@@ -124,20 +135,33 @@ def hedge_delay(health: Health, live: LiveRouting) -> Callable[[str], float | No
     return delay_of
 
 
-def passive_hook(health: Health) -> AttemptObserver:
-    """Every attempt's outcome and latency into the health table."""
+def passive_hook(health: Health, circuits: Circuits | None = None) -> AttemptObserver:
+    """Every attempt's outcome and latency into the health table and the (region, model)
+    circuits. A region that answered with an error is alive: that counts against the model
+    there (its circuit), not against the region and its other models."""
 
     def hook(ctx: RequestContext, upstream: Upstream, error: AttemptError | None, s: float) -> None:
+        name = upstream.name
+        model = ctx.request.upstream_model
         if error is None:
             # An attempt returns at the first byte of a stream, or with a whole body.
             if ctx.request.stream:
-                health.report(upstream.name, "ok", ttft_s=s)
+                health.report(name, "ok", ttft_s=s)
             else:
-                health.report(upstream.name, "ok", total_s=s)
+                health.report(name, "ok", total_s=s)
+            if circuits is not None:
+                circuits.record(name, model, True, time.monotonic())
             return
         outcome = health_outcome(error.kind, error.status)
-        if outcome is not None:  # admission's "full here" says nothing of the region's health
-            health.report(upstream.name, outcome)
+        if outcome is None:  # admission's "full here", the request's own fault: nothing
+            return
+        if circuits is not None and outcome != "neutral" and error.kind in _ANSWERED:
+            # The region is up and answered: the failure is this model's there (its circuit);
+            # a region that cannot be reached at all is the prober's and ejection's business.
+            if circuits.record(name, model, False, time.monotonic()):
+                log.warning("region %s: circuit for model %s open after %s", name, model, outcome)
+            outcome = "neutral"
+        health.report(name, outcome)
 
     return hook
 
@@ -154,6 +178,8 @@ def routing_headers(ctx: RequestContext, headers: MutableMapping[str, str]) -> N
     headers["x-router-failovers"] = str(max(0, ctx.attempts - 1 - hedges))
     if hedged is not None:
         headers["x-router-hedged"] = hedged
+    if ctx.fallback is not None:
+        headers["x-router-fallback-model"] = ctx.fallback
 
 
 class RetryState:
@@ -182,6 +208,10 @@ class RetryState:
         deadline = ctx.deadline
         if deadline is not None and now >= deadline:
             return False
+        if ctx.free_retry:
+            # The failed attempt never reached its region, or its connection broke and this one
+            # goes elsewhere: no region gets a request twice, so no budget is spent.
+            return True
         if not budget.try_retry(now):
             log.warning("request %s: retry budget exhausted, not retrying", ctx.request_id)
             return False
@@ -190,7 +220,11 @@ class RetryState:
     def first_byte(self, ctx: RequestContext, configured: float) -> float:
         """An attempt's first-byte timeout: [routing] ttft_timeout_s (else `configured`), cut
         to the client's deadline."""
-        timeout = self.live.config.ttft_timeout_s or configured
+        config = self.live.config
+        timeout = config.ttft_timeout_s or configured
+        stream_ttft = config.stream_ttft_timeout_s
+        if stream_ttft is not None and len(ctx.candidates) > 1 and ctx.request.stream:
+            timeout = min(timeout, stream_ttft)
         deadline = ctx.deadline
         if deadline is not None:
             timeout = min(timeout, max(0.001, deadline - time.monotonic()))

@@ -10,13 +10,15 @@ import msgspec
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from router.access import tokenizers
 from router.access.auth import Authenticator
 from router.access.limits import Limiter, Limits, auth_preparer, rate_limit_headers
 from router.cache.serving import CacheLayer, cache_headers
 from router.config import Config
 from router.core.admin import AdminRoutes
+from router.core.client_limit import InFlightPerIp
 from router.core.context import request_id
-from router.core.pipeline import CONTEXT, Features, InFlightPerIp, Pipeline
+from router.core.pipeline import CONTEXT, Features, Pipeline
 from router.core.request import CHAT, COMPLETIONS, EMBEDDINGS
 from router.core.responses import error_response
 from router.core.stages import AttemptObserver, ResponseDecorator
@@ -26,7 +28,9 @@ from router.rollout import admin as rollout_admin
 from router.rollout.runtime import ROLLOUT, RolloutRuntime, canary_hook, version_header
 from router.routing import admin as routing_admin
 from router.routing.admission import Admission
+from router.routing.circuit import Circuits
 from router.routing.continuation import MidstreamPolicy
+from router.routing.fallback import Fallbacks
 from router.routing.health import Health, lifetime
 from router.routing.hedge import hedger
 from router.routing.runtime import (
@@ -125,7 +129,9 @@ def build_app(config: Config, config_path: Path | None = None) -> web.Applicatio
     rollout = app[ROLLOUT] = RolloutRuntime(config)
     reloader.register("rollout", rollout.prepare_reload, ("rollout", "models"))
     # How much: per-key limits, then per-region admission slots.
-    limiter = Limiter.from_config(config.limits, auth.tenants)
+    limiter = Limiter.from_config(
+        config.limits, auth.tenants, tokenizers.load(config.tokenizers.models)
+    )
     reloader.register("auth", auth_preparer(auth, limiter), ("auth",))
     app.cleanup_ctx.append(_closing(limiter.close))
     admission = Admission.from_config(config.admission)
@@ -137,6 +143,11 @@ def build_app(config: Config, config_path: Path | None = None) -> web.Applicatio
     reloader.register("regions", regions_preparer(pools, health), ("regions",))
     routing = LiveRouting(config.routing)
     reloader.register("routing", routing.prepare, ("routing",))
+    fallbacks = Fallbacks(config.models)
+    reloader.register("fallbacks", fallbacks.prepare_reload, ("models",))
+    circuits = Circuits(
+        config.routing.circuit_after, config.routing.circuit_base_s, config.routing.circuit_max_s
+    )
     midstream = MidstreamPolicy(
         config.routing.midstream,
         idle_s=config.timeouts.idle,
@@ -155,7 +166,7 @@ def build_app(config: Config, config_path: Path | None = None) -> web.Applicatio
         )
         observers.append(observer.attempt)
         telemetry.add_routes(app, observer, config.observability)
-    observers += [canary_hook(rollout), passive_hook(health)]
+    observers += [canary_hook(rollout), passive_hook(health, circuits)]
     # Answers already known: the response cache.
     cache = None
     if config.cache.enabled:
@@ -171,12 +182,13 @@ def build_app(config: Config, config_path: Path | None = None) -> web.Applicatio
         rollout=rollout,
         filters=(Limits(auth, limiter),),
         retry=RetryState(routing),
-        selector=selector(health, routing),
+        selector=selector(health, routing, circuits),
         slots=admission,
         observers=tuple(observers),
         hedger=hedger(lambda: routing.config.hedge_endpoints, hedge_delay(health, routing)),
         continuer=midstream,
         cache=cache,
+        fallbacks=fallbacks,
         decorators=tuple(decorators),
         exchange=observer,
     )

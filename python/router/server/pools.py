@@ -79,7 +79,7 @@ def regions_preparer(pools: RegionPools, health: Health | None) -> Preparer:
             # The native prober refuses some URLs; find out before anything swaps.
             check = Prober(**prober_kwargs(new.health))
             for region in new.regions:
-                check.upsert_region(region.name, region.base_url)
+                check.upsert_region(region.name, region.base_url, path=region.probe_path())
 
         def commit() -> None:
             live = {u.name: u for u in pools.current}

@@ -11,7 +11,7 @@ from router.access.auth import ANONYMOUS_TENANT, Tenant
 from router.access.limits import Limiter, format_reset, rate_headers, retry_headers
 from router.access.usage import StreamUsage, completion_budget, usage_tokens
 from router.core.request import parse_body
-from router.errors import RateLimited
+from router.errors import InvalidRequest, RateLimited
 from router.native import count_tokens
 
 TENANT = Tenant(
@@ -77,8 +77,21 @@ def test_completion_budget(body: dict[str, int], expected: int) -> None:
     assert completion_budget(json.dumps({"model": "m", **body}).encode(), 256) == expected
 
 
-def test_completion_budget_of_a_strange_body_is_the_default() -> None:
-    assert completion_budget(b'{"max_tokens": "many"}', 99) == 99
+@pytest.mark.parametrize(
+    "field", [{"max_tokens": 5000.0}, {"max_tokens": "5000"}, {"max_completion_tokens": 5e3}]
+)
+def test_a_number_counts_however_it_is_written(field: dict[str, object]) -> None:
+    # Issue 24: 5000.0, "5000" and 5e3 used to reserve the default 256 instead of 5000.
+    assert completion_budget(json.dumps(field).encode(), 256) == 5000
+    assert completion_budget(json.dumps({**field, "n": 2.0}).encode(), 256) == 10000
+
+
+@pytest.mark.parametrize(
+    "body", [b'{"max_tokens": "many"}', b'{"max_tokens": 1.5}', b'{"n": true}', b'{"n": 0}']
+)
+def test_a_number_no_region_would_read_is_refused_not_defaulted(body: bytes) -> None:
+    with pytest.raises(InvalidRequest):
+        completion_budget(body, 99)
 
 
 @pytest.mark.parametrize(

@@ -150,3 +150,41 @@ def test_other_content_types_are_415(value: str) -> None:
     with pytest.raises(UnsupportedMediaType) as info:
         check_content_type(value)
     assert info.value.status == 415
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"model":"m","messages":[{"role":"user","content":"x"}],"temperature":1e999}',
+        b'{"model":"m","messages":[{"role":"user","content":"x"}],"metadata":'
+        + b"[" * 5000
+        + b"]" * 5000
+        + b"}",
+        b'{"model":"m","messages":[{"role":"user","content":['
+        + b'{"a":' * 3000
+        + b"1"
+        + b"}" * 3000
+        + b"]}]}",
+    ],
+    ids=["huge number", "deep metadata", "deep content part"],
+)
+def test_bodies_that_used_to_500_are_400(body: bytes) -> None:
+    # Issue 24 item 11: a traceback and a 5xx in the SLO for a malformed body.
+    with pytest.raises(InvalidRequest) as caught:
+        parse_body(CHAT, body)
+    assert caught.value.status == 400
+
+
+def test_a_second_copy_of_a_field_the_router_acts_on_is_refused() -> None:
+    # Issue 24 item 16: the router acted on the last value, a region may take the first.
+    body = b'{"model":"a","messages":[{"role":"user","content":"x"}],"max_tokens":5,"max_tokens":9}'
+    with pytest.raises(InvalidRequest, match="more than once") as caught:
+        parse_body(CHAT, body)
+    assert caught.value.param == "max_tokens"
+    # The same names deeper down, or inside text, are nobody's business but the region's.
+    nested = (
+        b'{"model":"a","messages":[{"role":"user","content":"\\"model\\": 1, \\"model\\": 2"}],'
+        b'"tools":[{"type":"function","function":{"name":"model","parameters":'
+        b'{"properties":{"model":{},"n":{}}}}}],"n":1}'
+    )
+    assert parse_body(CHAT, nested).model == "a"

@@ -11,6 +11,7 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import msgspec
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from multidict import CIMultiDict
@@ -41,11 +42,17 @@ def delta(text: str) -> bytes:
 
 
 def app_for(
-    regions: dict[str, Handler], routing: RoutingConfig | None = None
+    regions: dict[str, Handler], routing: RoutingConfig | None = None, kind: str = "vllm"
 ) -> tuple[web.Application, dict[str, LocalTransport]]:
     """The pipeline with routing's retry state, hedger, continuation and headers in front of
-    in-process regions, tried in the order given."""
-    configs = [RegionConfig(name=n, base_url=f"http://{n}:1/v1", models=("m",)) for n in regions]
+    in-process regions (servers of `kind`), tried in the order given."""
+    configs = [
+        msgspec.convert(
+            {"name": n, "base_url": f"http://{n}:1/v1", "models": ["m"], "kind": kind},
+            RegionConfig,
+        )
+        for n in regions
+    ]
     transports = {n: LocalTransport(h) for n, h in regions.items()}
     config = Config(regions=tuple(configs), routing=routing or RoutingConfig())
     live = LiveRouting(config.routing)
@@ -158,3 +165,79 @@ async def test_a_broken_stream_is_continued_on_the_next_region() -> None:
     assert {c["id"] for c in chunks} == {"chatcmpl-a"}
     assert [c["choices"][0].get("finish_reason") for c in chunks] == [None, None, "stop"]
     assert len(transports["b"].requests) == 1
+
+
+def breaks_after(*pieces: str) -> Handler:
+    async def handle(path: str, raw: bytes, headers: CIMultiDict[str]) -> LocalReply:
+        async def chunks() -> AsyncIterator[bytes]:
+            for piece in pieces:
+                yield delta(piece)
+            raise ConnectionResetError("region died")
+
+        return LocalReply(200, SSE, chunks())
+
+    return handle
+
+
+def regenerates(*pieces: str) -> Handler:
+    """A region without prefill continuation: it answers the original request from scratch."""
+
+    async def handle(path: str, raw: bytes, headers: CIMultiDict[str]) -> LocalReply:
+        sent = json.loads(raw)
+        assert sent["messages"][-1]["role"] == "user"  # the request as the client sent it
+        end = {"index": 0, "delta": {}, "finish_reason": "stop"}
+        events = [delta(p) for p in pieces] + [event({"id": "x", "choices": [end]})]
+        return LocalReply(200, SSE, [*events, b"data: [DONE]\n\n"])
+
+    return handle
+
+
+def texts(raw: bytes) -> tuple[str, list[str]]:
+    """(streamed text, error codes) of an SSE body."""
+    text, errors = "", []
+    for line in raw.split(b"\n"):
+        if line.startswith(b"data: {"):
+            obj = json.loads(line[6:])
+            if "error" in obj:
+                errors.append(obj["error"]["code"])
+            for choice in obj.get("choices", []):
+                text += choice.get("delta", {}).get("content") or ""
+    return text, errors
+
+
+async def test_a_region_that_cannot_continue_regenerates_a_deterministic_request() -> None:
+    app, _ = app_for(
+        {"a": breaks_after("Hel", "lo"), "b": regenerates("He", "llo w", "orld")},
+        RoutingConfig(midstream="resume"),
+        kind="llama-cpp-python",
+    )
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        resp = await client.post(CHAT, json=body(stream=True, temperature=0))
+        raw = await resp.read()
+    assert texts(raw) == ("Hello world", [])
+    assert raw.endswith(b"data: [DONE]\n\n")
+
+
+async def test_a_regenerated_answer_that_differs_ends_with_one_error_event() -> None:
+    app, _ = app_for(
+        {"a": breaks_after("Hel", "lo"), "b": regenerates("Help", " me")},
+        RoutingConfig(midstream="resume"),
+        kind="llama-cpp-python",
+    )
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        resp = await client.post(CHAT, json=body(stream=True, temperature=0))
+        raw = await resp.read()
+    assert texts(raw) == ("Hello", ["upstream_stream_error"])
+
+
+async def test_a_sampled_request_is_never_regenerated() -> None:
+    app, regions = app_for(
+        {"a": breaks_after("Hel", "lo"), "b": regenerates("Hello", " world")},
+        RoutingConfig(midstream="resume"),
+        kind="llama-cpp-python",
+    )
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        resp = await client.post(CHAT, json=body(stream=True, temperature=0.7))
+        raw = await resp.read()
+    assert texts(raw) == ("Hello", ["upstream_stream_error"])
+    assert regions["b"].requests == []

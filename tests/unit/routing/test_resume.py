@@ -73,3 +73,37 @@ def test_restamp_drops_the_role_preamble_and_keeps_the_first_identity() -> None:
     assert obj["id"] == "chatcmpl-first"
     assert obj["choices"][0]["delta"]["content"] == "lo"
     assert restamp(b"data: [DONE]", ident) == b"data: [DONE]"
+
+
+def test_a_continuations_usage_covers_the_whole_answer() -> None:
+    from router.routing.continuation import whole_usage
+
+    usage = {"prompt_tokens": 65, "completion_tokens": 20, "total_tokens": 85}
+    fixed = whole_usage(ev({"id": "x", "choices": [], "usage": usage}), sent=40)
+    assert json.loads(fixed[6:])["usage"] == {
+        "prompt_tokens": 25,
+        "completion_tokens": 60,
+        "total_tokens": 85,
+    }
+    plain = delta("no usage here")
+    assert whole_usage(plain, sent=40) == plain
+
+
+def test_continuation_modes_follow_the_server_kind() -> None:
+    import msgspec
+
+    from router.config import RegionConfig
+    from router.routing.continuation import deterministic, mode_of
+
+    def region(**extra: str) -> RegionConfig:
+        return msgspec.convert(
+            {"name": "a", "base_url": "http://a", "models": ["m"], **extra}, RegionConfig
+        )
+
+    assert mode_of(region(kind="vllm")) == mode_of(region(kind="llama-server")) == "continue"
+    assert mode_of(region(kind="llama-cpp-python")) == mode_of(region()) == "regenerate"
+    assert mode_of(region(kind="vllm", continuation="none")) == "none"
+    assert deterministic(b'{"temperature": 0}')
+    assert deterministic(b'{"seed": 7, "temperature": 1}')
+    assert not deterministic(b'{"temperature": 0.2}')
+    assert not deterministic(b"{}")

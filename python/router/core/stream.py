@@ -1,0 +1,113 @@
+"""What the relay learns from a stream's events: valid or not, finished or not, [DONE] or not.
+
+A stream counts as complete only when every choice it carried got a `finish_reason`: a region
+that ends with `[DONE]` before that was cut (llama-cpp-python does, when a new request
+interrupts it), and one that finished every choice but never sent `[DONE]` did finish.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from router.net import sse
+from router.net.sse import DONE
+
+
+class _Choice(msgspec.Struct):
+    index: int = 0
+    finish_reason: str | None = None
+
+
+class _Chunk(msgspec.Struct):
+    choices: list[_Choice] | None = None
+    usage: dict[str, object] | None = None
+
+
+_CHUNK = msgspec.json.Decoder(_Chunk)
+_RAW = msgspec.json.Decoder(msgspec.Raw)
+DONE_EVENT = b"data: [DONE]\n\n"
+# One SSE event above this fails the stream (a never-ending line must not cost unbounded work).
+DEFAULT_MAX_EVENT_BYTES = 1 << 20
+
+
+class StreamState:
+    """Notes every payload the relay passes on; `complete` once the stream really finished."""
+
+    __slots__ = ("done", "finishes", "invalid", "usage_only")
+
+    def __init__(self) -> None:
+        self.done = False
+        # finish_reason per choice index (None: the choice is still open).
+        self.finishes: dict[int, str | None] = {}
+        # Events dropped because they were not JSON.
+        self.invalid = 0
+        # Whether the last payload noted carried only usage (no choices).
+        self.usage_only = False
+
+    def note(self, payload: bytes) -> bool:
+        """Note one data payload; False when it is not valid JSON (and must not be relayed)."""
+        self.usage_only = False
+        if payload == DONE:
+            self.done = True
+            return True
+        try:
+            chunk = _CHUNK.decode(payload)
+        except msgspec.ValidationError:
+            # Valid JSON of another shape (an error event, a field of an unexpected type).
+            return True
+        except msgspec.DecodeError:
+            try:
+                _RAW.decode(payload)
+            except msgspec.DecodeError:
+                self.invalid += 1
+                return False
+            return True
+        choices = chunk.choices
+        if choices:
+            finishes = self.finishes
+            for choice in choices:
+                if choice.finish_reason is not None or choice.index not in finishes:
+                    finishes[choice.index] = choice.finish_reason
+        elif chunk.usage is not None:
+            self.usage_only = True
+        return True
+
+    @property
+    def finished(self) -> bool:
+        """Every choice seen got a finish_reason (and there was at least one)."""
+        finishes = self.finishes
+        return bool(finishes) and all(r is not None for r in finishes.values())
+
+    @property
+    def complete(self) -> bool:
+        """The stream finished: every choice ended; or, with no choice at all, [DONE] came."""
+        if self.finishes:
+            return self.finished
+        return self.done
+
+
+def payload_of(event: bytes) -> bytes | None:
+    """An event's data, with a fast path for the usual one-line `data: ...` event."""
+    if event.startswith(b"data:") and event.endswith(b"\n\n") and event.count(b"\n") == 2:
+        value = event[5:-2]
+        return value[1:] if value.startswith(b" ") else value
+    return sse.data_of(event)
+
+
+def passable(
+    events: list[bytes], state: StreamState, strip_usage: bool, stripped: list[bytes] | None = None
+) -> bytes:
+    """The events to relay: invalid ones dropped; a usage chunk nobody asked for too (into
+    `stripped`: the router asked for it, to settle the request with the region's numbers)."""
+    out = []
+    for event in events:
+        payload = payload_of(event)
+        if payload is not None:
+            if not state.note(payload):
+                continue
+            if strip_usage and state.usage_only:
+                if stripped is not None:
+                    stripped.append(event)
+                continue
+        out.append(event)
+    return b"".join(out)

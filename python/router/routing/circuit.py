@@ -1,0 +1,73 @@
+"""Circuit breakers per (region, model): a model that keeps failing in a region stops getting
+traffic there, without ejecting the region's other models. Pure: time is passed in.
+
+Closed: requests go as usual. After `failures_to_open` consecutive failures the circuit opens
+for base_s * 2^(k-1) seconds (k: times opened in a row, capped at max_s): the pair is tried
+last, after every other candidate. When that time is up, one request tries it first
+(half-open); success closes the circuit, failure opens it again for longer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+Key = tuple[str, str]
+
+
+@dataclass(slots=True)
+class _Circuit:
+    failures: int = 0
+    opened: int = 0  # times opened in a row
+    until: float = 0.0  # open until (monotonic); 0 when closed
+    trial: bool = False  # a half-open trial is in flight
+
+
+class Circuits:
+    """Every (region, model) pair's breaker; pairs never seen are closed."""
+
+    __slots__ = ("_circuits", "base_s", "failures_to_open", "max_s")
+
+    def __init__(self, failures_to_open: int = 3, base_s: float = 5.0, max_s: float = 30.0) -> None:
+        if failures_to_open < 1 or base_s <= 0 or max_s < base_s:
+            raise ValueError("failures_to_open >= 1 and 0 < base_s <= max_s")
+        self.failures_to_open = failures_to_open
+        self.base_s = base_s
+        self.max_s = max_s
+        self._circuits: dict[Key, _Circuit] = {}
+
+    def closed(self, region: str, model: str, now: float) -> bool:
+        """Whether the pair takes traffic in its usual place (closed, or due for its trial,
+        which this call then starts)."""
+        circuit = self._circuits.get((region, model))
+        if circuit is None or circuit.until == 0.0:
+            return True
+        if now >= circuit.until and not circuit.trial:
+            circuit.trial = True
+            return True
+        return False
+
+    def record(self, region: str, model: str, ok: bool, now: float) -> bool:
+        """One attempt's outcome; True when it opened the circuit."""
+        key = (region, model)
+        circuit = self._circuits.get(key)
+        if ok:
+            if circuit is not None:
+                del self._circuits[key]
+            return False
+        if circuit is None:
+            circuit = self._circuits[key] = _Circuit()
+        circuit.failures += 1
+        if circuit.trial or (circuit.until == 0.0 and circuit.failures >= self.failures_to_open):
+            circuit.opened += 1
+            circuit.trial = False
+            circuit.until = now + min(self.max_s, self.base_s * 2 ** (circuit.opened - 1))
+            return True
+        return False
+
+    def open_pairs(self, now: float) -> list[tuple[str, str, float]]:
+        """(region, model, seconds until its trial) of every open circuit."""
+        return [
+            (region, model, max(0.0, c.until - now))
+            for (region, model), c in self._circuits.items()
+            if c.until
+        ]

@@ -1,0 +1,170 @@
+"""Hostile regions and hostile clients (issue 24): each hole the attack run found, closed.
+
+The hostile region is tests/faults/bad_upstream.py in one of its hostile modes, a real process
+on 127.0.0.1; the router is a real `router serve`. Each test names the item it covers.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import requests
+
+from tests.faults.conftest import BadFactory
+from tests.integration.conftest import MODEL, RouterFactory, SimFactory, region_toml, sim_stats
+from tests.support import Proc
+
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
+TIMEOUTS = "[timeouts]\nconnect = 1.0\nfirst_byte = 3.0\nidle = 3.0\ntotal = 10.0\n"
+
+
+def _router(
+    router_proc: RouterFactory, *regions: Proc, extra: str = "", env: dict[str, str] | None = None
+) -> Proc:
+    body = "".join(
+        region_toml(proc, bias_ms=float(10 * i), api_key_env="REGION_KEY")
+        for i, proc in enumerate(regions)
+    )
+    return router_proc(TIMEOUTS + extra + "[auth]\nenabled = false\n" + body, env=env)
+
+
+def _post(router: Proc, payload: dict[str, Any], **kw: Any) -> requests.Response:
+    return requests.post(router.url + "/v1/chat/completions", json=payload, timeout=30, **kw)
+
+
+@pytest.mark.parametrize("mode", ["hugeheaders", "manyheaders"])
+def test_item_1_unbounded_region_headers_fail_the_attempt(
+    mode: str, bad_upstream: BadFactory, sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    bad = bad_upstream(mode)
+    router = _router(router_proc, bad, sim_region("good"))
+    resp = _post(router, CHAT)
+    assert resp.status_code == 200
+    assert resp.headers["x-router-region"] == "good"
+    assert "X-Big" not in resp.headers
+    assert "X-5" not in resp.headers
+    # The router's own memory did not take the 64 MiB: it is still serving at once.
+    assert _post(router, CHAT).status_code == 200
+
+
+def test_item_6_a_never_ending_line_is_cut_at_the_event_bound(
+    bad_upstream: BadFactory, router_proc: RouterFactory
+) -> None:
+    router = _router(router_proc, bad_upstream("longline"))
+    resp = _post(router, {**CHAT, "stream": True})
+    events = [line[6:] for line in resp.text.split("\n") if line.startswith("data: ")]
+    assert json.loads(events[0])["choices"][0]["delta"]["content"] == "Hello"
+    assert json.loads(events[-1])["error"]["code"] == "upstream_stream_error"
+    assert len(resp.content) < 64 * 1024  # the 8 MiB line never reached the client
+
+
+def test_item_7_a_redirect_is_never_relayed(
+    bad_upstream: BadFactory, sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    router = _router(router_proc, bad_upstream("redirect"), sim_region("good"))
+    resp = _post(router, CHAT, allow_redirects=False)
+    assert resp.status_code == 200
+    assert "Location" not in resp.headers
+    assert resp.headers["x-router-region"] == "good"
+
+
+def test_item_8_a_compressed_request_body_reaches_the_region_as_what_it_is(
+    sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    import gzip
+
+    region = sim_region("a")
+    router = _router(router_proc, region)
+    raw = gzip.compress(json.dumps(CHAT).encode())
+    headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+    resp = requests.post(router.url + "/v1/chat/completions", data=raw, headers=headers, timeout=10)
+    assert resp.status_code == 200
+    seen = {k.lower() for k in sim_stats(region)["last_headers"]}
+    assert "content-encoding" not in seen
+
+
+def test_item_12_forwarding_headers_and_connection_named_headers_stay_here(
+    sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    region = sim_region("a")
+    router = _router(router_proc, region)
+    headers = {
+        "Cookie": "session=abc",
+        "X-Forwarded-For": "10.9.8.7",
+        "Forwarded": "for=10.9.8.7",
+        "X-Real-IP": "10.9.8.7",
+        "Connection": "keep-alive, X-Private",
+        "X-Private": "hop only",
+        "X-Kept": "yes",
+    }
+    assert _post(router, CHAT, headers=headers).status_code == 200
+    seen = {k.lower(): v for k, v in sim_stats(region)["last_headers"].items()}
+    for name in ("cookie", "x-forwarded-for", "forwarded", "x-real-ip", "x-private"):
+        assert name not in seen, name
+    assert seen["x-kept"] == "yes"
+
+
+def test_item_14_region_cookies_cors_and_false_encodings_never_reach_clients(
+    bad_upstream: BadFactory, sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    router = _router(router_proc, bad_upstream("cookies"), sim_region("good"))
+    resp = _post(router, CHAT)
+    assert resp.status_code == 200
+    # A body that claims gzip and is not: a failed attempt, answered by the next region.
+    assert resp.headers["x-router-region"] == "good"
+    for name in ("Set-Cookie", "Access-Control-Allow-Origin", "Content-Encoding"):
+        assert name not in resp.headers, name
+
+
+def test_item_15_a_region_echoing_its_key_never_shows_it_to_clients(
+    bad_upstream: BadFactory, router_proc: RouterFactory
+) -> None:
+    secret = "sk-region-secret-0123456789"
+    router = _router(router_proc, bad_upstream("echo"), env={"REGION_KEY": secret})
+    resp = _post(router, CHAT)
+    assert resp.status_code == 500
+    assert "Bearer ***" in resp.text  # the echoed header is there, the key is not
+    assert secret not in resp.text
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("max_tokens", 5000.0), ("max_tokens", "5000"), ("max_completion_tokens", 5e3)],
+)
+def test_item_2_token_limits_read_numbers_however_they_are_written(
+    field: str, value: object, sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    import hashlib
+
+    key = "sk-tenant-0123456789"
+    auth = (
+        "[auth]\n[[auth.keys]]\n"
+        f'sha256 = "{hashlib.sha256(key.encode()).hexdigest()}"\n'
+        'tenant = "t"\ntokens_per_minute = 3000\n'
+    )
+    router = router_proc(TIMEOUTS + auth + region_toml(sim_region("a")))
+    body = {k: v for k, v in CHAT.items() if k != "max_tokens"}
+    body[field] = value
+    resp = _post(router, body, headers={"Authorization": f"Bearer {key}"})
+    assert resp.status_code == 429
+    assert resp.json()["error"]["code"] == "request_too_large"
+    bad = {**CHAT, "max_tokens": "many"}
+    refused = _post(router, bad, headers={"Authorization": f"Bearer {key}"})
+    assert refused.status_code == 400
+    assert refused.json()["error"]["param"] == "max_tokens"
+
+
+def test_item_8_a_compressed_body_is_held_to_the_size_limit_once_decoded(
+    sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    import gzip
+
+    router = _router(router_proc, sim_region("a"))
+    padding = " " * (4 << 20)  # 4 MiB of JSON whitespace, about 4 KiB compressed
+    raw = gzip.compress((json.dumps(CHAT)[:-1] + padding + "}").encode())
+    headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+    resp = requests.post(router.url + "/v1/chat/completions", data=raw, headers=headers, timeout=10)
+    assert resp.status_code == 413
+    assert resp.json()["error"]["code"] == "request_too_large"
