@@ -153,6 +153,7 @@ class GlobalLeases:
         self.outages = 0
         self.syncs = 0
         self._kick = asyncio.Event()
+        self._closing = False
         self._answered = self._estimated = clock()
         self._keeper: asyncio.Task[None] | None = None
         self._recovery: asyncio.Task[None] | None = None
@@ -318,12 +319,14 @@ class GlobalLeases:
     async def _keep(self) -> None:
         """Every interval (jittered, so instances do not ask in lockstep), or sooner when kicked:
         update rate estimates, then top up, give back and pay for every key that needs it."""
-        while True:
+        while not self._closing:
             delay = self.interval_s * random.uniform(0.9, 1.1)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(delay):
                     await self._kick.wait()
             self._kick.clear()
+            if self._closing:
+                return
             now = self.clock()
             if now - self._estimated >= self.interval_s * 0.9:
                 self._estimate(now - self._estimated)
@@ -481,7 +484,13 @@ class GlobalLeases:
 
     async def close(self) -> None:
         """Give back what is held (best effort), stop background work and close connections."""
-        tasks = [t for t in (self._keeper, self._recovery) if t is not None]
+        # A call in flight is let finish: cancelled, what Redis granted in it would be lost.
+        self._closing = True
+        self._kick.set()
+        keeper = self._keeper
+        if keeper is not None:
+            await asyncio.wait((keeper,), timeout=self.timeout_s * 2)
+        tasks = [t for t in (keeper, self._recovery) if t is not None]
         for task in tasks:
             task.cancel()
         for task in tasks:
