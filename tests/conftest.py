@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import Proc, start_redis
+from tests.support import Proc, RedisClusterProcs, start_redis, start_redis_cluster
 
 
 @pytest.fixture
@@ -16,3 +16,11 @@ def redis_proc(tmp_path: Path) -> Iterator[Proc]:
     proc = start_redis(tmp_path)
     yield proc
     proc.kill()
+
+
+@pytest.fixture
+def redis_cluster(tmp_path: Path) -> Iterator[RedisClusterProcs]:
+    """A fresh real three-master Redis Cluster, one replica each; killed afterwards."""
+    cluster = start_redis_cluster(tmp_path)
+    yield cluster
+    cluster.kill()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -139,16 +140,25 @@ def redis_server_binary() -> str | None:
     return shutil.which("redis-server")
 
 
-def start_redis(tmp: Path, port: int | None = None) -> Proc:
-    """A real redis-server on 127.0.0.1, no persistence."""
+def start_redis(
+    tmp: Path,
+    port: int | None = None,
+    *,
+    extra: Sequence[str] = (),
+    tls: TlsFiles | None = None,
+    password: str | None = None,
+) -> Proc:
+    """A real redis-server on 127.0.0.1, no persistence; with `tls`, TLS only on `port`."""
     binary = redis_server_binary()
     if binary is None:
         raise RuntimeError("redis-server is not installed (make system-deps installs it)")
     port = port or free_port()
+    listen = ["--port", str(port)]
+    if tls is not None:
+        listen = ["--port", "0", "--tls-port", str(port), *tls.server_args()]
     args = [
         binary,
-        "--port",
-        str(port),
+        *listen,
         "--bind",
         "127.0.0.1",
         "--save",
@@ -157,5 +167,166 @@ def start_redis(tmp: Path, port: int | None = None) -> Proc:
         "no",
         "--dir",
         str(tmp),
+        *(["--requirepass", password, "--masterauth", password] if password else []),
+        *extra,
     ]
     return spawn(args, port, tmp / f"redis-{port}.log")
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """A self-signed certificate for 127.0.0.1 made with openssl at test time."""
+
+    cert: Path
+    key: Path
+
+    def server_args(self) -> list[str]:
+        return [
+            "--tls-cert-file",
+            str(self.cert),
+            "--tls-key-file",
+            str(self.key),
+            "--tls-ca-cert-file",
+            str(self.cert),
+            "--tls-auth-clients",
+            "no",
+        ]
+
+
+def self_signed(tmp: Path) -> TlsFiles:
+    """Generate a throwaway certificate (and key) valid for 127.0.0.1."""
+    files = TlsFiles(cert=tmp / "tls-cert.pem", key=tmp / "tls-key.pem")
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(files.key),
+            "-out",
+            str(files.cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return files
+
+
+@dataclass
+class RedisClusterProcs:
+    """A local Redis Cluster: masters and their replicas as real redis-server processes."""
+
+    nodes: list[Proc]
+    password: str | None = None
+
+    @property
+    def url(self) -> str:
+        """A URL naming one node; the client learns the rest."""
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.nodes[0].port}/0"
+
+    def cli(self, port: int, *args: str) -> str:
+        auth = ["-a", self.password, "--no-auth-warning"] if self.password else []
+        done = subprocess.run(
+            ["redis-cli", "-p", str(port), *auth, *args],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+        return done.stdout
+
+    def master_of(self, key: str) -> Proc:
+        """The node serving `key`'s slot now."""
+        alive = next(n for n in self.nodes if n.popen.poll() is None)
+        slot = int(self.cli(alive.port, "CLUSTER", "KEYSLOT", key).strip())
+        for line in self.cli(alive.port, "CLUSTER", "NODES").splitlines():
+            parts = line.split()
+            if "master" not in parts[2] or "fail" in parts[2]:
+                continue
+            for span in parts[8:]:
+                low, _, high = span.partition("-")
+                if low.isdigit() and int(low) <= slot <= int(high or low):
+                    port = int(parts[1].split(":")[1].split("@")[0])
+                    return next(n for n in self.nodes if n.port == port)
+        raise LookupError(f"no live master serves slot {slot}")
+
+    def wait_ok(self, timeout: float = 30.0) -> None:
+        """Poll until every live node reports cluster_state:ok and every replica is in sync."""
+        deadline = time.monotonic() + timeout
+        while True:
+            live = [n for n in self.nodes if n.popen.poll() is None]
+            ok = all("cluster_state:ok" in self.cli(n.port, "CLUSTER", "INFO") for n in live)
+            # A replica takes over only once it has synced from its master.
+            roles = [self.cli(n.port, "INFO", "replication") for n in live]
+            synced = all("role:master" in r or "master_link_status:up" in r for r in roles)
+            if ok and synced:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError("redis cluster never reached cluster_state:ok")
+            time.sleep(0.1)
+
+    def kill(self) -> None:
+        for node in self.nodes:
+            node.kill()
+
+
+def cluster_port() -> int:
+    """A free port whose cluster bus port (+10000) is free too (so at most 55535)."""
+    while True:
+        port = random.randint(20000, 45000)
+        try:
+            for candidate in (port, port + 10000):
+                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                    s.bind(("127.0.0.1", candidate))
+        except OSError:
+            continue
+        return port
+
+
+def start_redis_cluster(
+    tmp: Path, masters: int = 3, replicas: int = 1, password: str | None = None
+) -> RedisClusterProcs:
+    """`masters` x (1 + `replicas`) cluster-enabled redis-servers joined with
+    `redis-cli --cluster create`; a killed master's replica takes over after ~1 s."""
+    nodes: list[Proc] = []
+    cluster = RedisClusterProcs(nodes, password)
+    try:
+        for _ in range(masters * (1 + replicas)):
+            port = cluster_port()
+            home = tmp / f"cluster-{port}"
+            home.mkdir()
+            extra = [
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                str(home / "nodes.conf"),
+                "--cluster-node-timeout",
+                "1000",
+                "--cluster-replica-validity-factor",
+                "0",
+            ]
+            nodes.append(start_redis(home, port, extra=extra, password=password))
+        auth = ["-a", password, "--no-auth-warning"] if password else []
+        addresses = [f"127.0.0.1:{n.port}" for n in nodes]
+        options = ["--cluster-replicas", str(replicas), "--cluster-yes"]
+        subprocess.run(
+            ["redis-cli", *auth, "--cluster", "create", *addresses, *options],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        cluster.wait_ok()
+    except Exception:
+        cluster.kill()
+        raise
+    return cluster

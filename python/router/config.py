@@ -215,12 +215,30 @@ class LimitsConfig(_Section, frozen=True):
     redis_url: str = "redis://127.0.0.1:6379/0"
     # When Redis is unreachable: "open" keeps serving with local limits, "closed" answers 503.
     on_redis_error: Literal["open", "closed"] = "open"
-    # Per Redis call; an outage costs the requests in flight this once, then none at all.
-    redis_timeout_ms: Annotated[float, msgspec.Meta(gt=0)] = 250.0
-    # After a Redis failure, use local limits for this long before trying Redis again.
+    # Per background Redis call (requests never wait on Redis); a call that takes longer is an
+    # outage: local limits only until Redis answers a ping again (every redis_retry_s).
+    redis_timeout_ms: Annotated[float, msgspec.Meta(gt=0)] = 1000.0
+    # How often Redis is pinged while it is out.
     redis_retry_s: Annotated[float, msgspec.Meta(gt=0)] = 1.0
     # Prefix of every Redis key the limiter writes.
     redis_key_prefix: str = "router:rl:"
+    # redis_url names one node of a Redis Cluster (keys are hash-tagged, one slot per key).
+    redis_cluster: bool = False
+    # Global limits are answered from slices of each key's global bucket leased from Redis in
+    # the background (docs/LIMITS.md). Every lease_interval_s each instance tops up, pays and
+    # gives back in one pipelined call (sooner when a key runs low and Redis has plenty).
+    lease_interval_s: Annotated[float, msgspec.Meta(gt=0)] = 0.25
+    # A slice covers this long at the key's recent local rate ...
+    lease_horizon_s: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+    # ... and holds at most this fraction of the key's burst. Accuracy bound: N instances admit
+    # at most N * (max slice + credit) requests beyond one exact global bucket, once, not as a
+    # sustained rate (lower both to tighten it, at the cost of more Redis calls).
+    lease_max_fraction: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.25
+    # Before its first lease answer for a key, an instance admits this fraction of the key's
+    # burst (at least one request) on credit, charged to the global bucket afterwards.
+    lease_credit_fraction: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.05
+    # A key unseen this long at an instance gives its slice back and is forgotten there.
+    lease_idle_s: Annotated[float, msgspec.Meta(gt=0)] = 10.0
     # Tokens reserved for the completion when a request sets no max_tokens.
     default_max_tokens: Annotated[int, msgspec.Meta(ge=0)] = 256
 
@@ -306,10 +324,16 @@ class CacheConfig(_Section, frozen=True):
     redis_url: Annotated[str, msgspec.Meta(pattern=r"^(redis|rediss|unix)://")] | None = None
     # Prefix of every Redis key the cache writes.
     redis_prefix: str = "router:cache"
-    # Per Redis call; a slower call counts as a miss.
-    redis_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 0.05
+    # Bounds one shared-tier call. A lookup runs beside the region request (the first useful
+    # answer wins), so a slow or far Redis delays no miss; writes are in the background.
+    redis_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+    # ... unless its measured round trip is under this: then it is asked first, which saves
+    # the region a request on a hit for at most this much on a miss.
+    shared_lookup_first_ms: Annotated[float, msgspec.Meta(ge=0)] = 1.0
     # After a Redis failure, skip it for this long before trying again.
     redis_retry_s: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+    # redis_url names one node of a Redis Cluster (each entry is one key, so one slot).
+    redis_cluster: bool = False
     models: dict[str, CacheModelConfig] = msgspec.field(default_factory=dict)
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,6 +13,7 @@ import aiohttp
 import msgspec
 import openai
 import pytest
+import redis.asyncio as aioredis
 
 from router.access.auth import hash_key
 from tests.support import Proc, free_port, router_cmd, spawn, start_redis
@@ -319,6 +322,69 @@ def test_redis_stopped_still_serving_and_two_routers_share_entries(
         chat(client(a), "after outage again 2")
         assert a.output().count("redis tier unavailable") == warnings == 1
     finally:
+        a.kill()
+        b.kill()
+        redis.kill()
+
+
+def _stored(redis: Proc) -> int:
+    async def count() -> int:
+        client = aioredis.Redis(port=redis.port)
+        try:
+            return int(await client.dbsize())
+        finally:
+            await client.aclose()
+
+    return asyncio.run(count())
+
+
+@pytest.mark.redis
+def test_tier_two_races_the_region_and_never_delays_a_miss(tmp_path: Path, sim: Proc) -> None:
+    redis = start_redis(tmp_path)
+    # Tier 2 is never asked first here, and a lookup may take 30 s: it only ever runs beside
+    # the region request.
+    extra = "shared_lookup_first_ms = 0\nredis_timeout_s = 30\n"
+    a = start_router(tmp_path, sim, redis=redis, extra=extra)
+    b = start_router(tmp_path, sim, redis=redis, extra=extra)
+    slow = {"x-sim-ttft-ms": "20000", "Cache-Control": "no-store"}
+    ca, cb = client(a), client(b).with_options(timeout=10)
+    try:
+        assert chat(ca, "raced").headers["x-cache"] == "MISS"
+        for _ in range(100):
+            if _stored(redis):
+                break
+            time.sleep(0.05)
+        before = origin_calls(sim)
+        # The region would take 20 s for its first byte; tier 2's answer wins and the region
+        # request, sent at the same time, is cancelled.
+        got = chat(cb, "raced", extra_headers=slow)
+        assert got.headers["x-cache"] == "HIT"
+        assert got.parse().model_dump() == chat(ca, "raced").parse().model_dump()
+        assert origin_calls(sim) == before + 1
+        # A stream hit from tier 2 is an SSE stream like a live answer.
+        live = chat(ca, "raced stream", stream=True)
+        assert live.headers["x-cache"] == "MISS"
+        expected = [chunk.model_dump() for chunk in live.parse()]
+        for _ in range(100):
+            if _stored(redis) >= 2:
+                break
+            time.sleep(0.05)
+        streamed = chat(cb, "raced stream", stream=True, extra_headers=slow)
+        assert streamed.headers["x-cache"] == "HIT"
+        assert streamed.headers["content-type"].startswith("text/event-stream")
+        chunks = [chunk.model_dump() for chunk in streamed.parse()]
+        assert chunks == expected
+        # Redis frozen mid-lookup: the miss is the region's answer, not a 30 s wait.
+        redis.popen.send_signal(signal.SIGSTOP)
+        try:
+            got = chat(cb, "frozen redis miss")
+            assert got.headers["x-cache"] == "MISS"
+            assert got.parse().choices
+        finally:
+            redis.popen.send_signal(signal.SIGCONT)
+    finally:
+        ca.close()
+        cb.close()
         a.kill()
         b.kill()
         redis.kill()

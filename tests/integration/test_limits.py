@@ -14,7 +14,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from router.access.auth import hash_key
-from router.access.global_limits import Rates, RedisBuckets
+from router.access.global_limits import UNLIMITED, GlobalLeases, Rates
+from router.access.leasing import LeasePolicy, accuracy_bound, max_slice
 from router.core.timing import parse_server_timing
 from tests.integration.conftest import region_toml, sim_stats, start_router, start_sim
 from tests.support import Proc, redis_server_binary, start_redis
@@ -125,6 +126,18 @@ async def _paced(
     return list(statuses), max(sent) - min(sent)
 
 
+async def _post_honoring_retry_after(
+    session: aiohttp.ClientSession, router: Proc, name: str, body: dict[str, Any]
+) -> tuple[int, dict[str, str]]:
+    """A client that waits out retry-after-ms a few times, as the SDKs do."""
+    for _ in range(5):
+        status, headers, _ = await _post(session, router, name, body)
+        if status != 429:
+            break
+        await asyncio.sleep(int(headers["retry-after-ms"]) / 1000)
+    return status, headers
+
+
 async def _sequential(
     session: aiohttp.ClientSession, targets: Sequence[Proc], name: str, n: int
 ) -> list[int]:
@@ -132,16 +145,31 @@ async def _sequential(
 
 
 async def _check_rates(targets: Sequence[Proc]) -> None:
-    """Burst of key `burst` (100) and sustained rate of key `steady` (20/s), within 5%."""
+    """Burst of key `burst` (100) and sustained rate of key `steady` (20/s), within 5% on one
+    instance; within the documented leasing bound (docs/LIMITS.md) on several."""
+    n = len(targets)
+    policy = LeasePolicy()
     async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
-        statuses = await _burst(session, targets, "burst", 150)
+        if n == 1:
+            statuses = await _burst(session, targets, "burst", 150)
+            assert statuses.count(200) == pytest.approx(100, rel=0.05)
+        else:
+            # Leases are answered locally, so a burst from nowhere outruns them: sequential.
+            began = time.monotonic()
+            statuses = await _sequential(session, targets, "burst", 150)
+            span = time.monotonic() - began
+            extra = accuracy_bound(policy, n, 100, 1).extra
+            assert 100 - n * max_slice(policy, 100) <= statuses.count(200) <= 100 + span + extra
         assert set(statuses) <= {200, 429}
-        assert statuses.count(200) == pytest.approx(100, rel=0.05)
         # Offered at twice the rate for 10 s: the burst, then 20/s.
         statuses, span = await _paced(session, targets, "steady", rate=40, seconds=10)
     assert set(statuses) <= {200, 429}
     expected = 20 + 20 * span
-    assert statuses.count(200) == pytest.approx(expected, rel=0.05)
+    if n == 1:
+        assert statuses.count(200) == pytest.approx(expected, rel=0.05)
+    else:
+        extra = accuracy_bound(policy, n, 20, 20 / 60).extra
+        assert expected - n * max_slice(policy, 20) <= statuses.count(200) <= expected + extra
 
 
 @pytest.mark.slow
@@ -212,6 +240,9 @@ async def test_fail_closed_answers_503_while_redis_is_down(
         assert (await _post(session, router, "open"))[0] == 200
         assert (await _post(session, router, "small1"))[0] == 200
         redis_proc.kill()
+        # The outage is noticed by the background keeper (a lease call or its heartbeat), not
+        # by a request: until then the slice already held still admits.
+        await _until_logged([router], "serving with local limits only")
         for _ in range(3):
             status, headers, body = await _post(session, router, "small1")
             assert status == 503
@@ -282,7 +313,7 @@ async def test_tokens_reserved_at_admission_are_reconciled_with_usage(
         assert status == 200
         assert int(headers["x-ratelimit-remaining-tokens"]) < 200
         for _ in range(3):
-            status, headers, _ = await _post(session, router, "tokens", body)
+            status, headers = await _post_honoring_retry_after(session, router, "tokens", body)
             assert status == 200
             assert int(headers["x-ratelimit-remaining-tokens"]) < 200
     # Redis answered throughout: the shared buckets, not the local fallback, admitted these.
@@ -370,15 +401,18 @@ async def test_frozen_redis_costs_one_short_timeout_then_nothing(
         assert (await _post(session, router, "steady"))[0] == 200
         redis_proc.popen.send_signal(signal.SIGSTOP)
         try:
-            took = []
+            took, statuses = [], []
             for _ in range(10):
                 began = time.monotonic()
                 status, _, _ = await _post(session, router, "steady")
                 took.append(time.monotonic() - began)
-                assert status == 200
-            # The first waits out redis_timeout_ms (250 ms); the rest skip Redis entirely.
-            assert took[0] < 2
-            assert sum(took[1:]) < 2
+                statuses.append(status)
+            # No request waits on the frozen Redis: what was leased (and credit) admits, then
+            # 429 until the keeper's call times out (redis_timeout_ms), then local limits.
+            assert set(statuses) <= {200, 429}
+            assert sum(took) < 2
+            await _until_logged([router], "serving with local limits only")
+            assert (await _post(session, router, "steady"))[0] == 200
             assert router.output().count("unreachable") == 1
         finally:
             redis_proc.popen.send_signal(signal.SIGCONT)
@@ -387,22 +421,32 @@ async def test_frozen_redis_costs_one_short_timeout_then_nothing(
 
 
 @pytest.mark.redis
-async def test_shared_buckets_batch_exactly_and_survive_a_script_flush(redis_proc: Proc) -> None:
-    buckets = RedisBuckets(f"redis://127.0.0.1:{redis_proc.port}/0")
-    rates = Rates(request_capacity=50, requests_per_s=1e-6, token_capacity=1e9, tokens_per_s=1e-6)
+async def test_leases_of_one_bucket_admit_it_exactly_and_go_back(redis_proc: Proc) -> None:
+    # Three instances, a bucket of 50 that (almost) never refills: credit is charged and slices
+    # come out of the bucket, so together they admit exactly what it held; closing gives back
+    # what was still held.
+    url = f"redis://127.0.0.1:{redis_proc.port}/0"
+    pops = [GlobalLeases(url, interval_s=0.02) for _ in range(3)]
+    rates = Rates(
+        request_capacity=50, requests_per_s=1e-6, token_capacity=UNLIMITED, tokens_per_s=1
+    )
+    admitted = [0, 0, 0]
     try:
-        decisions = await asyncio.gather(*(buckets.acquire("k", rates, 10) for _ in range(80)))
-        assert sum(1 for d in decisions if d is not None and d.allowed) == 50
-        denied = next(d for d in decisions if d is not None and not d.allowed)
-        assert denied.retry_after_s > 0
-        assert denied.remaining_requests == 0
-        # Redis forgetting the scripts (a restart, SCRIPT FLUSH) is handled, not an outage.
-        flusher = aioredis.Redis(port=redis_proc.port)
-        await flusher.script_flush()
-        await flusher.aclose()
-        again = await buckets.acquire("other", rates, 0)
-        assert again is not None
-        assert again.allowed
-        assert buckets.outages == 0
+        for _ in range(60):
+            for i, pop in enumerate(pops):
+                verdict = pop.take("k", rates, 0)
+                assert verdict is not None
+                admitted[i] += verdict[0]
+            await asyncio.sleep(0.01)
     finally:
-        await buckets.close()
+        for pop in pops:
+            await pop.close()
+    assert sum(admitted) <= 50
+    assert sum(admitted) >= 50 - 3 * max_slice(LeasePolicy(), 50)
+    assert all(pop.outages == 0 for pop in pops)
+    client = aioredis.Redis(port=redis_proc.port)
+    try:
+        left = float(await client.hget(pops[0].key("k"), "r") or 0)
+    finally:
+        await client.aclose()
+    assert left == pytest.approx(50 - sum(admitted), abs=0.01)

@@ -1,33 +1,48 @@
-"""Limits shared by router instances: a token bucket per key in Redis, one atomic Lua call."""
+"""Limits shared by router instances, answered locally: each instance leases slices of a key's
+global bucket from Redis in the background and admits from them with no network wait."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
+import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import NoScriptError, RedisError
+from router.access.leasing import (
+    LeasePolicy,
+    credit,
+    excess,
+    max_slice,
+    next_rate,
+    target,
+    want,
+)
+from router.native import BucketTable
+from router.net.redis_client import OUTAGE, Client, hash_tagged, open_redis, ping
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from router.config import LimitsConfig
 
 log = logging.getLogger("router")
 
-# Two buckets (requests, tokens) in one hash, refilled from Redis TIME so every instance shares
-# one clock. KEYS[1] the hash; ARGV: request capacity, requests/s, token capacity, tokens/s,
-# requests wanted, tokens wanted. Both are taken or neither. Returns allowed (0/1), retry-after
-# ms, remaining requests, remaining tokens, ms until each bucket is full again.
-_ACQUIRE = """
+# A dimension without a configured limit; never runs out.
+UNLIMITED = 1 << 40
+
+# The global bucket pair of one key (one hash, one slot), refilled from Redis TIME so every
+# instance shares one clock. In one atomic call an instance pays what it admitted on credit
+# (owe), gives back what it will not use (back), and takes a new slice (want) out of what is
+# there. KEYS[1] the hash; ARGV: request capacity, requests/s, token capacity, tokens/s, owe
+# requests, owe tokens, back requests, back tokens, want requests, want tokens. A debt is
+# bounded by one bucket. Returns granted requests, granted tokens, remaining requests, remaining
+# tokens, ms until each bucket is full again, ms until one more request is there.
+LEASE = """
 local rcap = tonumber(ARGV[1]); local rrate = tonumber(ARGV[2])
 local tcap = tonumber(ARGV[3]); local trate = tonumber(ARGV[4])
-local nr = tonumber(ARGV[5]); local nt = tonumber(ARGV[6])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local s = redis.call('HMGET', KEYS[1], 'r', 't', 'ts')
@@ -36,42 +51,21 @@ local k = tonumber(s[2]) or tcap
 local dt = math.max(0, now - (tonumber(s[3]) or now))
 r = math.min(rcap, r + dt * rrate)
 k = math.min(tcap, k + dt * trate)
-local wait = 0
-if r < nr then wait = math.max(wait, (nr - r) / rrate) end
-if nt > 0 and k < nt then wait = math.max(wait, (nt - k) / trate) end
-local allowed = 0
-if wait == 0 then
-  allowed = 1
-  r = r - nr
-  k = k - nt
-end
+r = math.max(-rcap, math.min(rcap, r - tonumber(ARGV[5]) + tonumber(ARGV[7])))
+k = math.max(-tcap, math.min(tcap, k - tonumber(ARGV[6]) + tonumber(ARGV[8])))
+local gr = math.max(0, math.min(tonumber(ARGV[9]), math.floor(r)))
+local gt = math.max(0, math.min(tonumber(ARGV[10]), math.floor(k)))
+r = r - gr
+k = k - gt
 redis.call('HSET', KEYS[1], 'r', r, 't', k, 'ts', now)
 local rfull = (rcap - r) / rrate
 local tfull = (tcap - k) / trate
+local wait = 0
+if r < 1 then wait = (1 - r) / rrate end
 redis.call('PEXPIRE', KEYS[1], math.ceil(math.max(rfull, tfull) * 1000) + 1000)
-return {allowed, math.ceil(wait * 1000), math.floor(math.max(r, 0)), math.floor(math.max(k, 0)),
-        math.ceil(rfull * 1000), math.ceil(tfull * 1000)}
+return {gr, gt, math.floor(math.max(r, 0)), math.floor(math.max(k, 0)),
+        math.ceil(rfull * 1000), math.ceil(tfull * 1000), math.ceil(wait * 1000)}
 """
-
-# Adjust a key's token bucket by ARGV[3] tokens (positive gives back, negative takes more), after
-# refilling it like _ACQUIRE; a debt is bounded by one bucket so one huge answer cannot block a
-# key for long. ARGV: token capacity, tokens/s, delta. A missing key (expired, Redis restarted)
-# is left alone.
-_ADJUST = """
-local tcap = tonumber(ARGV[1]); local trate = tonumber(ARGV[2]); local delta = tonumber(ARGV[3])
-local s = redis.call('HMGET', KEYS[1], 't', 'ts')
-if not s[1] then return 0 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local dt = math.max(0, now - (tonumber(s[2]) or now))
-local k = math.min(tcap, tonumber(s[1]) + dt * trate)
-k = math.max(-tcap, math.min(tcap, k + delta))
-redis.call('HSET', KEYS[1], 't', k, 'ts', now)
-return 1
-"""
-
-# Failures that mean "Redis is not answering", as opposed to a bug in our call.
-_OUTAGE = (RedisError, OSError, TimeoutError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,160 +77,371 @@ class Rates:
     token_capacity: float
     tokens_per_s: float
 
+    @property
+    def requests_limited(self) -> bool:
+        return self.request_capacity < UNLIMITED
 
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """Redis's answer for one acquire."""
+    @property
+    def tokens_limited(self) -> bool:
+        return self.token_capacity < UNLIMITED
 
-    allowed: bool
-    retry_after_s: float
-    remaining_requests: int
-    remaining_tokens: int
-    reset_requests_s: float
-    reset_tokens_s: float
+
+# (allowed, retry after s, remaining requests, remaining tokens, reset requests s, reset tokens s)
+Verdict = tuple[bool, float, int, int, float, float]
 
 
 @dataclass(slots=True)
-class _Call:
-    """One script call waiting for the next pipeline; `done` is None when nobody waits."""
+class Lease:
+    """What one instance knows and holds of one key's global buckets."""
 
-    script: str
-    key: str
-    args: tuple[float | int, ...]
-    done: asyncio.Future[list[int]] | None
+    rates: Rates
+    credit: int
+    seen: float
+    # False until Redis first answered: admissions come from `credit` and are owed.
+    leased: bool = False
+    owe_requests: int = 0
+    owe_tokens: int = 0
+    # Wanted since the last tick (admitted or not): what the rate estimate is made of.
+    demand_requests: int = 0
+    demand_tokens: int = 0
+    rate_requests: float = 0.0
+    rate_tokens: float = 0.0
+    # The largest reservation seen: a token slice smaller than one request is useless.
+    largest: int = 0
+    synced: float = 0.0
+    syncing: bool = False
+    # The last answer granted less than asked: the key is short globally, so wait for the tick.
+    scarce: bool = False
+    remaining_requests: int = 0
+    remaining_tokens: int = 0
+    reset_requests_s: float = 0.0
+    reset_tokens_s: float = 0.0
+    wait_s: float = 0.0
+    # What was asked in the call in flight, to be settled with its answer.
+    sent: tuple[int, int, int, int] = field(default=(0, 0, 0, 0))
 
 
-class RedisBuckets:
-    """Atomic per-key buckets in Redis, with outage detection and recovery in the background.
-
-    Calls made in the same event-loop turn go to Redis in one pipeline on one connection, so a
-    burst of requests costs a round trip, not a connection each.
-    """
+class GlobalLeases:
+    """Per-key slices of global buckets held locally (a rate-0 BucketTable), kept topped up
+    from Redis by one background task; Redis being out means local limits only, logged once."""
 
     def __init__(
         self,
         url: str,
         *,
-        timeout_s: float = 0.25,
+        timeout_s: float = 1.0,
         retry_s: float = 1.0,
         prefix: str = "router:rl:",
-        max_batch: int = 256,
+        policy: LeasePolicy | None = None,
+        interval_s: float = 0.25,
+        idle_s: float = 10.0,
+        cluster: bool = False,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.url = url
         self.timeout_s = timeout_s
         self.retry_s = retry_s
         self.prefix = prefix
-        self.max_batch = max_batch
-        # No client-side retries: a slow or absent Redis must cost one short timeout, not several.
-        self._client = aioredis.Redis.from_url(
-            url,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 0),
-            retry_on_timeout=False,
-            health_check_interval=0,
-        )
-        self._scripts = {name: _sha1(text) for name, text in _SCRIPTS.items()}
-        self._queue: list[_Call] = []
-        self._flusher: asyncio.Task[None] | None = None
+        self.policy = policy or LeasePolicy()
+        self.interval_s = interval_s
+        self.idle_s = idle_s
+        self.clock = clock
+        self._client: Client = open_redis(url, timeout_s=timeout_s, cluster=cluster)
+        self.allowance = BucketTable()
+        self.leases: dict[str, Lease] = {}
         self.available = True
-        self._recovery: asyncio.Task[None] | None = None
         self.outages = 0
+        self.syncs = 0
+        self._kick = asyncio.Event()
+        self._closing = False
+        self._answered = self._estimated = clock()
+        self._keeper: asyncio.Task[None] | None = None
+        self._recovery: asyncio.Task[None] | None = None
 
     @classmethod
-    def from_config(cls, config: LimitsConfig) -> RedisBuckets:
+    def from_config(cls, config: LimitsConfig) -> GlobalLeases:
         """Build from the `[limits]` section."""
         return cls(
             config.redis_url,
             timeout_s=config.redis_timeout_ms / 1000,
             retry_s=config.redis_retry_s,
             prefix=config.redis_key_prefix,
+            policy=LeasePolicy(
+                horizon_s=config.lease_horizon_s,
+                max_fraction=config.lease_max_fraction,
+                credit_fraction=config.lease_credit_fraction,
+            ),
+            interval_s=config.lease_interval_s,
+            idle_s=config.lease_idle_s,
+            cluster=config.redis_cluster,
         )
 
     def key(self, key_id: str) -> str:
-        """The Redis key holding `key_id`'s buckets."""
-        return self.prefix + key_id
+        """The Redis key holding `key_id`'s buckets, hash-tagged to one Cluster slot."""
+        return hash_tagged(self.prefix, key_id)
 
-    async def acquire(self, key_id: str, rates: Rates, tokens: int) -> Decision | None:
-        """Take one request and `tokens` from the shared buckets; None while Redis is out."""
+    # The request path: no await anywhere below until `_sync`.
+
+    def take(self, key: str, rates: Rates, tokens: int) -> Verdict | None:
+        """Admit one request and `tokens` from the local slice; None while Redis is out."""
         if not self.available:
             return None
-        args = (
-            rates.request_capacity,
-            rates.requests_per_s,
-            rates.token_capacity,
-            rates.tokens_per_s,
-            1,
-            tokens,
+        if self._keeper is None:
+            self.start()  # lazily: the first request runs inside the app's event loop
+        now = self.clock()
+        lease = self.leases.get(key)
+        if lease is None or lease.rates != rates:
+            lease = self._open(key, rates, now)
+        lease.seen = now
+        lease.demand_requests += 1
+        lease.demand_tokens += tokens
+        lease.largest = max(lease.largest, tokens)
+        if not lease.leased:
+            if lease.credit > 0:
+                lease.credit -= 1
+                lease.owe_requests += 1
+                lease.owe_tokens += tokens
+                return (True, 0.0, lease.remaining_requests, lease.remaining_tokens, 0.0, 0.0)
+            return (False, self.interval_s, 0, 0, self.interval_s, self.interval_s)
+        allowed, _, held_r, held_t, _, _ = self.allowance.try_acquire(key, tokens)
+        if not allowed and not lease.scarce and lease.credit > 0:
+            # Out of slice, but Redis had more than asked for last time: borrow, pay next call.
+            lease.credit -= 1
+            lease.owe_requests += 1
+            lease.owe_tokens += tokens
+            allowed = True
+        remaining_r = lease.remaining_requests + held_r
+        remaining_t = lease.remaining_tokens + held_t
+        if not lease.scarce and not lease.syncing and held_r < self._goal_requests(lease) / 2:
+            # Running low while the global bucket has plenty: top up now, not at the tick.
+            self._kick.set()
+        if allowed:
+            return (
+                True,
+                0.0,
+                remaining_r,
+                remaining_t,
+                lease.reset_requests_s,
+                lease.reset_tokens_s,
+            )
+        retry = max(lease.wait_s, self.interval_s)
+        return (
+            False,
+            retry,
+            remaining_r,
+            remaining_t,
+            lease.reset_requests_s,
+            lease.reset_tokens_s,
         )
-        done: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
-        self._submit(_Call("acquire", self.key(key_id), args, done))
+
+    def settle(self, key: str, reserved: int, used: int) -> None:
+        """Real usage of a request admitted from a lease: the difference stays with the slice."""
+        lease = self.leases.get(key)
+        if lease is None or reserved == used:
+            return
+        if lease.leased:
+            self.allowance.reconcile(key, reserved, used)
+        else:
+            lease.owe_tokens -= reserved - used
+
+    def _open(self, key: str, rates: Rates, now: float) -> Lease:
+        # A tokens-only key: one request on credit, whatever it reserves.
+        first = credit(self.policy, rates.request_capacity) if rates.requests_limited else 1
+        lease = Lease(rates=rates, credit=first, seen=now, synced=now)
+        old = self.leases.get(key)
+        if old is not None and old.leased:
+            # Limits changed: what was held goes back with the first call under the new ones.
+            lease.owe_requests, lease.owe_tokens = old.owe_requests, old.owe_tokens
+            lease.leased = True
+            self._reshape(key, rates)
+        self.leases[key] = lease
+        self._kick.set()
+        return lease
+
+    def _goal_requests(self, lease: Lease) -> float:
+        if not lease.rates.requests_limited:
+            return 0.0
+        rate = max(lease.rate_requests, lease.demand_requests / self._window())
+        return target(self.policy, rate, lease.rates.request_capacity, 1.0)
+
+    def _goal_tokens(self, lease: Lease) -> float:
+        if not lease.rates.tokens_limited:
+            return 0.0
+        rate = max(lease.rate_tokens, lease.demand_tokens / self._window())
+        return target(self.policy, rate, lease.rates.token_capacity, float(lease.largest))
+
+    def _window(self) -> float:
+        """Seconds the demand counted since the last estimate covers (a quarter interval at
+        least, so one early request does not read as a huge rate)."""
+        return max(self.clock() - self._estimated, self.interval_s / 4)
+
+    # The allowance table: a rate-0 bucket pair per key whose level is what this instance holds.
+
+    def _reshape(self, key: str, rates: Rates, held_r: float = -1, held_t: float = -1) -> None:
+        """Set the key's allowance capacities (levels kept; with held_*, clamped down to them)."""
+        cap_r = max_slice(self.policy, rates.request_capacity)
+        rpm, burst_r = (0.0, cap_r) if rates.requests_limited else (float(UNLIMITED),) * 2
+        tpm, burst_t = (
+            (0.0, rates.token_capacity) if rates.tokens_limited else (float(UNLIMITED),) * 2
+        )
+        if held_r >= 0 or held_t >= 0:
+            # A bucket's level is clamped to its capacity: shrink it to clamp, then restore.
+            self.allowance.set_limits(
+                key,
+                requests_per_minute=rpm,
+                tokens_per_minute=tpm,
+                request_burst=max(0.0, held_r) if rates.requests_limited else burst_r,
+                token_burst=max(0.0, held_t) if rates.tokens_limited else burst_t,
+            )
+        self.allowance.set_limits(
+            key,
+            requests_per_minute=rpm,
+            tokens_per_minute=tpm,
+            request_burst=burst_r,
+            token_burst=burst_t,
+        )
+
+    def _held(self, key: str) -> tuple[int, int]:
+        """Whole requests and tokens held for `key` (a peek: take one, then give it back)."""
+        allowed, _, held_r, held_t, _, _ = self.allowance.try_acquire(key, 0)
+        if allowed:
+            self.allowance.refund(key, requests=1, tokens=0)
+            held_r += 1
+        return held_r, held_t
+
+    # The background side.
+
+    def start(self) -> None:
+        """Start the keeper (inside the event loop)."""
+        if self._keeper is None:
+            self._keeper = asyncio.get_running_loop().create_task(self._keep())
+
+    async def _keep(self) -> None:
+        """Every interval (jittered, so instances do not ask in lockstep), or sooner when kicked:
+        update rate estimates, then top up, give back and pay for every key that needs it."""
+        while not self._closing:
+            delay = self.interval_s * random.uniform(0.9, 1.1)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await self._kick.wait()
+            self._kick.clear()
+            if self._closing:
+                return
+            now = self.clock()
+            if now - self._estimated >= self.interval_s * 0.9:
+                self._estimate(now - self._estimated)
+                self._estimated = now
+            if self.available:
+                await self._sync(now)
+            if self.available and now - self._answered >= self.retry_s:
+                await self._heartbeat()
+
+    async def _heartbeat(self) -> None:
+        """A ping when no key needed Redis for a while, so an outage is noticed (and fail-closed
+        keys refused) before the next lease is due, not after."""
         try:
             async with asyncio.timeout(self.timeout_s):
-                raw = await asyncio.shield(done)
-        except _OUTAGE as exc:
-            done.cancel()  # the pipeline, if it ever answers, finds nobody waiting
+                await ping(self._client)
+        except OUTAGE as exc:
             self._outage(exc)
+            return
+        self._answered = self.clock()
+
+    def _estimate(self, elapsed: float) -> None:
+        alpha = self.policy.alpha
+        for lease in self.leases.values():
+            lease.rate_requests = next_rate(
+                lease.rate_requests, lease.demand_requests, elapsed, alpha
+            )
+            lease.rate_tokens = next_rate(lease.rate_tokens, lease.demand_tokens, elapsed, alpha)
+            lease.demand_requests = lease.demand_tokens = 0
+
+    def _plan(
+        self, key: str, lease: Lease, now: float
+    ) -> tuple[int, int, int, int, int, int] | None:
+        """(owe r, owe t, back r, back t, want r, want t) for one key, None when nothing to do."""
+        if lease.syncing:
             return None
-        allowed, wait_ms, rem_r, rem_t, reset_r, reset_t = (int(v) for v in raw)
-        return Decision(
-            allowed=bool(allowed),
-            retry_after_s=wait_ms / 1000,
-            remaining_requests=rem_r,
-            remaining_tokens=rem_t,
-            reset_requests_s=reset_r / 1000,
-            reset_tokens_s=reset_t / 1000,
-        )
+        idle = now - lease.seen >= self.idle_s
+        held_r, held_t = self._held(key) if lease.leased else (0, 0)
+        goal_r, goal_t = self._goal_requests(lease), self._goal_tokens(lease)
+        back_r = int(excess(held_r, goal_r, idle=idle)) if lease.rates.requests_limited else 0
+        back_t = int(excess(held_t, goal_t, idle=idle)) if lease.rates.tokens_limited else 0
+        want_r = want_t = 0
+        if not idle:
+            want_r = int(want(held_r, goal_r)) if lease.rates.requests_limited else 0
+            want_t = int(want(held_t, goal_t)) if lease.rates.tokens_limited else 0
+        owe_r, owe_t = lease.owe_requests, lease.owe_tokens
+        if not lease.leased and owe_r == 0 and not idle:
+            want_r = max(want_r, 1) if lease.rates.requests_limited else 0
+        if not (owe_r or owe_t or back_r or back_t or want_r or want_t or not lease.leased):
+            return None
+        if back_r or back_t:
+            self._reshape(key, lease.rates, held_r - back_r, held_t - back_t)
+        return owe_r, owe_t, back_r, back_t, want_r, want_t
 
-    def adjust_later(self, key_id: str, rates: Rates, delta_tokens: int) -> None:
-        """Give back (or take more) tokens once usage is known, without making the caller wait."""
-        if self.available and delta_tokens != 0:
-            args = (rates.token_capacity, rates.tokens_per_s, delta_tokens)
-            self._submit(_Call("adjust", self.key(key_id), args, None))
-
-    def _submit(self, call: _Call) -> None:
-        self._queue.append(call)
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.get_running_loop().create_task(self._flush())
-
-    async def _flush(self) -> None:
-        """Send queued calls in pipelines until the queue is empty."""
-        while self._queue:
-            batch, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch :]
-            try:
-                results = await self._run(batch)
-            except _OUTAGE as exc:
-                for call in batch:
-                    if call.done is not None and not call.done.done():
-                        call.done.set_exception(exc)
-                if not any(call.done is not None for call in batch):
-                    self._outage(exc)
+    async def _sync(self, now: float) -> None:
+        batch: list[tuple[str, Lease, tuple[int, int, int, int, int, int]]] = []
+        for key, lease in list(self.leases.items()):
+            plan = self._plan(key, lease, now)
+            if plan is None:
                 continue
-            for call, result in zip(batch, results, strict=True):
-                if call.done is None or call.done.done():
-                    continue
-                if isinstance(result, BaseException):
-                    call.done.set_exception(result)
-                else:
-                    call.done.set_result(result)
+            lease.syncing = True
+            lease.owe_requests -= plan[0]
+            lease.owe_tokens -= plan[1]
+            batch.append((key, lease, plan))
+        if not batch:
+            return
+        try:
+            results = await self._call(batch)
+        except OUTAGE as exc:
+            self._outage(exc)
+            return
+        finally:
+            for _, lease, _ in batch:
+                lease.syncing = False
+        self.syncs += 1
+        done = self._answered = self.clock()
+        for (key, lease, plan), raw in zip(batch, results, strict=True):
+            if isinstance(raw, BaseException):
+                self._outage(raw)
+                return
+            self._apply(key, lease, plan, [int(v) for v in raw], done)
 
-    async def _run(self, batch: list[_Call]) -> list[Any]:
-        """One pipeline of EVALSHAs; scripts Redis forgot (a restart) are loaded and re-run."""
-        results = await self._pipeline(batch)
-        missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
-        if missing:
-            for name, text in _SCRIPTS.items():
-                await self._client.script_load(text)
-                self._scripts[name] = _sha1(text)
-            again = await self._pipeline([batch[i] for i in missing])
-            for i, result in zip(missing, again, strict=True):
-                results[i] = result
-        return results
+    def _apply(
+        self, key: str, lease: Lease, plan: tuple[int, ...], raw: list[int], now: float
+    ) -> None:
+        granted_r, granted_t, rem_r, rem_t, reset_r, reset_t, wait_ms = raw
+        if self.leases.get(key) is not lease:
+            return  # reopened with new limits meanwhile; what was granted lapses
+        if not lease.leased:
+            lease.leased = True
+            self._reshape(key, lease.rates, 0, 0)
+            if lease.owe_tokens < 0:
+                # Reservations settled below their estimate while the first call was out: the
+                # estimate was charged with it, so the difference is this instance's to use.
+                granted_t -= lease.owe_tokens
+                lease.owe_tokens = 0
+        if granted_r or granted_t:
+            self.allowance.refund(key, requests=granted_r, tokens=granted_t)
+        lease.scarce = granted_r < plan[4] or granted_t < plan[5]
+        if not lease.scarce and lease.rates.requests_limited:
+            lease.credit = credit(self.policy, lease.rates.request_capacity)
+        lease.remaining_requests, lease.remaining_tokens = rem_r, rem_t
+        lease.reset_requests_s, lease.reset_tokens_s = reset_r / 1000, reset_t / 1000
+        lease.wait_s = wait_ms / 1000
+        lease.synced = now
 
-    async def _pipeline(self, batch: list[_Call]) -> list[Any]:
+    async def _call(
+        self, batch: list[tuple[str, Lease, tuple[int, int, int, int, int, int]]]
+    ) -> list[Any]:
+        """One pipeline of EVALs (in a Cluster, split by slot by the client): no script cache to
+        lose on a restart or a failover."""
         pipe = self._client.pipeline(transaction=False)
-        for call in batch:
-            pipe.evalsha(self._scripts[call.script], 1, call.key, *call.args)
+        for key, lease, plan in batch:
+            r = lease.rates
+            args = (r.request_capacity, r.requests_per_s, r.token_capacity, r.tokens_per_s, *plan)
+            pipe.eval(LEASE, 1, self.key(key), *args)
         async with asyncio.timeout(self.timeout_s):
             results: list[Any] = await pipe.execute(raise_on_error=False)
         return results
@@ -254,20 +459,20 @@ class RedisBuckets:
             type(exc).__name__,
             exc,
         )
+        # What was held lapses: Redis may have lost the buckets it came from.
+        self.leases.clear()
+        self.allowance = BucketTable()
         self._recovery = asyncio.get_running_loop().create_task(self._recover())
 
     async def _recover(self) -> None:
         """Ping every retry_s until Redis answers, then resume global limits."""
         began = time.monotonic()
-        # Connections from before the outage may be dead (a restart): start afresh.
-        with contextlib.suppress(*_OUTAGE):
-            await self._client.connection_pool.disconnect()
         while True:
             await asyncio.sleep(self.retry_s)
             try:
                 async with asyncio.timeout(self.timeout_s):
-                    await self._client.ping()
-            except _OUTAGE:
+                    await ping(self._client)
+            except OUTAGE:
                 continue
             self.available = True
             log.warning(
@@ -278,19 +483,24 @@ class RedisBuckets:
             return
 
     async def close(self) -> None:
-        """Stop background work and close connections."""
-        tasks = [t for t in (self._flusher, self._recovery) if t is not None]
+        """Give back what is held (best effort), stop background work and close connections."""
+        # A call in flight is let finish: cancelled, what Redis granted in it would be lost.
+        self._closing = True
+        self._kick.set()
+        keeper = self._keeper
+        if keeper is not None:
+            await asyncio.wait((keeper,), timeout=self.timeout_s * 2)
+        tasks = [t for t in (keeper, self._recovery) if t is not None]
         for task in tasks:
             task.cancel()
         for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, *_OUTAGE):
+            with contextlib.suppress(asyncio.CancelledError, *OUTAGE):
                 await task
-        with contextlib.suppress(*_OUTAGE):
+        if self.available and self.leases:
+            for lease in self.leases.values():
+                lease.seen = -self.idle_s
+                lease.syncing = False
+            with contextlib.suppress(*OUTAGE):
+                await self._sync(self.clock())
+        with contextlib.suppress(*OUTAGE):
             await self._client.aclose()
-
-
-def _sha1(text: str) -> str:
-    return hashlib.sha1(text.encode()).hexdigest()
-
-
-_SCRIPTS = {"acquire": _ACQUIRE, "adjust": _ADJUST}

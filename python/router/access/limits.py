@@ -1,4 +1,4 @@
-"""Per-key request and token rates (Rust BucketTable, optionally shared through Redis), 429s."""
+"""Per-key request and token rates (Rust BucketTable; global ones from slices leased from Redis)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from router.access.auth import Authenticator, Tenant
-from router.access.global_limits import Rates, RedisBuckets
+from router.access.global_limits import UNLIMITED, GlobalLeases, Rates
 from router.access.shared_buckets import SharedBucketTable
 from router.access.tokenizers import ModelTokenizer
 from router.access.usage import StreamUsage, completion_budget, usage_tokens
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from router.core.request import ParsedRequest
 
 # A dimension without a configured limit still goes through the table; this never runs out.
-_UNLIMITED = 1 << 40
+_UNLIMITED = UNLIMITED
 
 
 def format_reset(seconds: float) -> str:
@@ -126,7 +126,7 @@ class Limiter:
         tenants: Iterable[Tenant],
         *,
         default_max_tokens: int = 256,
-        shared: RedisBuckets | None = None,
+        shared: GlobalLeases | None = None,
         fail_open: bool = True,
         shards: int = 64,
         machine: SharedBucketTable | None = None,
@@ -158,7 +158,7 @@ class Limiter:
     ) -> Limiter:
         """Build from the `[limits]` section, the tenants auth knows and the model tokenizers;
         `machine`: the table the workers of this machine share."""
-        shared = RedisBuckets.from_config(config) if config.backend == "redis" else None
+        shared = GlobalLeases.from_config(config) if config.backend == "redis" else None
         return cls(
             tenants,
             default_max_tokens=config.default_max_tokens,
@@ -208,7 +208,10 @@ class Limiter:
         return encoding, prompt, completion_budget(parsed.body, self.default_max_tokens)
 
     async def admit(self, tenant: Tenant, tokens: int) -> Grant:
-        """Reserve one request and `tokens` for the tenant, or raise 429 (503 if fail-closed)."""
+        """Reserve one request and `tokens` for the tenant, or raise 429 (503 if fail-closed).
+
+        Never waits on the network: global limits come from the slice this instance holds.
+        """
         key = tenant.key_id
         active = self._active.get(key, 0)
         if tenant.max_concurrent is not None and not self._enter(
@@ -243,30 +246,30 @@ class Limiter:
                 self._machine_leave(key)
             headers = rate_headers(tenant, rem_r, rem_t, reset_r, reset_t)
             raise self._limited(tenant, retry_s, headers)
-        # Counted before any await so concurrent admissions see each other.
-        self._active[key] = active + 1
         shared = False
         if self.shared is not None:
-            try:
-                decision = await self.shared.acquire(key, rates, tokens)
-            except BaseException:
-                self._undo(tenant, tokens)
-                raise
-            if decision is None and not self.fail_open:
-                self._undo(tenant, tokens)
+            verdict = self.shared.take(key, rates, tokens)
+            if verdict is None and not self.fail_open:
+                self.table.refund(key, requests=1, tokens=tokens)
+                if machine_slot:
+                    self._machine_leave(key)
                 raise Unavailable(
                     "The shared rate-limit store is unreachable; retry shortly.",
                     code="rate_limit_store_unavailable",
                     headers=retry_headers(self.shared.retry_s),
                 )
-            if decision is not None:
-                rem_r, rem_t = decision.remaining_requests, decision.remaining_tokens
-                reset_r, reset_t = decision.reset_requests_s, decision.reset_tokens_s
-                if not decision.allowed:
-                    self._undo(tenant, tokens)
+            if verdict is not None:
+                ok, wait_s, g_r, g_t, g_reset_r, g_reset_t = verdict
+                rem_r, rem_t = min(rem_r, g_r), min(rem_t, g_t)
+                reset_r, reset_t = max(reset_r, g_reset_r), max(reset_t, g_reset_t)
+                if not ok:
+                    self.table.refund(key, requests=1, tokens=tokens)
+                    if machine_slot:
+                        self._machine_leave(key)
                     headers = rate_headers(tenant, rem_r, rem_t, reset_r, reset_t)
-                    raise self._limited(tenant, decision.retry_after_s, headers)
+                    raise self._limited(tenant, wait_s, headers)
                 shared = True
+        self._active[key] = active + 1
         return Grant(
             rate_headers(tenant, rem_r, rem_t, reset_r, reset_t), self, tenant, tokens, shared
         )
@@ -280,11 +283,6 @@ class Limiter:
     def _machine_leave(self, key: str) -> None:
         if self.machine is not None:
             self.machine.leave(key)
-
-    def _undo(self, tenant: Tenant, tokens: int) -> None:
-        """Take back a local reservation the shared store refused (or could not make)."""
-        self.table.refund(tenant.key_id, requests=1, tokens=tokens)
-        self._release(tenant.key_id, tenant.max_concurrent is not None)
 
     def _release(self, key: str, limited: bool = False) -> None:
         if limited:
@@ -310,10 +308,10 @@ class Limiter:
             return
         self.table.reconcile(tenant.key_id, reserved, used)
         if shared and self.shared is not None:
-            self.shared.adjust_later(tenant.key_id, rates, reserved - used)
+            self.shared.settle(tenant.key_id, reserved, used)
 
     async def close(self) -> None:
-        """Close the shared store's connections."""
+        """Give back leased slices and close the shared store's connections."""
         if self.shared is not None:
             await self.shared.close()
 

@@ -10,12 +10,9 @@ from collections.abc import Callable
 from urllib.parse import quote
 
 import msgspec
-import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
 
 from router.cache.policy import Entry
+from router.net.redis_client import OUTAGE, open_redis, refresh
 
 log = logging.getLogger("router")
 
@@ -53,8 +50,9 @@ class RedisTier:
         url: str,
         *,
         prefix: str = "router:cache",
-        timeout_s: float = 0.05,
+        timeout_s: float = 1.0,
         retry_after_s: float = 1.0,
+        cluster: bool = False,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
@@ -63,14 +61,11 @@ class RedisTier:
         self.retry_after_s = retry_after_s
         self._clock = clock
         self._wall = wall
-        self._client = aioredis.Redis.from_url(
-            url,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 0),
-            retry_on_timeout=False,
-        )
+        self._client = open_redis(url, timeout_s=timeout_s, cluster=cluster)
+        # Round trip of the last lookups (EWMA, seconds); None until one answered.
+        self.rtt_s: float | None = None
         self._down_until = 0.0
+        self._refresh: asyncio.Task[None] | None = None
         self.up = True
         self.hits = 0
         self.misses = 0
@@ -80,12 +75,14 @@ class RedisTier:
         """The shared entry, or None on a miss, a bad value, an expired entry or an outage."""
         if not self._available():
             return None
+        began = time.perf_counter()
         try:
             async with asyncio.timeout(self.timeout_s):
                 blob = await self._client.get(redis_key(self.prefix, key, namespace, model))
-        except (RedisError, OSError, TimeoutError) as exc:
+        except OUTAGE as exc:
             self._failed(exc)
             return None
+        self._measured(time.perf_counter() - began)
         self._ok()
         entry = decode_entry(blob) if isinstance(blob, bytes) else None
         if entry is None or entry.namespace != namespace or entry.expires <= self._wall():
@@ -100,12 +97,14 @@ class RedisTier:
         if ttl_ms <= 0 or not self._available():
             return False
         name = redis_key(self.prefix, key, entry.namespace, entry.model)
+        began = time.perf_counter()
         try:
             async with asyncio.timeout(self.timeout_s):
                 await self._client.set(name, encode_entry(entry), px=ttl_ms)
-        except (RedisError, OSError, TimeoutError) as exc:
+        except OUTAGE as exc:
             self._failed(exc)
             return False
+        self._measured(time.perf_counter() - began)
         self._ok()
         return True
 
@@ -126,7 +125,7 @@ class RedisTier:
                         batch = []
                 if batch:
                     deleted += int(await self._client.unlink(*batch))
-        except (RedisError, OSError, TimeoutError) as exc:
+        except OUTAGE as exc:
             self._failed(exc)
             return deleted
         self._ok()
@@ -134,7 +133,12 @@ class RedisTier:
 
     async def close(self) -> None:
         """Close the connection pool."""
+        if self._refresh is not None:
+            await self._refresh
         await self._client.aclose()
+
+    def _measured(self, took: float) -> None:
+        self.rtt_s = took if self.rtt_s is None else 0.8 * self.rtt_s + 0.2 * took
 
     def _available(self) -> bool:
         return self.up or self._clock() >= self._down_until
@@ -142,6 +146,9 @@ class RedisTier:
     def _failed(self, exc: BaseException) -> None:
         self.errors += 1
         self._down_until = self._clock() + self.retry_after_s
+        if self._refresh is None or self._refresh.done():
+            # In a Cluster, find a promoted replica before the next try (no-op otherwise).
+            self._refresh = asyncio.get_running_loop().create_task(refresh(self._client))
         if self.up:
             self.up = False
             log.warning("cache: redis tier unavailable, serving from memory only: %r", exc)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Mapping, MutableMapping
 from typing import Any
 
@@ -49,12 +52,17 @@ class Mark(msgspec.Struct):
 
     outcome: XCache
     age: int | None = None
+    # When the answer's headers went out (perf_counter; 0: not yet): from then on a late
+    # shared-tier hit is ignored.
+    committed: float = 0.0
 
 
 def cache_headers(ctx: RequestContext, headers: MutableMapping[str, str]) -> None:
     """A response decorator: `x-cache` (and `Age` on hits) on whatever answers the request."""
     mark = ctx.cache
     if mark is not None:
+        if isinstance(mark, Mark) and not mark.committed:
+            mark.committed = time.perf_counter()
         headers["x-cache"] = mark.outcome
         if mark.age is not None:
             headers["Age"] = str(mark.age)
@@ -228,11 +236,41 @@ async def serve(
         # no-cache: the client wants a fresh answer, so it neither reads nor joins a flight.
         tap = Tap(cache, ctx, key, namespace, rule, store=decision.store, flight=None)
         return await _origin(request, ctx, cache, XCache.BYPASS, origin, tap)
-    entry = await cache.get(key, namespace, parsed.model)
+    entry = cache.memory.get(key, namespace)
+    if entry is None and cache.shared_first():
+        # Tier 2 is measured to be much nearer than any region: asking it first costs little.
+        entry = await cache.shared(key, namespace, parsed.model)
+        if entry is None:
+            entry = cache.memory.get(key, namespace)
+    elif entry is None:
+        return await _lead_or_follow(request, ctx, cache, key, namespace, rule, decision, origin)
     if entry is not None:
         return await _replay(request, ctx, cache, entry)
+    return await _lead_or_follow(
+        request, ctx, cache, key, namespace, rule, decision, origin, shared=False
+    )
+
+
+async def _lead_or_follow(
+    request: web.Request,
+    ctx: RequestContext,
+    cache: ResponseCache,
+    key: bytes,
+    namespace: str,
+    rule: Rule,
+    decision: Decision,
+    origin: Origin,
+    *,
+    shared: bool = True,
+) -> web.StreamResponse:
+    """A miss in what was asked so far: lead the upstream call (racing tier 2 when `shared`
+    and there is one) or follow the identical request already leading it."""
+    model = ctx.request.model
+    race = shared and cache.shared_may_win(model)
     if not cache.config.coalesce:
         tap = Tap(cache, ctx, key, namespace, rule, store=decision.store, flight=None)
+        if race:
+            return await _race(request, ctx, cache, origin, tap, (key, namespace, model), None)
         return await _origin(request, ctx, cache, XCache.MISS, origin, tap)
     # Only requests whose forwarded headers match share one upstream exchange: a header can
     # change the answer (or the error), and no client may get another's.
@@ -247,6 +285,9 @@ async def serve(
                     cache.flights.finish(flight, entry)
                     return await _replay(request, ctx, cache, entry)
                 tap = Tap(cache, ctx, key, namespace, rule, store=decision.store, flight=flight)
+                if race:
+                    where = (key, namespace, model)
+                    return await _race(request, ctx, cache, origin, tap, where, flight)
                 return await _origin(request, ctx, cache, XCache.MISS, origin, tap)
         try:
             return await _follow(request, ctx, cache, flight)
@@ -273,8 +314,67 @@ async def _origin(
 ) -> web.StreamResponse:
     ctx.timer.end(CACHE_STAGE)
     cache.count(outcome)
-    ctx.cache = Mark(outcome)
-    return await origin(tap)
+    mark = ctx.cache = Mark(outcome)
+    if outcome is not XCache.MISS:
+        return await origin(tap)
+    began = time.perf_counter()
+    answer = await origin(tap)
+    cache.answered(ctx.request.model, (mark.committed or time.perf_counter()) - began)
+    return answer
+
+
+def _lookup(
+    cache: ResponseCache, key: bytes, namespace: str, model: str
+) -> asyncio.Task[Entry | None]:
+    task = asyncio.get_running_loop().create_task(cache.shared(key, namespace, model))
+    # Ignored when the region wins; RedisTier.get swallows Redis failures itself.
+    task.add_done_callback(_consume)
+    return task
+
+
+def _consume(task: asyncio.Task[Entry | None]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+async def _race(
+    request: web.Request,
+    ctx: RequestContext,
+    cache: ResponseCache,
+    origin: Origin,
+    tap: Tap,
+    where: tuple[bytes, str, str],
+    flight: Flight[Entry] | None,
+) -> web.StreamResponse:
+    """The region request and the tier-2 lookup at once: a tier-2 hit that comes before the
+    region's answer has started replaces it (the region request is cancelled); otherwise the
+    region's answer is served and the lookup ignored. A miss waits for nothing but the region."""
+    ctx.timer.end(CACHE_STAGE)
+    mark = ctx.cache = Mark(XCache.MISS)
+    began = time.perf_counter()
+    answer = asyncio.ensure_future(origin(tap))
+    # Created second, so it runs second: the region request goes out before the lookup's work.
+    lookup = _lookup(cache, *where)
+    try:
+        await asyncio.wait((answer, lookup), return_when=asyncio.FIRST_COMPLETED)
+        if not answer.done() and not mark.committed:
+            entry = lookup.result()
+            if entry is not None:
+                answer.cancel()
+                await asyncio.wait((answer,))
+                if answer.cancelled():
+                    if flight is not None:
+                        cache.flights.finish(flight, entry)
+                    return await _replay(request, ctx, cache, entry)
+        cache.count(XCache.MISS)
+        response = await answer
+        cache.answered(ctx.request.model, (mark.committed or time.perf_counter()) - began)
+        return response
+    except asyncio.CancelledError:
+        answer.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await answer
+        raise
 
 
 async def _replay(

@@ -42,6 +42,8 @@ class ResponseCache:
         self._rules: dict[str, Rule] = {}
         self._writes: set[asyncio.Task[bool]] = set()
         self.redis_hits = 0
+        # Per model: how long the region took to start answering a miss (EWMA, seconds).
+        self._answer_s: dict[str, float] = {}
 
     def rule(self, model: str) -> Rule:
         """The resolved rule for a client-facing model name (memoized)."""
@@ -69,12 +71,45 @@ class ResponseCache:
     async def get(self, key: bytes, namespace: str, model: str) -> Entry | None:
         """Tier 1, then tier 2 (promoted into tier 1); None on a miss."""
         entry = self.memory.get(key, namespace)
-        if entry is None and self.redis is not None:
-            entry = await self.redis.get(key, namespace, model)
-            if entry is not None:
-                self.redis_hits += 1
-                self.memory.put(key, entry)
+        if entry is None:
+            entry = await self.shared(key, namespace, model)
         return entry
+
+    async def shared(self, key: bytes, namespace: str, model: str) -> Entry | None:
+        """Tier 2 only (a hit is promoted into tier 1); None on a miss, an outage or no tier 2."""
+        if self.redis is None:
+            return None
+        entry = await self.redis.get(key, namespace, model)
+        if entry is not None:
+            self.redis_hits += 1
+            self.memory.put(key, entry)
+        return entry
+
+    def answered(self, model: str, seconds: float) -> None:
+        """The region started answering a miss for `model` after `seconds`."""
+        answer_s = self._answer_s
+        old = answer_s.get(model)
+        if old is None and len(answer_s) > 4096:  # model names come from clients
+            answer_s.clear()
+        answer_s[model] = seconds if old is None else 0.8 * old + 0.2 * seconds
+
+    def shared_may_win(self, model: str) -> bool:
+        """Whether a tier-2 lookup beside the region request can answer first: not when tier 2
+        is measured to be slower than the region has lately been to start answering (then it
+        would cost Redis work and be ignored). Unmeasured either way: yes."""
+        redis = self.redis
+        if redis is None:
+            return False
+        answer_s = self._answer_s.get(model)
+        return redis.rtt_s is None or answer_s is None or redis.rtt_s < answer_s
+
+    def shared_first(self) -> bool:
+        """Whether tier 2 is near enough to ask before the region: its measured round trip is
+        under `shared_lookup_first_ms`. Otherwise it is asked beside the region request."""
+        redis = self.redis
+        if redis is None or redis.rtt_s is None:
+            return False
+        return redis.rtt_s * 1000 < self.config.shared_lookup_first_ms
 
     def put(self, key: bytes, entry: Entry) -> None:
         """Store in tier 1 now and in tier 2 in the background (the client is not kept waiting)."""
@@ -151,6 +186,7 @@ class ResponseCache:
                 "up": self.redis.up,
                 "hits": self.redis_hits,
                 "errors": self.redis.errors,
+                "rtt_ms": None if self.redis.rtt_s is None else round(self.redis.rtt_s * 1000, 3),
             }
         return out
 
@@ -175,5 +211,6 @@ def open_cache(config: CacheConfig, key_fn: KeyFn) -> ResponseCache:
             prefix=config.redis_prefix,
             timeout_s=config.redis_timeout_s,
             retry_after_s=config.redis_retry_s,
+            cluster=config.redis_cluster,
         )
     return ResponseCache(config, key_fn, redis=redis)

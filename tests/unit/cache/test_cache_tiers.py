@@ -10,6 +10,7 @@ import pytest
 
 from router.cache.coalescing import Flight, FlightFailed
 from router.cache.policy import Entry, Level, Rule, XCache
+from router.cache.redis_tier import RedisTier
 from router.cache.serving import Tap, knobs
 from router.cache.tiers import ResponseCache
 from router.config import CacheConfig, CacheModelConfig
@@ -183,3 +184,24 @@ async def collect(flight: Flight[Entry]) -> list[bytes] | None:
         return [c async for c in flight.follow()]
     except FlightFailed:
         return None
+
+
+async def test_tier_two_is_raced_only_when_it_can_answer_first() -> None:
+    # A RedisTier never connects until asked; only its measured round trip is read here.
+    tier = RedisTier("redis://127.0.0.1:1/0")
+    cache = ResponseCache(CacheConfig(enabled=True), key_fn, redis=tier)
+    try:
+        assert cache.shared_may_win("m")  # nothing measured: race (and so measure)
+        tier.rtt_s = 0.080
+        cache.answered("m", 0.002)  # the region answers in 2 ms: an 80 ms lookup cannot win
+        assert not cache.shared_may_win("m")
+        assert cache.shared_may_win("other-model")
+        for _ in range(40):
+            cache.answered("m", 0.300)  # the region got slow: racing pays again
+        assert cache.shared_may_win("m")
+        assert not cache.shared_first()  # 80 ms is not "near": never asked before the region
+        tier.rtt_s = 0.0003
+        assert cache.shared_first()
+        assert not make().shared_may_win("m")  # no tier 2 at all
+    finally:
+        await tier.close()

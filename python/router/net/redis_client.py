@@ -1,0 +1,66 @@
+"""One way to open Redis for the shared state: a single server or a Cluster, TLS and password."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, TypeAlias
+
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+# Failures that mean "Redis is not answering", as opposed to a bug in our call.
+OUTAGE: tuple[type[BaseException], ...] = (RedisError, OSError, TimeoutError)
+
+Client: TypeAlias = "aioredis.Redis | RedisCluster"
+
+
+def open_redis(url: str, *, timeout_s: float, cluster: bool = False) -> Client:
+    """A client for `url` (redis://, rediss://, unix://; password and TLS options in the URL).
+
+    No client-side retries: a slow or absent Redis must cost one short timeout, not several.
+    With `cluster`, `url` names any one node; the client learns the others and follows failovers.
+    """
+    common: dict[str, Any] = {
+        "socket_timeout": timeout_s,
+        "socket_connect_timeout": timeout_s,
+        "retry": Retry(NoBackoff(), 0),
+        "health_check_interval": 0,
+        # No CLIENT SETINFO on connect: a round trip a far Redis would add to every new
+        # connection (and to the first call after an outage).
+        "driver_info": None,
+    }
+    if cluster:
+        # A master killed: its slots answer MOVED/connection errors until the replica takes
+        # over; the cluster client refreshes its slot map, the caller sees an outage meanwhile.
+        return RedisCluster.from_url(url, **common)
+    return aioredis.Redis.from_url(url, retry_on_timeout=False, **common)
+
+
+def hash_tagged(prefix: str, key: str) -> str:
+    """`prefix{key}`: Redis Cluster hashes only the braces, so every key of one tenant (or one
+    cache entry) lives in one slot and a script touching it never crosses slots."""
+    return f"{prefix}{{{key}}}"
+
+
+async def ping(client: Client) -> None:
+    """PING the server, or every master of a Cluster: a Cluster answers for all its slots only
+    when each master does (after a failover, once the client has found the promoted replica)."""
+    if isinstance(client, RedisCluster):
+        try:
+            await client.ping(target_nodes=RedisCluster.PRIMARIES)
+        except OUTAGE:
+            await refresh(client)
+            raise
+    else:
+        await client.ping()
+
+
+async def refresh(client: Client) -> None:
+    """A Cluster client re-reads the slot map (a master failed, its replica took over); without
+    client-side retries it would keep asking the dead master. No-op for a single server."""
+    if isinstance(client, RedisCluster):
+        with contextlib.suppress(*OUTAGE):
+            await client.nodes_manager.initialize()
