@@ -59,8 +59,22 @@ def region(name: str, proc: Proc, kind: str, **extra: Any) -> str:
     return "\n".join(lines) + "\n"
 
 
-def sdk(proc: Proc) -> OpenAI:
-    return OpenAI(base_url=proc.url + "/v1", api_key="x", max_retries=0, timeout=180)
+# Every SDK client a test opens, closed after it (an unclosed one's sockets warn, as errors, in
+# whatever test the garbage collector happens to run in).
+_OPEN: list[OpenAI] = []
+
+
+def sdk(proc: Proc, key: str = "x", timeout: float = 180) -> OpenAI:
+    client = OpenAI(base_url=proc.url + "/v1", api_key=key, max_retries=0, timeout=timeout)
+    _OPEN.append(client)
+    return client
+
+
+@pytest.fixture(autouse=True)
+def _close_clients() -> Iterator[None]:
+    yield
+    while _OPEN:
+        _OPEN.pop().close()
 
 
 def admin_health(router: Proc) -> dict[str, Any]:
@@ -335,7 +349,7 @@ def test_a_stream_settles_with_the_regions_own_usage(
     router = start_router(tmp_path, auth + config + region("ls", llama_server, "llama-server"))
     routers.append(router)
     wait_healthy(router, "ls")
-    client = OpenAI(base_url=router.url + "/v1", api_key=key, max_retries=0, timeout=60)
+    client = sdk(router, key=key, timeout=60)
     text, _, finishes, usage = read_stream(
         client.chat.completions.create(
             model=MODEL_ALIAS, messages=MESSAGES, max_tokens=16, stream=True, **DETERMINISTIC

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import urllib.request
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -41,8 +42,22 @@ def embed_server(request: pytest.FixtureRequest) -> Proc:
     return proc
 
 
+# Every SDK client a test opens, closed after it (an unclosed one's sockets warn, as errors, in
+# whatever test the garbage collector happens to run in).
+_OPEN: list[OpenAI] = []
+
+
 def client(proc: Proc) -> OpenAI:
-    return OpenAI(base_url=proc.url + "/v1", api_key="x", max_retries=0, timeout=60)
+    opened = OpenAI(base_url=proc.url + "/v1", api_key="x", max_retries=0, timeout=60)
+    _OPEN.append(opened)
+    return opened
+
+
+@pytest.fixture(autouse=True)
+def _close_clients() -> Iterator[None]:
+    yield
+    while _OPEN:
+        _OPEN.pop().close()
 
 
 def post_json(url: str, body: dict[str, Any]) -> Any:
