@@ -59,7 +59,7 @@ async def _drain(
                 if data:
                     tap.chunk(data)
         complete = not splitter.pending and state.complete
-        if complete and (not state.done or state.held_done):
+        if complete and state.owes_done:
             tap.chunk(DONE_EVENT)
     except (http1.ClientError, TimeoutError, sse.EventTooLarge) as exc:
         log.warning("stream kept for coalesced readers broke: %s", exc)
@@ -171,7 +171,7 @@ async def relay_stream(
                     if state.done
                     else "stream ended without [DONE]"
                 )
-            if not state.done or state.held_done:
+            if state.owes_done:
                 await send(DONE_EVENT)
             complete = True
         # A failed write to the client is a ConnectionResetError (aiohttp's own subclasses it).

@@ -82,6 +82,12 @@ class StreamState:
         return bool(finishes) and all(r is not None for r in finishes.values())
 
     @property
+    def owes_done(self) -> bool:
+        """Whether a complete stream still needs its [DONE] sent: the region left it out, or it
+        came early and was held back."""
+        return not self.done or self.held_done
+
+    @property
     def complete(self) -> bool:
         """The stream finished: every choice ended; or, with no choice at all, [DONE] came."""
         if self.finishes:

@@ -389,7 +389,7 @@ async def _continue_on(
                 chunk = await resp.content.readany()
                 idle.busy()
         complete = not splitter.pending and state.complete and catchup.through
-        if complete and (not state.done or state.held_done):
+        if complete and state.owes_done:
             await _write_resumed(out, DONE_EVENT, tracker)
         return complete
     except (http1.ClientError, TimeoutError, sse.EventTooLarge, _Diverged) as exc:
