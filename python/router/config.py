@@ -97,6 +97,10 @@ class TimeoutsConfig(_Section, frozen=True):
     total: float = 600.0
 
 
+# The APIs a region may serve (`[[regions]] endpoints`).
+Endpoint = Literal["chat", "completions", "embeddings", "responses", "messages"]
+
+
 class RegionConfig(_Section, frozen=True):
     """One [[regions]] entry: an OpenAI-compatible endpoint serving some models."""
 
@@ -132,12 +136,32 @@ class RegionConfig(_Section, frozen=True):
     # The route active probes ask, from the server root; unset: from `kind` (a route that does
     # not wait for the model), else [health] path with its 404 fallback.
     health_path: str | None = None
+    # The APIs the region serves ("chat", "completions", "embeddings", "responses",
+    # "messages"); unset: from `kind` (generic and llama-cpp-python: the first three; openai
+    # adds responses; vllm, llama-server and sim serve all five).
+    endpoints: tuple[Endpoint, ...] | None = None
 
     def probe_path(self) -> str | None:
         """The region's own probe path, if it has one (set, or known for its kind)."""
         if self.health_path is not None:
             return self.health_path
         return _PROBE_PATHS.get(self.kind)
+
+    def served_endpoints(self) -> tuple[Endpoint, ...]:
+        """The APIs it serves: `endpoints`, else those its kind serves."""
+        if self.endpoints is not None:
+            return self.endpoints
+        return _KIND_ENDPOINTS.get(self.kind, _OPENAI_CLASSIC)
+
+
+_OPENAI_CLASSIC: tuple[Endpoint, ...] = ("chat", "completions", "embeddings")
+_ALL_ENDPOINTS: tuple[Endpoint, ...] = (*_OPENAI_CLASSIC, "responses", "messages")
+_KIND_ENDPOINTS: dict[str, tuple[Endpoint, ...]] = {
+    "vllm": _ALL_ENDPOINTS,
+    "llama-server": _ALL_ENDPOINTS,
+    "sim": _ALL_ENDPOINTS,
+    "openai": (*_OPENAI_CLASSIC, "responses"),
+}
 
 
 # Health routes that answer without waiting for the model (a busy server must not look dead,
@@ -527,6 +551,19 @@ class Config(_Section, frozen=True):
         for region in self.regions:
             names.update(region.models)
         return tuple(sorted(names))
+
+    def endpoints_of(self, name: str) -> tuple[Endpoint, ...]:
+        """The APIs some region serves a client-facing model name on, in the usual order."""
+        rollout = self.rollout.models.get(name)
+        if rollout is not None:
+            models = {d.model for d in rollout.deployments}
+        else:
+            models = {self.models.aliases.get(name, name)}
+        served: set[str] = set()
+        for region in self.regions:
+            if models.intersection(region.models):
+                served.update(region.served_endpoints())
+        return tuple(e for e in _ALL_ENDPOINTS if e in served)
 
 
 # A reload in two steps: given (old, new) config a component builds its new state without

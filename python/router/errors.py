@@ -61,6 +61,31 @@ class ApiError(RouterError):
             }
         )
 
+    def anthropic_body(self) -> bytes:
+        """The same error in Anthropic's shape (the /v1/messages endpoint)."""
+        return anthropic_error_body(self.status, self.message)
+
+
+# Anthropic's error types by HTTP status (https://docs.anthropic.com/en/api/errors).
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+
+
+def anthropic_error_body(status: int, message: str) -> bytes:
+    """`{"type": "error", "error": {"type", "message"}}`, the type chosen by status."""
+    kind = _ANTHROPIC_TYPES.get(status)
+    if kind is None:
+        kind = "invalid_request_error" if 400 <= status < 500 else "api_error"
+    return msgspec.json.encode({"type": "error", "error": {"type": kind, "message": message}})
+
 
 class InvalidRequest(ApiError):
     """400: the request body or a parameter is wrong."""

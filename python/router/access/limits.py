@@ -7,14 +7,17 @@ from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import msgspec
 from aiohttp import web
 
 from router.access.auth import Authenticator, Tenant
 from router.access.global_limits import UNLIMITED, GlobalLeases, Rates
+from router.access.prompts import chat_view
 from router.access.shared_buckets import SharedBucketTable
 from router.access.tokenizers import ModelTokenizer
 from router.access.usage import StreamUsage, completion_budget, usage_tokens
 from router.config import Commit, Preparer
+from router.core.request import CHAT, MESSAGES, RESPONSES
 from router.core.timing import AUTH, RATE_LIMIT
 from router.errors import ConfigError, RateLimited, Unavailable
 from router.native import (
@@ -31,6 +34,8 @@ if TYPE_CHECKING:
 
 # A dimension without a configured limit still goes through the table; this never runs out.
 _UNLIMITED = UNLIMITED
+# APIs whose prompts are counted as the chat request they render to (access.prompts).
+_VIEWED = frozenset({RESPONSES, MESSAGES})
 
 
 def format_reset(seconds: float) -> str:
@@ -195,12 +200,17 @@ class Limiter:
         if encoding is None:
             encoding = self._encodings[model] = encoding_for_model(model)
         exact = self.tokenizers.get(model) or self.tokenizers.get(parsed.model)
+        endpoint, body = parsed.endpoint, parsed.body
         try:
+            if endpoint in _VIEWED:
+                # Counted as the chat request the server renders it to.
+                body = chat_view(parsed.decoded, endpoint == MESSAGES, body)
+                endpoint = CHAT
             if exact is not None:
-                prompt = exact.count(parsed.endpoint, parsed.body)
+                prompt = exact.count(endpoint, body)
             else:
-                prompt = count_request_tokens(parsed.body, encoding)
-        except NativeError:
+                prompt = count_request_tokens(body, encoding)
+        except (NativeError, msgspec.MsgspecError):
             # A body the request stage accepted but the counter cannot read: estimate, never 500.
             prompt = len(parsed.body) // 4 + 1
         if parsed.endpoint.endswith("/embeddings"):

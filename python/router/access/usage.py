@@ -19,6 +19,7 @@ from router.net import sse
 class _Budget(msgspec.Struct):
     max_tokens: Any = None
     max_completion_tokens: Any = None
+    max_output_tokens: Any = None
     n: Any = None
 
 
@@ -26,8 +27,9 @@ _BUDGET = msgspec.json.Decoder(_Budget)
 
 
 def completion_budget(body: bytes, default: int) -> int:
-    """Tokens the answer may use: (max_completion_tokens or max_tokens or default) * n, each
-    read as a region would read it; a value no region would read is a 400, never the default."""
+    """Tokens the answer may use: (max_completion_tokens or max_tokens or max_output_tokens or
+    default) * n, each read as a region would read it; a value no region would read is a 400,
+    never the default."""
     try:
         budget = _BUDGET.decode(body)
     except msgspec.MsgspecError:
@@ -35,6 +37,7 @@ def completion_budget(body: bytes, default: int) -> int:
     most = (
         whole_number(budget.max_completion_tokens, "max_completion_tokens")
         or whole_number(budget.max_tokens, "max_tokens")
+        or whole_number(budget.max_output_tokens, "max_output_tokens")
         or default
     )
     n = whole_number(budget.n, "n", minimum=1) or 1
@@ -42,33 +45,82 @@ def completion_budget(body: bytes, default: int) -> int:
 
 
 class _Usage(msgspec.Struct):
+    # OpenAI chat and completions.
     total_tokens: int | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    # OpenAI Responses and Anthropic Messages (whose input_tokens leave out cached ones).
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cache_read_input_tokens: int | None = None
+    cache_creation_input_tokens: int | None = None
+
+
+class _Nested(msgspec.Struct):
+    usage: _Usage | None = None
 
 
 class _WithUsage(msgspec.Struct):
     usage: _Usage | None = None
+    # Responses API stream events carry it in `response`; Anthropic's message_start in `message`.
+    response: _Nested | None = None
+    message: _Nested | None = None
 
 
 _USAGE = msgspec.json.Decoder(_WithUsage)
 
 
-def usage_tokens(payload: bytes) -> int | None:
-    """total_tokens of a response body or stream event carrying `usage`, else None."""
+class Used(msgspec.Struct, frozen=True):
+    """Reported token usage: prompt (input) and completion (output) tokens, and the total."""
+
+    prompt: int | None
+    completion: int | None
+    total: int | None
+
+    def sum(self) -> int | None:
+        """The total as reported, else prompt + completion, else None."""
+        if self.total is not None:
+            return self.total
+        if self.prompt is None and self.completion is None:
+            return None
+        return (self.prompt or 0) + (self.completion or 0)
+
+
+def reported_usage(payload: bytes) -> Used | None:
+    """The `usage` of a response body or stream event, in any of the APIs' shapes."""
     if b'"usage"' not in payload:
         return None
     try:
-        usage = _USAGE.decode(payload).usage
+        doc = _USAGE.decode(payload)
     except msgspec.MsgspecError:
         return None
+    usage = doc.usage
     if usage is None:
+        for nested in (doc.response, doc.message):
+            if nested is not None and nested.usage is not None:
+                usage = nested.usage
+                break
+        else:
+            return None
+    prompt = usage.prompt_tokens
+    completion = usage.completion_tokens
+    if usage.input_tokens is not None:
+        prompt = (
+            usage.input_tokens
+            + (usage.cache_read_input_tokens or 0)
+            + (usage.cache_creation_input_tokens or 0)
+        )
+    if usage.output_tokens is not None:
+        completion = usage.output_tokens
+    if prompt is None and completion is None and usage.total_tokens is None:
         return None
-    if usage.total_tokens is not None:
-        return usage.total_tokens
-    if usage.prompt_tokens is None and usage.completion_tokens is None:
-        return None
-    return (usage.prompt_tokens or 0) + (usage.completion_tokens or 0)
+    return Used(prompt, completion, usage.total_tokens)
+
+
+def usage_tokens(payload: bytes) -> int | None:
+    """Total tokens of a response body or stream event carrying `usage`, else None."""
+    used = reported_usage(payload)
+    return used.sum() if used is not None else None
 
 
 class _Delta(msgspec.Struct):
@@ -92,7 +144,16 @@ _MAX_TEXT = 1 << 22
 class StreamUsage:
     """A stream's usage: the `usage` chunk it reports last, else a count of the text it sent."""
 
-    __slots__ = ("_decoder", "_size", "_text", "encoding", "prompt_tokens", "total_tokens")
+    __slots__ = (
+        "_completion",
+        "_decoder",
+        "_prompt",
+        "_size",
+        "_text",
+        "encoding",
+        "prompt_tokens",
+        "total_tokens",
+    )
 
     def __init__(self, prompt_tokens: int = 0, encoding: str | None = None) -> None:
         self._decoder = sse.Decoder()
@@ -101,13 +162,23 @@ class StreamUsage:
         self.encoding = encoding
         self._text: list[str] = []
         self._size = 0
+        # Anthropic reports input tokens at the start and output tokens at the end.
+        self._prompt: int | None = None
+        self._completion: int | None = None
 
     def feed(self, chunk: bytes) -> None:
         """Consume a piece of the stream as relayed to the client."""
         for payload in self._decoder.feed(chunk):
-            found = usage_tokens(payload)
+            found = reported_usage(payload)
             if found is not None:
-                self.total_tokens = found
+                if found.total is not None:
+                    self.total_tokens = found.total
+                else:
+                    if found.prompt is not None:
+                        self._prompt = found.prompt
+                    if found.completion is not None:
+                        self._completion = found.completion
+                    self.total_tokens = (self._prompt or 0) + (self._completion or 0)
             elif self.encoding is not None and self.total_tokens is None and payload != sse.DONE:
                 self._collect(payload)
 

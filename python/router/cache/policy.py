@@ -49,6 +49,9 @@ class Entry(msgspec.Struct, frozen=True, kw_only=True):
     stream: bool = False
     # Only 200s are stored; another status travels only from a coalesced leader to followers.
     status: int = 200
+    # `chunks` are whole SSE events as relayed (typed-event APIs: Responses, Messages), not
+    # data payloads to frame again.
+    framed: bool = False
 
     def size(self) -> int:
         """Approximate bytes this entry holds in memory."""
@@ -259,14 +262,26 @@ def _uncacheable(request: Mapping[str, Any], rule: Rule, sampled: bool) -> str:
     return ""
 
 
+# How a typed-event stream, or a whole answer of those APIs, ends when it is worth storing.
+_CLEAN_STATUS = frozenset({"completed", "incomplete"})
+_CLEAN_STOP = frozenset({"end_turn", "max_tokens", "stop_sequence"})
+_CLEAN_END = frozenset({"response.completed", "response.incomplete", "message_stop"})
+_FAILED_EVENTS = frozenset({"error", "response.failed"})
+
+
 def complete_body(body: bytes) -> bool:
-    """A non-stream response worth storing: JSON whose choices all ended stop/length."""
+    """A non-stream response worth storing: JSON whose choices all ended stop/length (a
+    Responses API answer completed, a Messages answer stopped by its turn, limit or stop)."""
     try:
         doc = msgspec.json.decode(body)
     except msgspec.DecodeError:
         return False
-    if not isinstance(doc, dict) or "error" in doc:
+    if not isinstance(doc, dict) or doc.get("error") is not None:
         return False
+    if doc.get("object") == "response":
+        return doc.get("status") in _CLEAN_STATUS
+    if doc.get("type") == "message":
+        return doc.get("stop_reason") in _CLEAN_STOP
     choices = doc.get("choices")
     if choices is None:
         return "data" in doc  # embeddings: no finish_reason to check
@@ -288,19 +303,27 @@ def storage_key(fingerprint: bytes, *, endpoint: str, stream: bool, usage: bool 
 
 
 class StreamRecorder:
-    """The miss-path tee: records a stream's SSE payloads; `complete` only after a clean finish."""
+    """The miss-path tee: records a stream's SSE payloads (`framed`: its whole events);
+    `complete` only after a clean finish."""
 
-    __slots__ = ("_decoder", "_done", "_failed", "_finishes", "chunks")
+    __slots__ = ("_decoder", "_done", "_failed", "_finishes", "chunks", "framed")
 
-    def __init__(self) -> None:
+    def __init__(self, framed: bool = False) -> None:
         self._decoder = sse.Decoder()
         self.chunks: list[bytes] = []
         self._finishes: dict[int, str | None] = {}
         self._done = False
         self._failed = False
+        self.framed = framed
 
     def feed(self, raw: bytes) -> list[bytes]:
-        """Record the raw bytes forwarded to the client; the payloads they completed."""
+        """Record the raw bytes forwarded to the client (whole events); the payloads they
+        completed (`framed`: the events)."""
+        if self.framed:
+            events = [event + b"\n\n" for event in sse.split_events(raw)]
+            for event in events:
+                self._add_event(event)
+            return events
         payloads = self._decoder.feed(raw)
         for p in payloads:
             self.add(p)
@@ -330,13 +353,36 @@ class StreamRecorder:
                 if reason is not None or index not in self._finishes:
                     self._finishes[index] = reason
 
+    def _add_event(self, event: bytes) -> None:
+        """Record one whole event of a typed-event stream."""
+        if self._done or self._failed:
+            self._failed = True  # anything after the terminal event is not understood
+            return
+        self.chunks.append(event)
+        payload = sse.data_of(event)
+        if payload is None:
+            return
+        try:
+            doc = msgspec.json.decode(payload)
+        except msgspec.DecodeError:
+            self._failed = True
+            return
+        kind = doc.get("type") if isinstance(doc, dict) else None
+        if kind in _FAILED_EVENTS or not isinstance(doc, dict):
+            self._failed = True
+        elif kind in _CLEAN_END:
+            self._done = True
+
     def fail(self) -> None:
         """The stream broke (upstream error, abort): it must never be stored."""
         self._failed = True
 
     @property
     def complete(self) -> bool:
-        """Ended with [DONE] and every choice finished with stop or length."""
+        """Ended with [DONE] and every choice finished with stop or length (`framed`: ended
+        with a clean terminal event)."""
+        if self.framed:
+            return self._done and not self._failed
         return (
             self._done
             and not self._failed

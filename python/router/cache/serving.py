@@ -122,7 +122,7 @@ class Tap:
         self._rule = rule
         self._store = store
         self._flight = flight
-        self._recorder = StreamRecorder()
+        self._recorder = StreamRecorder(framed=ctx.dialect.events)
         self._recorded = 0
 
     def chunk(self, data: bytes) -> None:
@@ -198,6 +198,7 @@ class Tap:
             body=body,
             chunks=chunks,
             stream=parsed.stream,
+            framed=self.ctx.dialect.events,
         )
 
 
@@ -210,6 +211,9 @@ async def serve(
 ) -> web.StreamResponse:
     """Answer from the cache, or from `origin` (region selection + forward) teed into it."""
     parsed = ctx.request
+    if parsed.stateful:
+        # State only its region holds (a stored response, a chain): never shared or replayed.
+        return await _origin(request, ctx, cache, XCache.BYPASS, origin, None)
     rule = cache.rule(parsed.model)
     decision: Decision = decide(
         knobs(parsed.body),
@@ -390,7 +394,10 @@ async def _replay(
     resp = StreamResponse(headers={**SSE_HEADERS, "X-Request-Id": ctx.request_id})
     await resp.prepare(request)
     # Headers, events and the chunked terminator in one write.
-    await resp.write_eof(b"".join(sse.encode(c) for c in entry.chunks) + sse.encode_done())
+    if entry.framed:
+        await resp.write_eof(b"".join(entry.chunks))
+    else:
+        await resp.write_eof(b"".join(sse.encode(c) for c in entry.chunks) + sse.encode_done())
     return resp
 
 
@@ -441,6 +448,8 @@ async def _follow(
             raise _Rejoin from None
         return await _replay(request, ctx, cache, entry)
     resp: web.StreamResponse | None = None
+    # Typed-event streams are shared as whole events; OpenAI's as payloads.
+    framed = ctx.dialect.events
     try:
         async for payload in flight.follow():
             if resp is None:
@@ -449,19 +458,20 @@ async def _follow(
                 ctx.cache = Mark(XCache.HIT, 0)
                 resp = StreamResponse(headers={**SSE_HEADERS, "X-Request-Id": ctx.request_id})
                 await resp.prepare(request)
-            await resp.write(sse.encode(payload))
+            await resp.write(payload if framed else sse.encode(payload))
     except FlightFailed as exc:
         if resp is None:
             raise _Rejoin from None
         log.warning("request %s: coalesced stream broke: %r", ctx.request_id, exc.cause)
-        error = UpstreamError("The region stopped mid-stream.", code="upstream_stream_error")
-        await resp.write(sse.encode(error.body()))
+        failure = ctx.dialect.stream_failure(
+            "The region stopped mid-stream.", ctx.dialect.tracker()
+        )
+        await resp.write(failure)
         await resp.write_eof()
         return resp
     if resp is None:  # the leader finished with an empty stream; replay its (empty) entry
         return await _replay(request, ctx, cache, await flight.result())
-    await resp.write(sse.encode_done())
-    await resp.write_eof()
+    await resp.write_eof(b"" if framed else sse.encode_done())
     return resp
 
 

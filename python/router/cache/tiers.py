@@ -130,6 +130,7 @@ class ResponseCache:
         body: bytes = b"",
         chunks: tuple[bytes, ...] = (),
         stream: bool = False,
+        framed: bool = False,
     ) -> Entry:
         """An entry created now, expiring after the rule's TTL."""
         now = self.clock()
@@ -142,6 +143,7 @@ class ResponseCache:
             body=body,
             chunks=chunks,
             stream=stream,
+            framed=framed,
         )
 
     def count(self, outcome: XCache) -> None:

@@ -231,7 +231,8 @@ async def open_attempt(
                 first = await resp.content.readany()
                 # The first token, within the same deadline: a region that sends its headers
                 # and role preamble at once, then nothing, is as slow as a silent one.
-                while first and not has_token(first):
+                token = ctx.dialect.has_token or has_token
+                while first and not token(first):
                     more = await resp.content.readany()
                     if not more:
                         break

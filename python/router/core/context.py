@@ -6,6 +6,7 @@ import os
 import random
 from typing import TYPE_CHECKING, Protocol
 
+from router.core.dialect import Dialect, dialect_of
 from router.core.failure import FailureKind
 from router.core.timing import StageTimer
 
@@ -112,6 +113,7 @@ class RequestContext:
         "cache",
         "candidates",
         "deadline",
+        "dialect",
         "endpoint",
         "fallback",
         "free_retry",
@@ -134,6 +136,8 @@ class RequestContext:
         self.request_id = request_id
         # The upstream path, e.g. "/v1/chat/completions".
         self.endpoint = endpoint
+        # The API the endpoint speaks: error shape, stream grammar.
+        self.dialect: Dialect = dialect_of(endpoint)
         self.parsed: ParsedRequest | None = None
         # Name of the region that answered (or the last one tried).
         self.region: str | None = None

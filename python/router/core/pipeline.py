@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Protocol
 
 from aiohttp import web
@@ -20,6 +21,7 @@ from router.config import Config
 from router.core.attempt import Attempts
 from router.core.client_limit import InFlightPerIp
 from router.core.context import RequestContext, request_id
+from router.core.dialect import response_id
 from router.core.failure import AttemptError
 from router.core.relay import relay_stream, whole
 from router.core.request import ParsedRequest, check_content_type, parse_body, read_body
@@ -37,6 +39,7 @@ from router.core.stages import (
     RetryPolicy,
     Selector,
     SlotGate,
+    StateHomes,
     Tap,
     VersionRouter,
 )
@@ -99,6 +102,7 @@ class Features:
     fallbacks: FallbackPolicy | None = None
     decorators: tuple[ResponseDecorator, ...] = ()
     exchange: ExchangeObserver | None = None
+    homes: StateHomes | None = None
 
 
 class Pipeline:
@@ -144,11 +148,15 @@ class Pipeline:
                 generated = True
             except ApiError as exc:
                 # Refused, or no region could take it: nothing was generated.
-                answer = error_response(exc, ctx.request_id)
+                answer = error_response(exc, ctx.request_id, anthropic=ctx.dialect.anthropic)
                 generated = False
             except Exception:
                 log.exception("unhandled error on %s %s", request.method, request.path)
-                answer = error_response(ApiError("Internal router error."), ctx.request_id)
+                answer = error_response(
+                    ApiError("Internal router error."),
+                    ctx.request_id,
+                    anthropic=ctx.dialect.anthropic,
+                )
             status = answer.status
             await _send_whole(request, answer)
             return answer
@@ -198,6 +206,13 @@ class Pipeline:
             features.rollout.assign(ctx, headers)
         # Read in the same step as the routing table: a reload cannot split the two for a request.
         upstreams = self.pools.current
+        model = ctx.request.upstream_model
+        if not upstreams.serves(model, ctx.endpoint) and upstreams.serving(model):
+            raise NotFound(
+                f"No region serves model `{ctx.request.model}` on {ctx.endpoint}.",
+                param="model",
+                code="endpoint_not_served",
+            )
         timer.end("parse")
         for stage in features.filters:
             await stage.admit(ctx, headers)
@@ -235,7 +250,10 @@ class Pipeline:
                 ctx.fallback = model
                 if features.rollout is not None:
                     features.rollout.assign(ctx, request.headers)
-            candidates = features.selector(ctx, upstreams)
+            candidates = upstreams.on(ctx.endpoint, features.selector(ctx, upstreams))
+            homes = features.homes if asked.stateful else None
+            if homes is not None and asked.state_ref is not None:
+                candidates = _pinned(homes, asked.state_ref, upstreams, candidates)
             if features.rollout is not None:
                 candidates = features.rollout.regions(ctx, candidates)
             if not candidates:
@@ -262,9 +280,14 @@ class Pipeline:
                     if more and fallbacks is not None and fallbacks.moves(exc):
                         continue
                     timer.end("upstream")
-                    return failure_response(exc, ctx.request_id)
+                    return failure_response(exc, ctx.request_id, anthropic=ctx.dialect.anthropic)
                 timer.end("upstream")
+                region = opened.upstream.name
                 if opened.response is None:
+                    if homes is not None and opened.status == 200:
+                        made = response_id(opened.body or b"")
+                        if made is not None:
+                            homes.record(made, region)
                     return whole(ctx, opened, tap)
                 timer.begin("stream")
                 try:
@@ -279,6 +302,7 @@ class Pipeline:
                         continuer=features.continuer,
                         attempts=attempts,
                         strip_usage=opened.usage_added,
+                        on_id=None if homes is None else partial(homes.record, region=region),
                     )
                 finally:
                     timer.end("stream")
@@ -314,6 +338,23 @@ class Pipeline:
         headers = response.headers
         for decorator in features.decorators:
             decorator(ctx, headers)
+
+
+def _pinned(
+    homes: StateHomes, ref: str, upstreams: Upstreams, candidates: Sequence[Upstream]
+) -> Sequence[Upstream]:
+    """The one region holding the response `ref` continues from, healthy or not (no other
+    has it); the usual candidates when this router did not see it made."""
+    home = homes.home(ref)
+    if home is None:
+        return candidates
+    upstream = upstreams.get(home)
+    if upstream is None:
+        raise NotFound(
+            f"Response `{ref}` is held by region `{home}`, which is no longer configured.",
+            param="previous_response_id",
+        )
+    return [upstream]
 
 
 async def _send_whole(request: web.Request, answer: web.StreamResponse) -> None:

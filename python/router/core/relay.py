@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from aiohttp import web
 
 from router.core.attempt import DEFAULT_MAX_RESPONSE_BYTES, Attempts
 from router.core.context import RequestContext
-from router.core.responses import stream_error_event
 from router.core.stages import Continuer, Tap
-from router.core.stream import DEFAULT_MAX_EVENT_BYTES, DONE_EVENT, StreamState, passable
+from router.core.stream import (
+    DEFAULT_MAX_EVENT_BYTES,
+    DONE_EVENT,
+    EventState,
+    StreamState,
+    passable,
+)
 from router.core.transport import UpstreamResponse
 from router.core.upstream import Opened
 from router.net import http1, sse
@@ -36,7 +42,7 @@ _DRAINING: set[asyncio.Task[None]] = set()
 async def _drain(
     upstream: UpstreamResponse,
     splitter: sse.Splitter,
-    state: StreamState,
+    state: StreamState | EventState,
     tap: Tap,
     idle_timeout: float,
     room: int,
@@ -74,7 +80,7 @@ async def _drain(
 def _hand_off(
     upstream: UpstreamResponse,
     splitter: sse.Splitter,
-    state: StreamState,
+    state: StreamState | EventState,
     tap: Tap,
     idle_timeout: float,
     room: int,
@@ -107,6 +113,7 @@ async def relay_stream(
     continuer: Continuer | None = None,
     attempts: Attempts | None = None,
     strip_usage: bool = False,
+    on_id: Callable[[str], None] | None = None,
 ) -> web.StreamResponse:
     """Relay an upstream SSE stream event by event; write() waits for the client (backpressure).
 
@@ -114,7 +121,7 @@ async def relay_stream(
     events that are not JSON are dropped. A stream that breaks, stalls, grows too large or ends
     before every choice finished never looks complete to the client: it is continued elsewhere
     or ends with an SSE error event. One that finished every choice but left out `[DONE]` gets
-    it added.
+    it added. `on_id` hears the id a Responses API stream announces, as soon as it does.
     """
     upstream = opened.response
     assert upstream is not None
@@ -124,7 +131,7 @@ async def relay_stream(
     meter = ctx.meter
     guard = continuer.track(ctx) if continuer is not None else None
     splitter = sse.Splitter(max_event_bytes)
-    state = StreamState()
+    state = ctx.dialect.tracker()
     complete = False
     # Whether the rest of the stream went to a background reader (the client left, others read).
     handed = False
@@ -151,6 +158,9 @@ async def relay_stream(
                         raise _TooLarge
                     stripped: list[bytes] = []
                     data = passable(splitter.feed(chunk), state, strip_usage, stripped)
+                    if on_id is not None and isinstance(state, EventState) and state.response_id:
+                        on_id(state.response_id)
+                        on_id = None
                     if data:
                         await send(data)
                     if stripped and meter is not None:
@@ -166,11 +176,7 @@ async def relay_stream(
             if splitter.pending:
                 raise _Truncated("stream ended mid-event")
             if not state.complete:
-                raise _Truncated(
-                    "stream ended before every choice finished"
-                    if state.done
-                    else "stream ended without [DONE]"
-                )
+                raise _Truncated(state.cut_reason)
             if state.owes_done:
                 await send(DONE_EVENT)
             complete = True
@@ -197,12 +203,14 @@ async def relay_stream(
             if continuer is not None and attempts is not None:
                 resumed = await continuer.resume(ctx, resp, attempts.again, reason)
             if not resumed:
-                await resp.write(stream_error_event(f"The region stopped mid-stream ({reason})."))
+                message = f"The region stopped mid-stream ({reason})."
+                await resp.write(ctx.dialect.stream_failure(message, state))
         except _TooLarge:
             log.warning(
                 "request %s: stream from %s over %d bytes", ctx.request_id, ctx.region, max_bytes
             )
-            await resp.write(stream_error_event(f"The region's answer exceeded {max_bytes} bytes."))
+            message = f"The region's answer exceeded {max_bytes} bytes."
+            await resp.write(ctx.dialect.stream_failure(message, state))
         except asyncio.CancelledError:
             # The client left (aiohttp cancels its handler): others may still read this.
             if tap is not None and tap.wanted():

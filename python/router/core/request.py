@@ -15,6 +15,8 @@ from router.errors import ApiError, InvalidRequest, PayloadTooLarge
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 EMBEDDINGS = "/v1/embeddings"
+RESPONSES = "/v1/responses"
+MESSAGES = "/v1/messages"
 
 
 class UnsupportedMediaType(ApiError):
@@ -73,10 +75,47 @@ class _Embedding(msgspec.Struct):
     input: str | list[Any]
 
 
+class _Responses(msgspec.Struct):
+    """OpenAI's Responses API request (the fields the router acts on)."""
+
+    model: str
+    # A string, or a list of input items (messages, function calls and their outputs, ...).
+    input: str | list[Any] | None = None
+    instructions: Any = None
+    stream: bool | None = None
+    max_output_tokens: Any = None
+    temperature: Any = None
+    # State kept by the region: stored responses (the default), chains, conversations, jobs.
+    store: bool | None = None
+    background: bool | None = None
+    previous_response_id: str | None = None
+    conversation: Any = None
+
+
+class _AnthropicMessage(msgspec.Struct):
+    role: str
+    # Text or a list of content blocks (text, image, tool_use, tool_result, ...).
+    content: str | list[dict[str, Any]]
+
+
+class _Messages(msgspec.Struct):
+    """Anthropic's Messages API request (the fields the router acts on)."""
+
+    model: str
+    messages: list[_AnthropicMessage]
+    # Required by the Messages API: the completion budget is always known.
+    max_tokens: Any
+    system: str | list[dict[str, Any]] | None = None
+    stream: bool | None = None
+    temperature: Any = None
+
+
 _DECODERS: dict[str, msgspec.json.Decoder[Any]] = {
     CHAT: msgspec.json.Decoder(_Chat),
     COMPLETIONS: msgspec.json.Decoder(_Completion),
     EMBEDDINGS: msgspec.json.Decoder(_Embedding),
+    RESPONSES: msgspec.json.Decoder(_Responses),
+    MESSAGES: msgspec.json.Decoder(_Messages),
 }
 _RAW_OBJECT = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _ENCODER = msgspec.json.Encoder()
@@ -94,8 +133,13 @@ class ParsedRequest(msgspec.Struct, frozen=True, kw_only=True):
     body: bytes
     stream: bool = False
     include_usage: bool = False
-    # The decoded body (a _Chat/_Completion/_Embedding), for features that need messages or prompt.
+    # The decoded body (a _Chat/_Completion/_Embedding/...), for features that need the prompt.
     decoded: Any = None
+    # Responses API: the request reads or writes state only its region holds (a stored
+    # response, a chain, a conversation, a background job): never cached.
+    stateful: bool = False
+    # The stored response it continues from (previous_response_id): it goes to that region.
+    state_ref: str | None = None
 
     def with_model(self, upstream_model: str) -> ParsedRequest:
         """A copy whose forwarded body names `upstream_model`; other fields stay byte-identical."""
@@ -217,6 +261,13 @@ _ACTED = (
     "user",
     "tools",
     "functions",
+    "max_output_tokens",
+    "instructions",
+    "system",
+    "store",
+    "background",
+    "previous_response_id",
+    "conversation",
 )
 _ACTED_KEY = re.compile(rb'"(' + b"|".join(k.encode() for k in _ACTED) + rb')"\s*:')
 
@@ -293,7 +344,24 @@ def parse_body(endpoint: str, body: bytes, *, max_items: int = 2048) -> ParsedRe
     _check_duplicates(body)
     stream = False
     include_usage = False
-    if isinstance(decoded, _Chat):
+    stateful = False
+    state_ref: str | None = None
+    if isinstance(decoded, _Responses | _Messages):
+        stream = bool(decoded.stream)
+        # Their streams report usage themselves: nothing to ask for, nothing to strip.
+        include_usage = stream
+        if isinstance(decoded, _Responses):
+            _check_responses(decoded, max_items)
+            state_ref = decoded.previous_response_id
+            stateful = (
+                decoded.store is not False
+                or bool(decoded.background)
+                or state_ref is not None
+                or decoded.conversation is not None
+            )
+        else:
+            _check_messages(decoded, max_items)
+    elif isinstance(decoded, _Chat):
         if not decoded.messages:
             raise InvalidRequest("`messages` must not be empty.", param="messages")
         _check_count(len(decoded.messages), max_items, "messages")
@@ -322,4 +390,32 @@ def parse_body(endpoint: str, body: bytes, *, max_items: int = 2048) -> ParsedRe
         stream=stream,
         include_usage=include_usage,
         decoded=decoded,
+        stateful=stateful,
+        state_ref=state_ref,
     )
+
+
+def _check_responses(decoded: _Responses, max_items: int) -> None:
+    if isinstance(decoded.input, list):
+        _check_count(len(decoded.input), max_items, "input")
+    elif (
+        decoded.input is None
+        and decoded.previous_response_id is None
+        and decoded.conversation is None
+    ):
+        raise InvalidRequest("`input` is required.", param="input")
+    whole_number(decoded.max_output_tokens, "max_output_tokens", minimum=1)
+
+
+def _check_messages(decoded: _Messages, max_items: int) -> None:
+    if not decoded.messages:
+        raise InvalidRequest("`messages` must not be empty.", param="messages")
+    _check_count(len(decoded.messages), max_items, "messages")
+    for i, message in enumerate(decoded.messages):
+        if message.role not in ("user", "assistant"):
+            raise InvalidRequest(
+                f'`messages.{i}.role` must be "user" or "assistant", got {message.role!r}'
+                " (a system prompt goes in `system`).",
+                param=f"messages.{i}.role",
+            )
+    whole_number(decoded.max_tokens, "max_tokens", minimum=1)

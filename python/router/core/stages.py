@@ -48,6 +48,7 @@ __all__ = [
     "Selector",
     "Slot",
     "SlotGate",
+    "StateHomes",
     "StreamGuard",
     "Tap",
     "UsageMeter",
@@ -181,6 +182,13 @@ class ResponseCache(Protocol):
     async def serve(
         self, request: web.Request, ctx: RequestContext, origin: Origin
     ) -> web.StreamResponse: ...
+
+
+class StateHomes(Protocol):
+    """Which region holds state a request refers to (Responses API stored responses)."""
+
+    def record(self, response_id: str, region: str) -> None: ...
+    def home(self, response_id: str) -> str | None: ...
 
 
 class ResponseDecorator(Protocol):

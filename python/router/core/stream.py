@@ -94,6 +94,94 @@ class StreamState:
             return self.finished
         return self.done
 
+    @property
+    def cut_reason(self) -> str:
+        """Why a stream that ended here is not complete."""
+        return (
+            "stream ended before every choice finished"
+            if self.done
+            else ("stream ended without [DONE]")
+        )
+
+
+class _Ref(msgspec.Struct):
+    id: str | None = None
+
+
+class _Event(msgspec.Struct):
+    type: str | None = None
+    sequence_number: int | None = None
+    response: _Ref | None = None
+
+
+_EVENT = msgspec.json.Decoder(_Event)
+
+
+class EventState:
+    """StreamState for APIs of typed events (OpenAI Responses, Anthropic Messages): complete
+    once a terminal event came; the Responses stream's id and last sequence number noted for
+    the failure event that may have to end it."""
+
+    __slots__ = (
+        "done",
+        "ended",
+        "held_done",
+        "invalid",
+        "response_id",
+        "sequence",
+        "terminal",
+        "usage_only",
+    )
+
+    def __init__(self, terminal: frozenset[str]) -> None:
+        self.terminal = terminal
+        self.ended = False
+        self.done = False
+        self.held_done = False
+        self.invalid = 0
+        self.usage_only = False
+        self.response_id: str | None = None
+        self.sequence: int | None = None
+
+    def note(self, payload: bytes) -> bool:
+        """Note one data payload; False when it is not valid JSON (and must not be relayed)."""
+        if payload == DONE:
+            self.done = True
+            return True
+        try:
+            event = _EVENT.decode(payload)
+        except msgspec.ValidationError:
+            return True
+        except msgspec.DecodeError:
+            try:
+                _RAW.decode(payload)
+            except msgspec.DecodeError:
+                self.invalid += 1
+                return False
+            return True
+        if event.sequence_number is not None:
+            self.sequence = event.sequence_number
+        if event.response is not None and event.response.id and self.response_id is None:
+            self.response_id = event.response.id
+        if event.type in self.terminal:
+            self.ended = True
+        return True
+
+    @property
+    def complete(self) -> bool:
+        """A terminal event came."""
+        return self.ended
+
+    @property
+    def owes_done(self) -> bool:
+        """These APIs end with their terminal event: no [DONE] is added."""
+        return False
+
+    @property
+    def cut_reason(self) -> str:
+        """Why a stream that ended here is not complete."""
+        return "stream ended before its terminal event"
+
 
 def payload_of(event: bytes) -> bytes | None:
     """An event's data, with a fast path for the usual one-line `data: ...` event."""
@@ -104,7 +192,10 @@ def payload_of(event: bytes) -> bytes | None:
 
 
 def passable(
-    events: list[bytes], state: StreamState, strip_usage: bool, stripped: list[bytes] | None = None
+    events: list[bytes],
+    state: StreamState | EventState,
+    strip_usage: bool,
+    stripped: list[bytes] | None = None,
 ) -> bytes:
     """The events to relay: invalid ones dropped; a usage chunk nobody asked for too (into
     `stripped`: the router asked for it, to settle the request with the region's numbers)."""

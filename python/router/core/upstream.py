@@ -6,13 +6,14 @@ import logging
 import os
 import re
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from urllib.parse import urlsplit
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from router.config import Config, RegionConfig
+from router.core.request import CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES, RESPONSES
 from router.core.timing import CONNECT, StageTimer
 from router.core.transport import Transport, UpstreamResponse
 from router.net import http1
@@ -62,6 +63,14 @@ _REPORTS_USAGE = frozenset({"vllm", "llama-server", "openai", "sim"})
 # Request ids the router sends upstream are UUIDs (llama-cpp-python refuses anything else).
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", re.I)
 _IDS = uuid.UUID("6f1a4e0e-8c1b-4c61-9d0e-2b5f1c3a7d40")
+# `[[regions]] endpoints` names -> the router paths they stand for.
+PATHS = {
+    "chat": CHAT,
+    "completions": COMPLETIONS,
+    "embeddings": EMBEDDINGS,
+    "responses": RESPONSES,
+    "messages": MESSAGES,
+}
 
 
 def upstream_id(request_id: str) -> str:
@@ -95,6 +104,7 @@ class Upstream:
         "auth",
         "base",
         "config",
+        "endpoints",
         "id_header",
         "name",
         "pool",
@@ -112,6 +122,8 @@ class Upstream:
         self.id_header = config.request_id_header
         # Whether its server sends a usage chunk when a stream asks for one.
         self.reports_usage = config.kind in _REPORTS_USAGE
+        # The router paths it serves.
+        self.endpoints = frozenset(PATHS[name] for name in config.served_endpoints())
 
     def path(self, endpoint: str) -> str:
         """The region's request path for a router path such as /v1/chat/completions."""
@@ -191,9 +203,15 @@ class Upstreams:
         self._by_name = {u.name: u for u in self._all}
         self._by_model: dict[str, tuple[Upstream, ...]] = {}
         # Static preference (sorted() is stable, so config order breaks ties).
+        self._served: set[tuple[str, str]] = set()
         for u in sorted(self._all, key=lambda u: (u.config.bias_ms, -u.config.weight)):
             for model in u.config.models:
                 self._by_model[model] = (*self._by_model.get(model, ()), u)
+                self._served.update((model, path) for path in u.endpoints)
+        # Paths some region does not serve: only their candidates need filtering.
+        self._partial = frozenset(
+            p for p in PATHS.values() if any(p not in u.endpoints for u in self._all)
+        )
 
     def __iter__(self) -> Iterator[Upstream]:
         return iter(self._all)
@@ -208,6 +226,16 @@ class Upstreams:
     def serving(self, model: str) -> tuple[Upstream, ...]:
         """Regions serving the upstream model `model`: lowest bias_ms, then highest weight."""
         return self._by_model.get(model, ())
+
+    def serves(self, model: str, endpoint: str) -> bool:
+        """Whether some region serves `model` on the router path `endpoint`."""
+        return (model, endpoint) in self._served
+
+    def on(self, endpoint: str, candidates: Sequence[Upstream]) -> Sequence[Upstream]:
+        """The candidates that serve `endpoint`, in order."""
+        if endpoint not in self._partial:
+            return candidates
+        return [u for u in candidates if endpoint in u.endpoints]
 
     async def close(self) -> None:
         """Close every pool."""

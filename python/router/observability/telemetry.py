@@ -6,9 +6,9 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
-import msgspec
 from aiohttp import web
 
+from router.access.usage import reported_usage
 from router.config import ObservabilityConfig
 from router.core.context import RequestContext
 from router.core.failure import AttemptError, unreachable
@@ -55,30 +55,13 @@ class PassiveHealth:
         return out
 
 
-class _Usage(msgspec.Struct):
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-
-
-class _WithUsage(msgspec.Struct):
-    usage: _Usage | None = None
-
-
-_USAGE = msgspec.json.Decoder(_WithUsage)
-
-
 def usage(resp: web.StreamResponse) -> tuple[int | None, int | None]:
     """(prompt, completion) tokens a whole JSON answer reports; (None, None) for streams."""
     body = resp.body if isinstance(resp, web.Response) else None
-    if not isinstance(body, bytes) or b'"usage"' not in body:
-        return None, None
-    try:
-        found = _USAGE.decode(body).usage
-    except msgspec.MsgspecError:
-        return None, None
+    found = reported_usage(body) if isinstance(body, bytes) else None
     if found is None:
         return None, None
-    return found.prompt_tokens, found.completion_tokens
+    return found.prompt, found.completion
 
 
 class _Failures:

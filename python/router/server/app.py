@@ -22,7 +22,7 @@ from router.core.admin import AdminRoutes
 from router.core.client_limit import InFlightPerIp
 from router.core.context import request_id
 from router.core.pipeline import CONTEXT, Features, Pipeline
-from router.core.request import CHAT, COMPLETIONS, EMBEDDINGS
+from router.core.request import CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES, RESPONSES
 from router.core.responses import error_response
 from router.core.stages import AttemptObserver, ResponseDecorator
 from router.errors import ApiError, InvalidRequest, NotFound
@@ -33,6 +33,7 @@ from router.rollout import admin as rollout_admin
 from router.rollout.runtime import ROLLOUT, RolloutRuntime, canary_hook, version_header
 from router.routing import admin as routing_admin
 from router.routing.admission import Admission
+from router.routing.affinity import ResponseHomes
 from router.routing.circuit import Circuits
 from router.routing.continuation import MidstreamPolicy
 from router.routing.fallback import Fallbacks
@@ -88,7 +89,13 @@ def hide_versions() -> None:
 def _models_body(config: Config, tenant: Tenant) -> bytes:
     """GET /v1/models: the models of `config` that `tenant`'s key may use."""
     data = [
-        {"id": name, "object": "model", "created": 0, "owned_by": "router"}
+        {
+            "id": name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "router",
+            "endpoints": config.endpoints_of(name),
+        }
         for name in config.served_models()
         if tenant.allows(name)
     ]
@@ -103,10 +110,11 @@ def _errors(pipeline: Pipeline) -> Middleware:
     async def errors(
         request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
+        anthropic = request.path == MESSAGES
         try:
             return await handler(request)
         except ApiError as exc:
-            return error_response(exc, _request_id(request))
+            return error_response(exc, _request_id(request), anthropic=anthropic)
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
@@ -117,10 +125,11 @@ def _errors(pipeline: Pipeline) -> Middleware:
                 if exc.status == 404
                 else InvalidRequest(exc.reason, status=exc.status, code=None)
             )
-            return error_response(error, _request_id(request))
+            return error_response(error, _request_id(request), anthropic=anthropic)
         except Exception:
             log.exception("unhandled error on %s %s", request.method, request.path)
-            return error_response(ApiError("Internal router error."), _request_id(request))
+            error = ApiError("Internal router error.")
+            return error_response(error, _request_id(request), anthropic=anthropic)
 
     return errors
 
@@ -240,6 +249,8 @@ def build_app(
         fallbacks=fallbacks,
         decorators=tuple(decorators),
         exchange=observer,
+        # Which region holds each stored Responses API response (pinning its follow-ups).
+        homes=ResponseHomes(),
     )
     pipeline = app[PIPELINE] = Pipeline(
         features, live, pools, InFlightPerIp(config.server.max_in_flight_per_ip)
@@ -251,7 +262,7 @@ def build_app(
         app.middlewares.append(tracing.middleware())
     app.middlewares.append(_errors(pipeline))
     hide_versions()
-    for endpoint in (CHAT, COMPLETIONS, EMBEDDINGS):
+    for endpoint in (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, MESSAGES):
         app.router.add_post(endpoint, pipeline.handler(endpoint))
 
     async def models(request: web.Request) -> web.Response:

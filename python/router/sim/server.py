@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from router.sim import text
+from router.sim import apis, text
 
 FAIL_MODES = ("none", "refuse", "500", "503", "429", "hang", "die-mid-stream", "drip")
 # Server kinds the sim can behave like, with the quirks of the real ones (tests/real pins them):
@@ -164,18 +164,24 @@ class SimRegion:
     # ---- endpoints ----
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, chat=True)
+        return await self._generate(request, "chat")
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, chat=False)
+        return await self._generate(request, "completions")
 
-    async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "responses")
+
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "messages")
+
+    async def _generate(self, request: web.Request, api: str) -> web.StreamResponse:
         stats = self.stats
         stats.requests += 1
         stats.by_path[request.path] = stats.by_path.get(request.path, 0) + 1
         stats.active += 1
         try:
-            response = await self._generate_inner(request, chat=chat)
+            response = await self._generate_inner(request, api)
         except _Dropped:
             raise asyncio.CancelledError from None
         except (asyncio.CancelledError, ConnectionResetError):
@@ -186,11 +192,15 @@ class SimRegion:
         stats.completed += 1
         return response
 
-    async def _generate_inner(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+    async def _generate_inner(self, request: web.Request, api: str) -> web.StreamResponse:
         raw = await request.read()
         self.stats.last_headers = dict(request.headers)
         self.stats.last_body = raw.decode("utf-8", "replace")
-        lcp = self.options.kind == "llama-cpp-python"
+        kind = self.options.kind
+        lcp = kind == "llama-cpp-python"
+        if lcp and api in ("responses", "messages"):
+            # FastAPI's answer for a route it does not have.
+            return web.json_response({"detail": "Not Found"}, status=404)
         if lcp:
             rid = request.headers.get("X-Request-Id")
             if rid and not _UUID.match(rid.strip("{}").removeprefix("urn:uuid:")):
@@ -211,15 +221,33 @@ class SimRegion:
         if fault is not None:
             return fault
         await _pause(plan.rtt_s)
-        if chat:
-            messages = body.get("messages")
-            if not isinstance(messages, list):
-                return _error(bad, "`messages` is required", "invalid_request_error")
+        if api == "completions":
+            prompt = body.get("prompt", "")
+            tokens = text.completion_tokens(model, prompt)
+            prompt_tokens = text.count_prompt_tokens(prompt)
+        else:
+            if api == "chat":
+                messages = body.get("messages")
+                if not isinstance(messages, list):
+                    messages = None
+            elif api == "responses":
+                if body.get("previous_response_id") is not None and kind == "llama-server":
+                    return _error(
+                        400,
+                        "llama.cpp does not support 'previous_response_id'.",
+                        "invalid_request_error",
+                    )
+                messages = apis.responses_messages(body)
+            else:
+                messages = apis.anthropic_messages(body)
+            if messages is None:
+                field = "input" if api == "responses" else "messages"
+                return _error(bad, f"`{field}` is required", "invalid_request_error")
             if lcp and messages and messages[-1].get("role") == "assistant":
                 # It closes the prefill and opens a new turn: no continuation.
                 messages = [*messages, {"role": "assistant", "content": "(new turn)"}]
             tokens, prefill = text.chat_tokens(model, messages)
-            if prefill and self.options.kind == "llama-server":
+            if prefill and kind == "llama-server":
                 tokens = [messages[-1]["content"], *tokens]  # the prefill, answered back first
             prompt_tokens = text.count_prompt_tokens(messages)
             if lcp and stream and len(raw) > _CONTEXT_CHARS:
@@ -228,50 +256,40 @@ class SimRegion:
                 await resp.prepare(request)
                 await resp.write_eof()
                 return resp
-        else:
-            prompt = body.get("prompt", "")
-            tokens = text.completion_tokens(model, prompt)
-            prompt_tokens = text.count_prompt_tokens(prompt)
-        limit = body.get("max_completion_tokens", body.get("max_tokens"))
+        limit = body.get(
+            "max_output_tokens"
+            if api == "responses"
+            else "max_tokens"
+            if api == "messages"
+            else "max_completion_tokens",
+            body.get("max_tokens"),
+        )
         finish = "stop"
         if isinstance(limit, int) and 0 <= limit < len(tokens):
             tokens = tokens[:limit]
             finish = "length"
         seed = hashlib.sha256(raw).hexdigest()[:24]
-        ident = ("chatcmpl-" if chat else "cmpl-") + seed
         usage = {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": len(tokens),
             "total_tokens": prompt_tokens + len(tokens),
         }
-        if stream:
+        render: apis.Render
+        if api == "responses":
+            render = apis.Responses(seed, model, self.created, usage, numbered=kind == "vllm")
+        elif api == "messages":
+            render = apis.Messages(seed, model, usage)
+        else:
             options = body.get("stream_options")
             include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
-            include_usage = include_usage and not lcp
-            return await self._stream(
-                request, plan, chat, ident, model, tokens, finish, usage if include_usage else None
+            ident = ("chatcmpl-" if api == "chat" else "cmpl-") + seed
+            render = apis.Chat(
+                api == "chat", ident, model, self.created, usage, include_usage and not lcp
             )
+        if stream:
+            return await self._stream(request, plan, render, tokens, finish)
         await _pause(plan.ttft_s + plan.token_s * len(tokens))
-        content = "".join(tokens)
-        if chat:
-            choice: dict[str, Any] = {
-                "index": 0,
-                "message": {"role": "assistant", "content": content},
-                "logprobs": None,
-                "finish_reason": finish,
-            }
-        else:
-            choice = {"index": 0, "text": content, "logprobs": None, "finish_reason": finish}
-        payload = _ENCODE.encode(
-            {
-                "id": ident,
-                "object": "chat.completion" if chat else "text_completion",
-                "created": self.created,
-                "model": model,
-                "choices": [choice],
-                "usage": usage,
-            }
-        )
+        payload = _ENCODE.encode(render.body("".join(tokens), finish))
         self.stats.tokens_sent += len(tokens)
         if plan.fail in ("die-mid-stream", "drip"):
             return await self._broken_body(request, plan, payload)
@@ -300,47 +318,19 @@ class SimRegion:
         self,
         request: web.Request,
         plan: _Plan,
-        chat: bool,
-        ident: str,
-        model: str,
+        render: apis.Render,
         tokens: list[str],
         finish: str,
-        usage: dict[str, int] | None,
     ) -> web.StreamResponse:
         self.stats.streams += 1
         resp = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
         await resp.prepare(request)
-        base: dict[str, Any] = {
-            "id": ident,
-            "object": "chat.completion.chunk" if chat else "text_completion",
-            "created": self.created,
-            "model": model,
-        }
-        if usage is not None:
-            base["usage"] = None
-
-        def event(choice: dict[str, Any]) -> bytes:
-            return b"data: " + _ENCODE.encode({**base, "choices": [choice]}) + b"\n\n"
-
-        def token_choice(tok: str, finish_reason: str | None = None) -> dict[str, Any]:
-            if chat:
-                delta = {"content": tok} if finish_reason is None else {}
-                return {
-                    "index": 0,
-                    "delta": delta,
-                    "logprobs": None,
-                    "finish_reason": finish_reason,
-                }
-            return {"index": 0, "text": tok, "logprobs": None, "finish_reason": finish_reason}
-
         await _pause(plan.ttft_s)
-        if chat:
-            role = {"role": "assistant", "content": ""}
-            await resp.write(
-                event({"index": 0, "delta": role, "logprobs": None, "finish_reason": None})
-            )
+        start = render.start()
+        if start:
+            await resp.write(b"".join(start))
         fail = plan.fail
         pause = plan.drip_s if fail == "drip" else plan.token_s
         if fail == "drip":
@@ -363,14 +353,9 @@ class SimRegion:
                 assert request.transport is not None
                 request.transport.abort()
                 return resp
-            await resp.write(event(token_choice(tok + " " * plan.pad if plan.pad else tok)))
+            await resp.write(render.token(tok + " " * plan.pad if plan.pad else tok))
             self.stats.tokens_sent += 1
-        await resp.write(event(token_choice("", finish)))
-        if usage is not None:
-            await resp.write(
-                b"data: " + _ENCODE.encode({**base, "choices": [], "usage": usage}) + b"\n\n"
-            )
-        await resp.write(b"data: [DONE]\n\n")
+        await resp.write(b"".join(render.end("".join(tokens), finish)))
         await resp.write_eof()
         return resp
 
@@ -475,6 +460,8 @@ def build_sim_app(options: SimOptions) -> web.Application:
     app.router.add_post("/v1/chat/completions", sim.chat)
     app.router.add_post("/v1/completions", sim.completions)
     app.router.add_post("/v1/embeddings", sim.embeddings)
+    app.router.add_post("/v1/responses", sim.responses)
+    app.router.add_post("/v1/messages", sim.messages)
     app.router.add_get("/v1/models", sim.models)
     app.router.add_get("/health", sim.health)
     app.router.add_get("/sim/stats", sim.get_stats)

@@ -1,0 +1,174 @@
+"""The APIs the router speaks, and what differs between them on the request path.
+
+OpenAI's chat completions, completions and embeddings stream `data:` chunks ended by `[DONE]`;
+OpenAI's Responses API and Anthropic's Messages API stream typed events (`event:` + a JSON
+`type`) ended by a terminal event and no `[DONE]`. A `Dialect` says, as data and small pure
+functions: the error shape, which stream events are preamble (not yet a token), which end the
+stream, and the event that ends a stream the router had to cut.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import msgspec
+
+from router.core.request import CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES, RESPONSES
+from router.core.responses import stream_error_event
+from router.core.stream import EventState, StreamState
+from router.errors import ApiError, anthropic_error_body
+from router.net import sse
+
+
+class Tracker(Protocol):
+    """What the relay reads of a stream's state (core.stream's StreamState or EventState)."""
+
+    done: bool
+    held_done: bool
+    invalid: int
+    usage_only: bool
+
+    def note(self, payload: bytes) -> bool: ...
+    @property
+    def complete(self) -> bool: ...
+    @property
+    def owes_done(self) -> bool: ...
+    @property
+    def cut_reason(self) -> str: ...
+
+
+class _Typed(msgspec.Struct):
+    type: str | None = None
+
+
+_TYPED = msgspec.json.Decoder(_Typed)
+
+
+def _typed_has_token(preamble: frozenset[str]) -> Callable[[bytes], bool]:
+    def has_token(data: bytes) -> bool:
+        """Whether the stream's first bytes carry more than preamble events."""
+        for event in sse.split_events(data[: sse.last_boundary(data)]):
+            payload = sse.data_of(event)
+            if payload is None:
+                continue
+            if payload == sse.DONE:
+                return True
+            try:
+                kind = _TYPED.decode(payload).type
+            except msgspec.MsgspecError:
+                return True  # not an event this check understands: do not hold it back
+            if kind not in preamble:
+                return True
+        return False
+
+    return has_token
+
+
+class _Made(msgspec.Struct):
+    id: str | None = None
+    object: str | None = None
+
+
+_MADE = msgspec.json.Decoder(_Made)
+
+
+def response_id(body: bytes) -> str | None:
+    """The id of a whole Responses API answer (`"object": "response"`), else None."""
+    try:
+        made = _MADE.decode(body)
+    except msgspec.MsgspecError:
+        return None
+    return made.id if made.object == "response" else None
+
+
+class Dialect:
+    """One API's shape on the request path (see the module docstring)."""
+
+    __slots__ = ("anthropic", "endpoint", "events", "has_token", "name", "terminal")
+
+    def __init__(
+        self,
+        name: str,
+        endpoint: str,
+        *,
+        anthropic: bool = False,
+        preamble: frozenset[str] = frozenset(),
+        terminal: frozenset[str] = frozenset(),
+    ) -> None:
+        self.name = name
+        self.endpoint = endpoint
+        # Errors in Anthropic's shape instead of OpenAI's.
+        self.anthropic = anthropic
+        # Streams of typed events ended by one of `terminal` (no [DONE]).
+        self.events = bool(terminal)
+        self.terminal = terminal
+        # Whether a stream's first bytes carry its first token; None: OpenAI's chunks, read by
+        # core.attempt.has_token.
+        self.has_token = _typed_has_token(preamble) if self.events else None
+
+    def tracker(self) -> StreamState | EventState:
+        """A fresh stream state for one relayed stream."""
+        return EventState(self.terminal) if self.events else StreamState()
+
+    def error_body(self, error: ApiError) -> bytes:
+        """An error the router answers, in this API's shape."""
+        return error.anthropic_body() if self.anthropic else error.body()
+
+    def stream_failure(self, message: str, state: StreamState | EventState) -> bytes:
+        """The event that ends a stream the router could not finish: one the API's clients
+        treat as a failure, never as a complete answer."""
+        if not self.events:
+            return stream_error_event(message)
+        if self.anthropic:
+            body = anthropic_error_body(500, message)
+            return b"event: error\ndata: " + body + b"\n\n"
+        assert isinstance(state, EventState)
+        response: dict[str, object] = {
+            "id": state.response_id or "",
+            "object": "response",
+            "status": "failed",
+            "output": [],
+            "error": {"code": "server_error", "message": message},
+        }
+        event: dict[str, object] = {"type": "response.failed", "response": response}
+        if state.sequence is not None:
+            event["sequence_number"] = state.sequence + 1
+        return b"event: response.failed\ndata: " + msgspec.json.encode(event) + b"\n\n"
+
+
+CHAT_API = Dialect("chat", CHAT)
+COMPLETIONS_API = Dialect("completions", COMPLETIONS)
+EMBEDDINGS_API = Dialect("embeddings", EMBEDDINGS)
+RESPONSES_API = Dialect(
+    "responses",
+    RESPONSES,
+    preamble=frozenset(
+        {
+            "response.created",
+            "response.in_progress",
+            "response.queued",
+            "response.output_item.added",
+            "response.content_part.added",
+        }
+    ),
+    # response.failed and error are the region's own ends: relayed, never continued.
+    terminal=frozenset({"response.completed", "response.incomplete", "response.failed", "error"}),
+)
+MESSAGES_API = Dialect(
+    "messages",
+    MESSAGES,
+    anthropic=True,
+    preamble=frozenset({"message_start", "content_block_start", "ping"}),
+    terminal=frozenset({"message_stop", "error"}),
+)
+DIALECTS = {
+    d.endpoint: d for d in (CHAT_API, COMPLETIONS_API, EMBEDDINGS_API, RESPONSES_API, MESSAGES_API)
+}
+# Config names of the endpoints (`[[regions]] endpoints`).
+BY_NAME = {d.name: d for d in DIALECTS.values()}
+
+
+def dialect_of(path: str) -> Dialect:
+    """The dialect of a router path (OpenAI's for any path it does not serve)."""
+    return DIALECTS.get(path, CHAT_API)

@@ -1,0 +1,307 @@
+"""How the simulated region renders one generated answer in each API, whole or as SSE.
+
+Every API shares the sim's generation and faults (sim.server); only the shapes differ. The
+quirks follow the real servers (tests/real pins them): llama-server's Responses events carry no
+`sequence_number` and say `completed` even when cut by the token limit; vLLM's number their
+events and say `incomplete`. Both answer a Messages prefill (a trailing assistant message) back
+first, then the new text (the sim does that for llama-server only, as for chat).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import msgspec
+
+_ENCODE = msgspec.json.Encoder()
+
+
+def _event(name: str | None, payload: dict[str, Any]) -> bytes:
+    head = b"event: " + name.encode() + b"\n" if name is not None else b""
+    return head + b"data: " + _ENCODE.encode(payload) + b"\n\n"
+
+
+class Render(Protocol):
+    """One answer's shapes: the whole body, and the stream's events around its tokens."""
+
+    def body(self, content: str, finish: str) -> dict[str, Any]: ...
+    def start(self) -> list[bytes]: ...
+    def token(self, text: str) -> bytes: ...
+    def end(self, content: str, finish: str) -> list[bytes]: ...
+
+
+class Chat:
+    """OpenAI chat completions and completions."""
+
+    def __init__(
+        self,
+        chat: bool,
+        ident: str,
+        model: str,
+        created: int,
+        usage: dict[str, int],
+        stream_usage: bool,
+    ) -> None:
+        self.chat = chat
+        self.usage = usage
+        self.stream_usage = stream_usage
+        self.base: dict[str, Any] = {
+            "id": ident,
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": created,
+            "model": model,
+        }
+        if stream_usage:
+            self.base["usage"] = None
+
+    def body(self, content: str, finish: str) -> dict[str, Any]:
+        if self.chat:
+            choice: dict[str, Any] = {
+                "index": 0,
+                "message": {"role": "assistant", "content": content},
+                "logprobs": None,
+                "finish_reason": finish,
+            }
+        else:
+            choice = {"index": 0, "text": content, "logprobs": None, "finish_reason": finish}
+        base = {**self.base, "object": "chat.completion" if self.chat else "text_completion"}
+        base.pop("usage", None)
+        return {**base, "choices": [choice], "usage": self.usage}
+
+    def _choice(self, tok: str, finish_reason: str | None = None) -> bytes:
+        if self.chat:
+            delta = {"content": tok} if finish_reason is None else {}
+            choice: dict[str, Any] = {
+                "index": 0,
+                "delta": delta,
+                "logprobs": None,
+                "finish_reason": finish_reason,
+            }
+        else:
+            choice = {"index": 0, "text": tok, "logprobs": None, "finish_reason": finish_reason}
+        return _event(None, {**self.base, "choices": [choice]})
+
+    def start(self) -> list[bytes]:
+        if not self.chat:
+            return []
+        role = {"role": "assistant", "content": ""}
+        choice = {"index": 0, "delta": role, "logprobs": None, "finish_reason": None}
+        return [_event(None, {**self.base, "choices": [choice]})]
+
+    def token(self, text: str) -> bytes:
+        return self._choice(text)
+
+    def end(self, content: str, finish: str) -> list[bytes]:
+        out = [self._choice("", finish)]
+        if self.stream_usage:
+            out.append(_event(None, {**self.base, "choices": [], "usage": self.usage}))
+        out.append(b"data: [DONE]\n\n")
+        return out
+
+
+class Responses:
+    """OpenAI's Responses API, as vLLM (numbered events) or llama-server renders it."""
+
+    def __init__(
+        self, ident: str, model: str, created: int, usage: dict[str, int], numbered: bool
+    ) -> None:
+        self.id = "resp_" + ident
+        self.item = "msg_" + ident
+        self.model = model
+        self.created = created
+        self.usage = {
+            "input_tokens": usage["prompt_tokens"],
+            "output_tokens": usage["completion_tokens"],
+            "total_tokens": usage["total_tokens"],
+        }
+        self.numbered = numbered
+        self.sequence = 0
+
+    def _status(self, finish: str) -> str:
+        # llama-server says completed whatever stopped it; vLLM says incomplete at the limit.
+        return "incomplete" if finish == "length" and self.numbered else "completed"
+
+    def _message(self, content: str, status: str) -> dict[str, Any]:
+        part = {"type": "output_text", "text": content, "annotations": []}
+        return {
+            "type": "message",
+            "id": self.item,
+            "role": "assistant",
+            "status": status,
+            "content": [part] if content or status != "in_progress" else [],
+        }
+
+    def _response(self, status: str, content: str | None) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created,
+            "model": self.model,
+            "status": status,
+            "output": [] if content is None else [self._message(content, "completed")],
+        }
+        if content is not None:
+            out["usage"] = self.usage
+        if status == "incomplete":
+            out["incomplete_details"] = {"reason": "max_output_tokens"}
+        return out
+
+    def body(self, content: str, finish: str) -> dict[str, Any]:
+        return self._response(self._status(finish), content)
+
+    def _emit(self, name: str, payload: dict[str, Any]) -> bytes:
+        payload = {"type": name, **payload}
+        if self.numbered:
+            payload["sequence_number"] = self.sequence
+            self.sequence += 1
+        return _event(name, payload)
+
+    def start(self) -> list[bytes]:
+        created = self._response("in_progress", None)
+        return [
+            self._emit("response.created", {"response": created}),
+            self._emit("response.in_progress", {"response": created}),
+            self._emit(
+                "response.output_item.added",
+                {"output_index": 0, "item": self._message("", "in_progress")},
+            ),
+            self._emit(
+                "response.content_part.added",
+                {
+                    "item_id": self.item,
+                    "output_index": 0,
+                    "content_index": 0,
+                    "part": {"type": "output_text", "text": "", "annotations": []},
+                },
+            ),
+        ]
+
+    def token(self, text: str) -> bytes:
+        return self._emit(
+            "response.output_text.delta",
+            {"item_id": self.item, "output_index": 0, "content_index": 0, "delta": text},
+        )
+
+    def end(self, content: str, finish: str) -> list[bytes]:
+        status = self._status(finish)
+        where = {"item_id": self.item, "output_index": 0, "content_index": 0}
+        part = {"type": "output_text", "text": content, "annotations": []}
+        final = self._response(status, content)
+        terminal = "response.incomplete" if status == "incomplete" else "response.completed"
+        return [
+            self._emit("response.output_text.done", {**where, "text": content}),
+            self._emit("response.content_part.done", {**where, "part": part}),
+            self._emit(
+                "response.output_item.done",
+                {"output_index": 0, "item": self._message(content, "completed")},
+            ),
+            self._emit(terminal, {"response": final}),
+        ]
+
+
+class Messages:
+    """Anthropic's Messages API."""
+
+    def __init__(self, ident: str, model: str, usage: dict[str, int]) -> None:
+        self.id = "msg_" + ident
+        self.model = model
+        self.input_tokens = usage["prompt_tokens"]
+        self.output_tokens = usage["completion_tokens"]
+
+    def _message(
+        self, content: list[dict[str, Any]], stop: str | None, output: int = 0
+    ) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "content": content,
+            "model": self.model,
+            "stop_reason": stop,
+            "stop_sequence": None,
+            "usage": {"input_tokens": self.input_tokens, "output_tokens": output},
+        }
+
+    @staticmethod
+    def _stop(finish: str) -> str:
+        return "max_tokens" if finish == "length" else "end_turn"
+
+    def body(self, content: str, finish: str) -> dict[str, Any]:
+        blocks = [{"type": "text", "text": content}]
+        return self._message(blocks, self._stop(finish), self.output_tokens)
+
+    def start(self) -> list[bytes]:
+        return [
+            _event(
+                "message_start", {"type": "message_start", "message": self._message([], None, 0)}
+            ),
+            _event(
+                "content_block_start",
+                {
+                    "type": "content_block_start",
+                    "index": 0,
+                    "content_block": {"type": "text", "text": ""},
+                },
+            ),
+        ]
+
+    def token(self, text: str) -> bytes:
+        delta = {"type": "text_delta", "text": text}
+        return _event(
+            "content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta}
+        )
+
+    def end(self, content: str, finish: str) -> list[bytes]:
+        delta = {"stop_reason": self._stop(finish), "stop_sequence": None}
+        return [
+            _event("content_block_stop", {"type": "content_block_stop", "index": 0}),
+            _event(
+                "message_delta",
+                {
+                    "type": "message_delta",
+                    "delta": delta,
+                    "usage": {"output_tokens": self.output_tokens},
+                },
+            ),
+            _event("message_stop", {"type": "message_stop"}),
+        ]
+
+
+def _text(content: Any) -> str:
+    """A message content's text: a string, or its text parts joined."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and "text" in p)
+    return ""
+
+
+def responses_messages(body: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """A Responses request's input as chat messages (None when there is no usable input)."""
+    messages: list[dict[str, Any]] = []
+    if isinstance(body.get("instructions"), str):
+        messages.append({"role": "system", "content": body["instructions"]})
+    items = body.get("input")
+    if isinstance(items, str):
+        return [*messages, {"role": "user", "content": items}]
+    if not isinstance(items, list) or not items:
+        return None
+    for item in items:
+        if isinstance(item, dict) and "role" in item:
+            messages.append({"role": item["role"], "content": _text(item.get("content"))})
+    return messages or None
+
+
+def anthropic_messages(body: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """A Messages request as chat messages (None when `messages` is not a list)."""
+    items = body.get("messages")
+    if not isinstance(items, list):
+        return None
+    messages: list[dict[str, Any]] = []
+    system = body.get("system")
+    if system:
+        messages.append({"role": "system", "content": _text(system)})
+    for item in items:
+        if isinstance(item, dict):
+            messages.append({"role": item.get("role"), "content": _text(item.get("content"))})
+    return messages

@@ -1,0 +1,343 @@
+"""The Responses API and Anthropic's Messages API through a real `router serve`, with the
+`openai` and `anthropic` SDKs as clients and simulated regions behind it."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+
+from tests.integration.conftest import (
+    MODEL,
+    RouterFactory,
+    SimFactory,
+    region_toml,
+    regions_toml,
+    sim_stats,
+)
+from router.access.auth import hash_key
+from tests.support import Proc
+
+
+@pytest.fixture
+def clients() -> Iterator[list[Any]]:
+    """Every SDK client a test opens, closed after it."""
+    opened: list[Any] = []
+    yield opened
+    for client in opened:
+        client.close()
+
+
+def _openai(router: Proc, opened: list[Any], **options: Any) -> openai.OpenAI:
+    options.setdefault("api_key", "unused")
+    client = openai.OpenAI(base_url=router.url + "/v1", max_retries=0, **options)
+    opened.append(client)
+    return client
+
+
+def _anthropic(router: Proc, opened: list[Any], **options: Any) -> anthropic.Anthropic:
+    options.setdefault("api_key", "unused")
+    client = anthropic.Anthropic(base_url=router.url, max_retries=0, **options)
+    opened.append(client)
+    return client
+
+
+def _post(url: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> Any:
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", **(headers or {})},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            return resp.status, dict(resp.headers), resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def _events(raw: bytes) -> list[tuple[str | None, dict[str, Any]]]:
+    """(event name, data) of each SSE event of a whole stream body."""
+    out = []
+    for block in raw.decode().split("\n\n"):
+        name = None
+        data = None
+        for line in block.splitlines():
+            if line.startswith("event:"):
+                name = line[6:].strip()
+            elif line.startswith("data:"):
+                data = line[5:].strip()
+        if data is not None and data != "[DONE]":
+            out.append((name, json.loads(data)))
+    return out
+
+
+# ---- Responses API ----
+
+
+def test_responses_whole_and_stream_match_the_region(
+    sim_region: SimFactory, router_proc: RouterFactory, clients: list[Any]
+) -> None:
+    a = sim_region("a")
+    router = router_proc(regions_toml(a))
+    client = _openai(router, clients)
+    direct = _openai(a, clients)
+    asked: dict[str, Any] = {"model": MODEL, "input": "Say hello", "store": False}
+    whole = client.responses.create(**asked)
+    assert whole.status == "completed"
+    assert whole.output_text == direct.responses.create(**asked).output_text
+    assert whole.usage is not None and whole.usage.input_tokens > 0
+
+    events = list(client.responses.create(**asked, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == whole.output_text
+    # The Responses stream has no [DONE]: the router adds none.
+    status, headers, raw = _post(router.url + "/v1/responses", {**asked, "stream": True})
+    assert status == 200 and headers["Content-Type"].startswith("text/event-stream")
+    assert b"[DONE]" not in raw
+    assert all(name == data["type"] for name, data in _events(raw))
+
+
+def test_responses_fail_over_before_the_first_byte(
+    sim_region: SimFactory, router_proc: RouterFactory, clients: list[Any]
+) -> None:
+    a, b = sim_region("a"), sim_region("b")
+    router = router_proc("[auth]\nenabled = false\n" + region_toml(a) + region_toml(b, bias_ms=500))
+    client = _openai(router, clients, default_headers={"x-sim-fail": "503", "x-sim-only": "a"})
+    for stream in (False, True):
+        raw = client.responses.with_raw_response.create(
+            model=MODEL, input="hi", store=False, stream=stream
+        )
+        assert raw.headers["x-router-region"] == "b"
+        if stream:
+            events = list(raw.parse())
+            assert events[-1].type == "response.completed"
+        else:
+            assert raw.parse().status == "completed"
+    assert sim_stats(a)["by_path"]["/v1/responses"] == 2
+
+
+def test_responses_stream_cut_mid_way_ends_in_response_failed(
+    sim_region: SimFactory, router_proc: RouterFactory, clients: list[Any]
+) -> None:
+    a = sim_region("a", fail_mode="die-mid-stream", after_tokens=2)
+    router = router_proc(regions_toml(a))
+    client = _openai(router, clients)
+    events = list(client.responses.create(model=MODEL, input="hi", store=False, stream=True))
+    assert [e.type for e in events].count("response.output_text.delta") == 2
+    last = events[-1]
+    assert last.type == "response.failed"
+    assert last.response.status == "failed"
+    assert last.response.error is not None and "mid-stream" in last.response.error.message
+    created = events[0]
+    assert created.type == "response.created"
+    assert last.response.id == created.response.id
+    assert not any(e.type == "response.completed" for e in events)
+
+
+def test_stored_responses_are_pinned_to_their_region_and_never_cached(
+    sim_region: SimFactory, router_proc: RouterFactory, clients: list[Any]
+) -> None:
+    a, b = sim_region("a"), sim_region("b")
+    # a is preferred; b only takes what a refuses.
+    config = "[cache]\nenabled = true\n[auth]\nenabled = false\n"
+    router = router_proc(config + region_toml(a) + region_toml(b, bias_ms=500))
+    client = _openai(router, clients)
+    # Made on b (a refuses it), stored there (store defaults to true).
+    made = client.responses.with_raw_response.create(
+        model=MODEL, input="remember this", extra_headers={"x-sim-fail": "503", "x-sim-only": "a"}
+    )
+    assert made.headers["x-router-region"] == "b"
+    assert made.headers["x-cache"] == "BYPASS"
+    first = made.parse()
+    before = sim_stats(a)["by_path"].get("/v1/responses", 0)
+    for stream in (False, True):
+        follow = client.responses.with_raw_response.create(
+            model=MODEL, input="and now?", previous_response_id=first.id, stream=stream
+        )
+        assert follow.headers["x-router-region"] == "b"
+        assert follow.headers["x-cache"] == "BYPASS"
+        if stream:
+            list(follow.parse())
+    # A stream's id is pinned from its first event.
+    streamed = client.responses.create(
+        model=MODEL,
+        input="streamed",
+        stream=True,
+        extra_headers={"x-sim-fail": "503", "x-sim-only": "a"},
+    )
+    made_id = next(e.response.id for e in streamed if e.type == "response.created")
+    again = client.responses.with_raw_response.create(
+        model=MODEL, input="x", previous_response_id=made_id
+    )
+    assert again.headers["x-router-region"] == "b"
+    # a saw only the two requests it refused, none of the pinned ones.
+    assert sim_stats(a)["by_path"]["/v1/responses"] - before == 1
+
+
+def test_responses_with_store_false_are_cached_and_replayed_as_streams(
+    sim_region: SimFactory, router_proc: RouterFactory, clients: list[Any]
+) -> None:
+    a = sim_region("a")
+    router = router_proc(regions_toml(a, header="[cache]\nenabled = true\n"))
+    client = _openai(router, clients)
+    asked: dict[str, Any] = {"model": MODEL, "input": "cache me", "store": False, "temperature": 0}
+    outcomes = []
+    texts = []
+    for _ in range(2):
+        raw = client.responses.with_raw_response.create(**asked)
+        outcomes.append(raw.headers["x-cache"])
+        texts.append(raw.parse().output_text)
+    assert outcomes == ["MISS", "HIT"] and texts[0] == texts[1]
+    streams = []
+    for _ in range(2):
+        raw = client.responses.with_raw_response.create(**asked, stream=True)
+        outcomes.append(raw.headers["x-cache"])
+        streams.append([(e.type, getattr(e, "delta", None)) for e in raw.parse()])
+    assert outcomes[2:] == ["MISS", "HIT"]
+    assert streams[0] == streams[1] and streams[0][-1][0] == "response.completed"
+    assert sim_stats(a)["by_path"]["/v1/responses"] == 2
+
+
+# ---- Anthropic Messages API ----
+
+
+def test_messages_whole_and_stream_with_the_anthropic_sdk(
+    sim_region: SimFactory, router_proc: RouterFactory, clients: list[Any]
+) -> None:
+    a = sim_region("a")
+    router = router_proc(regions_toml(a))
+    client = _anthropic(router, clients)
+    asked: dict[str, Any] = {
+        "model": MODEL,
+        "max_tokens": 4096,
+        "system": "Be brief.",
+        "messages": [{"role": "user", "content": "Say hello"}],
+    }
+    whole = client.messages.create(**asked)
+    assert whole.stop_reason == "end_turn"
+    text = whole.content[0].text  # type: ignore[union-attr]
+    assert text
+    with client.messages.stream(**asked) as stream:
+        streamed = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert streamed == text
+    assert final.usage.output_tokens == whole.usage.output_tokens
+    # The anthropic-version header reaches the region; the client's key does not.
+    seen = {k.lower(): v for k, v in sim_stats(a)["last_headers"].items()}
+    assert "anthropic-version" in seen and "x-api-key" not in seen
+
+
+def test_messages_errors_are_in_anthropics_shape(
+    sim_region: SimFactory, router_proc: RouterFactory, clients: list[Any]
+) -> None:
+    a = sim_region("a")
+    header = f'[auth]\n[[auth.keys]]\nsha256 = "{hash_key("sk-good")}"\ntenant = "t"\n'
+    router = router_proc(regions_toml(a, header=header))
+    good = _anthropic(router, clients, api_key="sk-good")
+    bad = _anthropic(router, clients, api_key="sk-bad")
+    message = [{"role": "user", "content": "hi"}]
+    with pytest.raises(anthropic.AuthenticationError) as denied:
+        bad.messages.create(model=MODEL, max_tokens=5, messages=message)  # type: ignore[arg-type]
+    assert denied.value.body["error"]["type"] == "authentication_error"  # type: ignore[index]
+    assert good.messages.create(model=MODEL, max_tokens=5, messages=message)  # type: ignore[arg-type]
+    status, _, raw = _post(
+        router.url + "/v1/messages",
+        {"model": MODEL, "messages": message},
+        {"x-api-key": "sk-good"},
+    )
+    body = json.loads(raw)
+    assert status == 400 and body["type"] == "error"
+    assert body["error"]["type"] == "invalid_request_error"
+    assert "max_tokens" in body["error"]["message"]
+    status, _, raw = _post(
+        router.url + "/v1/messages",
+        {"model": "nope", "max_tokens": 5, "messages": message},
+        {"x-api-key": "sk-good"},
+    )
+    assert status == 404 and json.loads(raw)["error"]["type"] == "not_found_error"
+    status, _, raw = _post(
+        router.url + "/v1/messages",
+        {"model": 1, "max_tokens": 5, "messages": message},
+        {"x-api-key": "sk-good"},
+    )
+    assert status == 400 and json.loads(raw)["type"] == "error"
+
+
+def test_messages_stream_cut_mid_way_raises_in_the_sdk(
+    sim_region: SimFactory, router_proc: RouterFactory, clients: list[Any]
+) -> None:
+    a = sim_region("a", fail_mode="die-mid-stream", after_tokens=2)
+    router = router_proc(regions_toml(a))
+    client = _anthropic(router, clients)
+    got = []
+    with pytest.raises(anthropic.APIStatusError) as failed:
+        with client.messages.stream(
+            model=MODEL, max_tokens=50, messages=[{"role": "user", "content": "hi"}]
+        ) as stream:
+            got.extend(stream.text_stream)
+    assert len(got) == 2
+    assert "mid-stream" in str(failed.value)
+
+
+def test_messages_fail_over_and_cache(
+    sim_region: SimFactory, router_proc: RouterFactory, clients: list[Any]
+) -> None:
+    a, b = sim_region("a"), sim_region("b")
+    config = "[cache]\nenabled = true\n[auth]\nenabled = false\n"
+    router = router_proc(config + region_toml(a) + region_toml(b, bias_ms=500))
+    client = _anthropic(router, clients, default_headers={"x-sim-fail": "500", "x-sim-only": "a"})
+    asked: dict[str, Any] = {
+        "model": MODEL,
+        "max_tokens": 4096,
+        "extra_body": {"temperature": 0},
+        "messages": [{"role": "user", "content": "cache me"}],
+    }
+    raw = client.messages.with_raw_response.create(**asked)
+    assert raw.headers["x-router-region"] == "b" and raw.headers["x-cache"] == "MISS"
+    hit = client.messages.with_raw_response.create(**asked)
+    assert hit.headers["x-cache"] == "HIT"
+    assert hit.parse().content == raw.parse().content
+    texts = []
+    for _ in range(2):
+        with client.messages.stream(**asked) as stream:
+            texts.append("".join(stream.text_stream))
+            assert stream.get_final_message().stop_reason == "end_turn"
+    assert texts[0] == texts[1] == raw.parse().content[0].text  # type: ignore[union-attr]
+    assert sim_stats(b)["by_path"]["/v1/messages"] == 2
+
+
+# ---- which regions serve what ----
+
+
+def test_endpoints_per_region_in_models_and_a_clean_404(
+    sim_region: SimFactory, router_proc: RouterFactory, clients: list[Any]
+) -> None:
+    a = sim_region("a", kind="llama-cpp-python")
+    b = sim_region("b")
+    config = (
+        "[auth]\nenabled = false\n"
+        + region_toml(a, kind="llama-cpp-python")
+        + region_toml(b, models=("other",), endpoints=["chat", "responses"])
+    )
+    router = router_proc(config)
+    client = _openai(router, clients)
+    models = {m.id: m.model_extra["endpoints"] for m in client.models.list()}  # type: ignore[index]
+    assert models == {MODEL: ["chat", "completions", "embeddings"], "other": ["chat", "responses"]}
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.responses.create(model=MODEL, input="hi", store=False)
+    assert missing.value.code == "endpoint_not_served"
+    assert "/v1/responses" not in sim_stats(a)["by_path"]
+    status, _, raw = _post(
+        router.url + "/v1/messages",
+        {"model": "other", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]},
+    )
+    assert status == 404 and json.loads(raw)["error"]["type"] == "not_found_error"
+    assert client.responses.create(model="other", input="hi", store=False).status == "completed"
