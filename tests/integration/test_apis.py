@@ -13,6 +13,7 @@ import anthropic
 import openai
 import pytest
 
+from router.access.auth import hash_key
 from tests.integration.conftest import (
     MODEL,
     RouterFactory,
@@ -21,7 +22,6 @@ from tests.integration.conftest import (
     regions_toml,
     sim_stats,
 )
-from router.access.auth import hash_key
 from tests.support import Proc
 
 
@@ -91,16 +91,19 @@ def test_responses_whole_and_stream_match_the_region(
     whole = client.responses.create(**asked)
     assert whole.status == "completed"
     assert whole.output_text == direct.responses.create(**asked).output_text
-    assert whole.usage is not None and whole.usage.input_tokens > 0
+    assert whole.usage is not None
+    assert whole.usage.input_tokens > 0
 
     events = list(client.responses.create(**asked, stream=True))
     kinds = [e.type for e in events]
-    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    assert kinds[0] == "response.created"
+    assert kinds[-1] == "response.completed"
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert text == whole.output_text
     # The Responses stream has no [DONE]: the router adds none.
     status, headers, raw = _post(router.url + "/v1/responses", {**asked, "stream": True})
-    assert status == 200 and headers["Content-Type"].startswith("text/event-stream")
+    assert status == 200
+    assert headers["Content-Type"].startswith("text/event-stream")
     assert b"[DONE]" not in raw
     assert all(name == data["type"] for name, data in _events(raw))
 
@@ -135,7 +138,8 @@ def test_responses_stream_cut_mid_way_ends_in_response_failed(
     last = events[-1]
     assert last.type == "response.failed"
     assert last.response.status == "failed"
-    assert last.response.error is not None and "mid-stream" in last.response.error.message
+    assert last.response.error is not None
+    assert "mid-stream" in last.response.error.message
     created = events[0]
     assert created.type == "response.created"
     assert last.response.id == created.response.id
@@ -195,14 +199,16 @@ def test_responses_with_store_false_are_cached_and_replayed_as_streams(
         raw = client.responses.with_raw_response.create(**asked)
         outcomes.append(raw.headers["x-cache"])
         texts.append(raw.parse().output_text)
-    assert outcomes == ["MISS", "HIT"] and texts[0] == texts[1]
+    assert outcomes == ["MISS", "HIT"]
+    assert texts[0] == texts[1]
     streams = []
     for _ in range(2):
         raw = client.responses.with_raw_response.create(**asked, stream=True)
         outcomes.append(raw.headers["x-cache"])
         streams.append([(e.type, getattr(e, "delta", None)) for e in raw.parse()])
     assert outcomes[2:] == ["MISS", "HIT"]
-    assert streams[0] == streams[1] and streams[0][-1][0] == "response.completed"
+    assert streams[0] == streams[1]
+    assert streams[0][-1][0] == "response.completed"
     assert sim_stats(a)["by_path"]["/v1/responses"] == 2
 
 
@@ -232,7 +238,8 @@ def test_messages_whole_and_stream_with_the_anthropic_sdk(
     assert final.usage.output_tokens == whole.usage.output_tokens
     # The anthropic-version header reaches the region; the client's key does not.
     seen = {k.lower(): v for k, v in sim_stats(a)["last_headers"].items()}
-    assert "anthropic-version" in seen and "x-api-key" not in seen
+    assert "anthropic-version" in seen
+    assert "x-api-key" not in seen
 
 
 def test_messages_errors_are_in_anthropics_shape(
@@ -254,7 +261,8 @@ def test_messages_errors_are_in_anthropics_shape(
         {"x-api-key": "sk-good"},
     )
     body = json.loads(raw)
-    assert status == 400 and body["type"] == "error"
+    assert status == 400
+    assert body["type"] == "error"
     assert body["error"]["type"] == "invalid_request_error"
     assert "max_tokens" in body["error"]["message"]
     status, _, raw = _post(
@@ -262,13 +270,15 @@ def test_messages_errors_are_in_anthropics_shape(
         {"model": "nope", "max_tokens": 5, "messages": message},
         {"x-api-key": "sk-good"},
     )
-    assert status == 404 and json.loads(raw)["error"]["type"] == "not_found_error"
+    assert status == 404
+    assert json.loads(raw)["error"]["type"] == "not_found_error"
     status, _, raw = _post(
         router.url + "/v1/messages",
         {"model": 1, "max_tokens": 5, "messages": message},
         {"x-api-key": "sk-good"},
     )
-    assert status == 400 and json.loads(raw)["type"] == "error"
+    assert status == 400
+    assert json.loads(raw)["type"] == "error"
 
 
 def test_messages_stream_cut_mid_way_raises_in_the_sdk(
@@ -278,11 +288,13 @@ def test_messages_stream_cut_mid_way_raises_in_the_sdk(
     router = router_proc(regions_toml(a))
     client = _anthropic(router, clients)
     got = []
-    with pytest.raises(anthropic.APIStatusError) as failed:
-        with client.messages.stream(
+    with (
+        pytest.raises(anthropic.APIStatusError) as failed,
+        client.messages.stream(
             model=MODEL, max_tokens=50, messages=[{"role": "user", "content": "hi"}]
-        ) as stream:
-            got.extend(stream.text_stream)
+        ) as stream,
+    ):
+        got.extend(stream.text_stream)
     assert len(got) == 2
     assert "mid-stream" in str(failed.value)
 
@@ -301,7 +313,8 @@ def test_messages_fail_over_and_cache(
         "messages": [{"role": "user", "content": "cache me"}],
     }
     raw = client.messages.with_raw_response.create(**asked)
-    assert raw.headers["x-router-region"] == "b" and raw.headers["x-cache"] == "MISS"
+    assert raw.headers["x-router-region"] == "b"
+    assert raw.headers["x-cache"] == "MISS"
     hit = client.messages.with_raw_response.create(**asked)
     assert hit.headers["x-cache"] == "HIT"
     assert hit.parse().content == raw.parse().content
@@ -339,5 +352,6 @@ def test_endpoints_per_region_in_models_and_a_clean_404(
         router.url + "/v1/messages",
         {"model": "other", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]},
     )
-    assert status == 404 and json.loads(raw)["error"]["type"] == "not_found_error"
+    assert status == 404
+    assert json.loads(raw)["error"]["type"] == "not_found_error"
     assert client.responses.create(model="other", input="hi", store=False).status == "completed"

@@ -116,3 +116,28 @@ def test_config_is_a_plain_struct_for_other_features() -> None:
     config = loads(REGION)
     assert isinstance(config, Config)
     assert msgspec.convert(msgspec.to_builtins(config), Config) == config
+
+
+def test_region_endpoints_default_by_kind_and_show_per_model() -> None:
+    from router.config import Config, RegionConfig
+
+    def region(name: str, kind: str, models: tuple[str, ...], **extra: object) -> RegionConfig:
+        return RegionConfig(name=name, base_url="http://h/v1", models=models, kind=kind, **extra)  # type: ignore[arg-type]
+
+    assert region("a", "generic", ("m",)).served_endpoints() == (
+        "chat",
+        "completions",
+        "embeddings",
+    )
+    assert region("a", "llama-cpp-python", ("m",)).served_endpoints() == (
+        "chat",
+        "completions",
+        "embeddings",
+    )
+    assert region("a", "openai", ("m",)).served_endpoints()[-1] == "responses"
+    assert "messages" in region("a", "llama-server", ("m",)).served_endpoints()
+    custom = region("b", "vllm", ("n",), endpoints=("messages",))
+    config = Config(regions=(region("a", "generic", ("m",)), custom))
+    assert config.endpoints_of("m") == ("chat", "completions", "embeddings")
+    assert config.endpoints_of("n") == ("messages",)
+    assert config.endpoints_of("unknown") == ()

@@ -1,0 +1,207 @@
+"""The Responses API and Anthropic's Messages API on llama.cpp's llama-server, which serves
+both, through the router: the `openai` and `anthropic` SDKs as clients, answers equal to the
+server's own, exact prompt counts, a SIGKILL mid-stream ending in each API's own failure."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+
+from router.access.auth import ANONYMOUS_TENANT
+from router.access.limits import Limiter
+from router.access.tokenizers import ModelTokenizer
+from router.config import TokenizerConfig
+from router.core.request import MESSAGES, RESPONSES, parse_body
+from tests.real.conftest import RealFactory
+from tests.real.model import CHAT_TEMPLATE
+from tests.real.servers import MODEL_ALIAS
+from tests.real.test_router_real import region, router_for, wait_healthy
+from tests.support import Proc
+
+pytestmark = pytest.mark.real
+
+_OPEN: list[Any] = []
+
+
+def _openai(proc: Proc) -> openai.OpenAI:
+    client = openai.OpenAI(base_url=proc.url + "/v1", api_key="x", max_retries=0, timeout=180)
+    _OPEN.append(client)
+    return client
+
+
+def _anthropic(proc: Proc) -> anthropic.Anthropic:
+    client = anthropic.Anthropic(base_url=proc.url, api_key="x", max_retries=0, timeout=180)
+    _OPEN.append(client)
+    return client
+
+
+@pytest.fixture(autouse=True)
+def _close_clients() -> Iterator[None]:
+    yield
+    while _OPEN:
+        _OPEN.pop().close()
+
+
+@pytest.fixture
+def routed(llama_server: Proc, tmp_path: Path) -> Iterator[Proc]:
+    started: list[Proc] = []
+    router = router_for(tmp_path, started, region("a", llama_server, "llama-server"))
+    wait_healthy(router, "a")
+    yield router
+    for proc in started:
+        proc.kill()
+
+
+ASK: dict[str, Any] = {"model": MODEL_ALIAS, "temperature": 0}
+
+
+def test_responses_through_the_router_equal_direct(llama_server: Proc, routed: Proc) -> None:
+    asked = {**ASK, "input": "Tell me about the sea.", "max_output_tokens": 12, "store": False}
+    direct = _openai(llama_server).responses.create(**asked)
+    through = _openai(routed).responses.create(**asked)
+    assert through.output_text == direct.output_text
+    assert through.output_text
+    events = list(_openai(routed).responses.create(**asked, stream=True))
+    assert events[0].type == "response.created"
+    assert events[-1].type == "response.completed"
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == direct.output_text
+
+
+def test_messages_through_the_router_equal_direct(llama_server: Proc, routed: Proc) -> None:
+    asked: dict[str, Any] = {
+        "model": MODEL_ALIAS,
+        "max_tokens": 12,
+        "system": "You are terse.",
+        "messages": [{"role": "user", "content": "Tell me about the sea."}],
+        "extra_body": {"temperature": 0},
+    }
+    direct = _anthropic(llama_server).messages.create(**asked)
+    through = _anthropic(routed).messages.create(**asked)
+    assert through.content == direct.content
+    assert through.stop_reason == "max_tokens"
+    with _anthropic(routed).messages.stream(**asked) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == direct.content[0].text  # type: ignore[union-attr]
+    assert final.stop_reason == "max_tokens"
+
+
+def test_a_llama_cpp_python_region_serves_neither(llama_cpp_server: Proc, tmp_path: Path) -> None:
+    started: list[Proc] = []
+    router = router_for(tmp_path, started, region("a", llama_cpp_server, "llama-cpp-python"))
+    try:
+        with pytest.raises(openai.NotFoundError) as missing:
+            _openai(router).responses.create(model=MODEL_ALIAS, input="hi", store=False)
+        assert missing.value.code == "endpoint_not_served"
+        with pytest.raises(anthropic.NotFoundError):
+            _anthropic(router).messages.create(
+                model=MODEL_ALIAS, max_tokens=4, messages=[{"role": "user", "content": "hi"}]
+            )
+    finally:
+        for proc in started:
+            proc.kill()
+
+
+def test_exact_prompt_counts_equal_llama_servers_own(
+    llama_server: Proc, real_model: Any, tmp_path: Path
+) -> None:
+    """Responses and Messages prompts, counted as the chat request they render to with the tier
+    model's tokenizer.json and chat template, equal the server's reported input tokens."""
+    template = tmp_path / "template.jinja"
+    template.write_text(CHAT_TEMPLATE)
+    counter = ModelTokenizer(
+        MODEL_ALIAS,
+        TokenizerConfig(file=str(real_model.tokenizer_json), chat_template=str(template)),
+    )
+    limiter = Limiter([ANONYMOUS_TENANT], tokenizers={MODEL_ALIAS: counter})
+    text = "héllo wörld, naïve café 🙂 — 12345"
+    responses: list[dict[str, Any]] = [
+        {"input": "Tell me about the sea."},
+        {"input": text, "instructions": "You are terse."},
+        {
+            "input": [
+                {"role": "user", "content": [{"type": "input_text", "text": "First."}]},
+                # llama-server needs the type of an assistant item ("Cannot determine type").
+                {"type": "message", "role": "assistant", "content": "Second."},
+                {"role": "user", "content": text},
+            ]
+        },
+    ]
+    for body in responses:
+        asked = {**ASK, **body, "max_output_tokens": 1, "store": False}
+        done = _openai(llama_server).responses.create(**asked)
+        assert done.usage is not None
+        parsed = parse_body(RESPONSES, json.dumps(asked).encode())
+        assert limiter.estimate_parts(parsed)[1] == done.usage.input_tokens, body
+    messages: list[dict[str, Any]] = [
+        {"messages": [{"role": "user", "content": "Tell me about the sea."}]},
+        {"system": "You are terse.", "messages": [{"role": "user", "content": text}]},
+        {
+            "system": [{"type": "text", "text": "You are terse."}],
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "First."}]},
+                {"role": "assistant", "content": "Second."},
+                {"role": "user", "content": text},
+            ],
+        },
+    ]
+    for body in messages:
+        asked = {"model": MODEL_ALIAS, **body, "max_tokens": 1}
+        done = _anthropic(llama_server).messages.create(**asked)
+        usage = done.usage
+        served = usage.input_tokens + (usage.cache_read_input_tokens or 0)
+        parsed = parse_body(MESSAGES, json.dumps(asked).encode())
+        assert limiter.estimate_parts(parsed)[1] == served, body
+
+
+@pytest.mark.timeout(300)
+def test_sigkill_mid_stream_ends_each_api_in_its_own_failure(
+    start_real: RealFactory, tmp_path: Path
+) -> None:
+    """No continuation for these APIs: a region SIGKILLed mid-answer ends the Responses stream
+    with response.failed and the Messages stream with an error event the SDK raises."""
+    started: list[Proc] = []
+    try:
+        for api in ("responses", "messages"):
+            server = start_real("llama-server")
+            router = router_for(tmp_path, started, region("a", server, "llama-server"))
+            wait_healthy(router, "a")
+            if api == "responses":
+                events = _openai(router).responses.create(
+                    **ASK, input="Tell me about the sea.", max_output_tokens=300, stream=True
+                )
+                seen = []
+                for event in events:
+                    seen.append(event.type)
+                    if seen.count("response.output_text.delta") == 3:
+                        server.kill()
+                assert seen[-1] == "response.failed"
+                assert "response.completed" not in seen
+            else:
+                with pytest.raises(anthropic.APIStatusError):
+                    _read_killing_after(_anthropic(router), server, 3)
+    finally:
+        for proc in started:
+            proc.kill()
+
+
+def _read_killing_after(client: anthropic.Anthropic, server: Proc, deltas: int) -> None:
+    """Stream a long Messages answer, SIGKILLing its server after `deltas` text deltas."""
+    got = 0
+    with client.messages.stream(
+        model=MODEL_ALIAS,
+        max_tokens=300,
+        messages=[{"role": "user", "content": "Tell me about the sea."}],
+    ) as stream:
+        for _ in stream.text_stream:
+            got += 1
+            if got == deltas:
+                server.kill()
+    raise AssertionError(f"the stream ended cleanly after {got} deltas")

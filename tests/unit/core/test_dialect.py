@@ -1,0 +1,196 @@
+"""core.dialect and core.stream's EventState: the Responses and Messages stream grammars."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import pytest
+
+from router.core.dialect import (
+    CHAT_API,
+    MESSAGES_API,
+    RESPONSES_API,
+    dialect_of,
+    response_id,
+)
+from router.core.request import MESSAGES, RESPONSES, parse_body
+from router.core.responses import anthropic_relayed
+from router.core.stream import EventState, passable
+from router.errors import InvalidRequest, NotFound, anthropic_error_body
+from router.net import sse
+
+
+def _ev(name: str, **data: object) -> bytes:
+    return f"event: {name}\ndata: {json.dumps({'type': name, **data})}\n\n".encode()
+
+
+CREATED = _ev("response.created", response={"id": "resp_1", "status": "in_progress"})
+ADDED = _ev("response.output_item.added", item={"type": "message", "role": "assistant"})
+DELTA = _ev("response.output_text.delta", delta="Hi", sequence_number=4)
+COMPLETED = _ev("response.completed", response={"id": "resp_1", "status": "completed"})
+
+
+def test_preamble_events_are_not_a_first_token() -> None:
+    token = RESPONSES_API.has_token
+    assert token is not None
+    assert not token(CREATED + ADDED)
+    assert token(CREATED + ADDED + DELTA)
+    assert not token(CREATED + DELTA[:20])  # the delta is not whole yet
+    messages = MESSAGES_API.has_token
+    assert messages is not None
+    start = _ev("message_start", message={"id": "m"}) + _ev("ping")
+    assert not messages(start)
+    assert messages(start + _ev("content_block_delta", delta={"text": "x"}))
+    assert CHAT_API.has_token is None  # OpenAI chunks: core.attempt.has_token
+
+
+def test_event_state_is_complete_only_after_a_terminal_event() -> None:
+    state = RESPONSES_API.tracker()
+    assert isinstance(state, EventState)
+    events = sse.split_events(CREATED + DELTA)
+    out = passable([e + b"\n\n" for e in events], state, False)
+    assert out == CREATED + DELTA
+    assert not state.complete
+    assert state.cut_reason == "stream ended before its terminal event"
+    assert state.response_id == "resp_1"
+    assert state.sequence == 4
+    passable([b"data: {not json\n\n"], state, False)
+    assert state.invalid == 1
+    passable([COMPLETED], state, False)
+    assert state.complete
+    assert not state.owes_done  # no [DONE] is added to these streams
+
+
+def test_responses_failure_event_names_the_stream_and_follows_its_numbering() -> None:
+    state = RESPONSES_API.tracker()
+    for event in (CREATED, DELTA):
+        passable([event], state, False)
+    raw = RESPONSES_API.stream_failure("The region stopped mid-stream (reset).", state)
+    assert raw.startswith(b"event: response.failed\ndata: ")
+    assert raw.endswith(b"\n\n")
+    data = json.loads(sse.data_of(raw.rstrip(b"\n")) or b"")
+    assert data["type"] == "response.failed"
+    assert data["sequence_number"] == 5
+    assert data["response"]["id"] == "resp_1"
+    assert data["response"]["status"] == "failed"
+    assert data["response"]["error"]["message"] == "The region stopped mid-stream (reset)."
+
+
+def test_messages_failure_is_an_anthropic_error_event() -> None:
+    raw = MESSAGES_API.stream_failure("cut", MESSAGES_API.tracker())
+    assert raw.startswith(b"event: error\n")
+    data = json.loads(sse.data_of(raw.rstrip(b"\n")) or b"")
+    assert data == {"type": "error", "error": {"type": "api_error", "message": "cut"}}
+    chat = CHAT_API.stream_failure("cut", CHAT_API.tracker())
+    assert json.loads(sse.data_of(chat.rstrip(b"\n")) or b"")["error"]["message"] == "cut"
+
+
+def test_dialects_by_path() -> None:
+    assert dialect_of(RESPONSES) is RESPONSES_API
+    assert dialect_of(MESSAGES) is MESSAGES_API
+    assert dialect_of("/v1/unknown") is CHAT_API
+    assert MESSAGES_API.anthropic
+    assert not RESPONSES_API.anthropic
+
+
+def test_response_id_of_a_whole_answer() -> None:
+    assert response_id(b'{"id": "resp_9", "object": "response", "output": []}') == "resp_9"
+    assert response_id(b'{"id": "chatcmpl-1", "object": "chat.completion"}') is None
+    assert response_id(b"not json") is None
+
+
+@pytest.mark.parametrize(
+    ("status", "kind"),
+    [
+        (400, "invalid_request_error"),
+        (401, "authentication_error"),
+        (403, "permission_error"),
+        (404, "not_found_error"),
+        (413, "request_too_large"),
+        (429, "rate_limit_error"),
+        (500, "api_error"),
+        (502, "api_error"),
+        (503, "overloaded_error"),
+        (422, "invalid_request_error"),
+    ],
+)
+def test_anthropic_error_types_by_status(status: int, kind: str) -> None:
+    body = json.loads(anthropic_error_body(status, "m"))
+    assert body == {"type": "error", "error": {"type": kind, "message": "m"}}
+
+
+def test_relayed_openai_errors_become_anthropic_errors() -> None:
+    openai_shaped = b'{"error": {"message": "bad thing", "type": "invalid_request_error"}}'
+    assert json.loads(anthropic_relayed(400, openai_shaped)) == {
+        "type": "error",
+        "error": {"type": "invalid_request_error", "message": "bad thing"},
+    }
+    native = b'{"type": "error", "error": {"type": "overloaded_error", "message": "busy"}}'
+    assert anthropic_relayed(529, native) == native
+    assert anthropic_relayed(500, b"<html>oops</html>") == b"<html>oops</html>"
+    assert NotFound("x").anthropic_body() == anthropic_error_body(404, "x")
+
+
+def _parse(endpoint: str, body: dict[str, object]) -> object:
+    return parse_body(endpoint, msgspec.json.encode(body))
+
+
+def test_responses_requests_that_hold_state_are_marked() -> None:
+    stored = parse_body(RESPONSES, b'{"model": "m", "input": "hi"}')
+    assert stored.stateful  # store defaults to true
+    assert not stored.stream
+    plain = parse_body(RESPONSES, b'{"model": "m", "input": "hi", "store": false}')
+    assert not plain.stateful
+    chained = parse_body(
+        RESPONSES, b'{"model": "m", "input": "x", "store": false, "previous_response_id": "r1"}'
+    )
+    assert chained.stateful
+    assert chained.state_ref == "r1"
+    background = parse_body(
+        RESPONSES, b'{"model": "m", "input": "x", "store": false, "background": true}'
+    )
+    assert background.stateful
+    streamed = parse_body(RESPONSES, b'{"model": "m", "input": [], "store": false, "stream": true}')
+    assert streamed.stream
+    assert streamed.include_usage  # reported by the stream itself: nothing to ask for
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "body", "param"),
+    [
+        (RESPONSES, {"model": "m"}, "input"),
+        (RESPONSES, {"model": "m", "input": "x", "max_output_tokens": "many"}, "max_output_tokens"),
+        (RESPONSES, {"model": "m", "input": 5}, "input"),
+        (MESSAGES, {"model": "m", "messages": [{"role": "user", "content": "x"}]}, "max_tokens"),
+        (MESSAGES, {"model": "m", "max_tokens": 5, "messages": []}, "messages"),
+        (
+            MESSAGES,
+            {"model": "m", "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]},
+            "messages.0.role",
+        ),
+        (
+            MESSAGES,
+            {"model": "m", "max_tokens": 0, "messages": [{"role": "user", "content": "x"}]},
+            "max_tokens",
+        ),
+        (
+            MESSAGES,
+            {"model": "m", "max_tokens": 5, "messages": [{"role": "user"}]},
+            "messages[0].content",
+        ),
+    ],
+)
+def test_invalid_responses_and_messages_requests_name_the_parameter(
+    endpoint: str, body: dict[str, object], param: str
+) -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        _parse(endpoint, body)
+    assert refused.value.param == param
+
+
+def test_a_second_copy_of_an_acted_on_field_is_refused() -> None:
+    body = b'{"model": "m", "input": "x", "max_output_tokens": 5, "max_output_tokens": 50000}'
+    with pytest.raises(InvalidRequest) as refused:
+        parse_body(RESPONSES, body)
+    assert refused.value.param == "max_output_tokens"
