@@ -355,3 +355,80 @@ def test_endpoints_per_region_in_models_and_a_clean_404(
     assert status == 404
     assert json.loads(raw)["error"]["type"] == "not_found_error"
     assert client.responses.create(model="other", input="hi", store=False).status == "completed"
+
+
+def test_a_slow_first_token_is_hedged_on_both_apis(
+    sim_region: SimFactory, router_proc: RouterFactory, clients: list[Any]
+) -> None:
+    a, b = sim_region("a", ttft_ms=5000), sim_region("b")
+    config = (
+        '[routing]\nhedge_endpoints = ["/v1/responses", "/v1/messages"]\nhedge_delay_ms = 100.0\n'
+        "[auth]\nenabled = false\n"
+    )
+    router = router_proc(config + region_toml(a) + region_toml(b, bias_ms=500))
+    raw = _openai(router, clients).responses.with_raw_response.create(
+        model=MODEL, input="hi", store=False, stream=True
+    )
+    assert raw.headers["x-router-hedged"] == "b"
+    assert raw.headers["x-router-region"] == "b"
+    assert list(raw.parse())[-1].type == "response.completed"
+    whole = _anthropic(router, clients).messages.with_raw_response.create(
+        model=MODEL, max_tokens=4096, messages=[{"role": "user", "content": "hi"}]
+    )
+    assert whole.headers["x-router-hedged"] == "b"
+    assert whole.parse().stop_reason == "end_turn"
+
+
+@pytest.mark.parametrize("survivor", ["vllm", "llama-server"])
+def test_streams_cut_mid_way_are_continued_seamlessly(
+    survivor: str, sim_region: SimFactory, router_proc: RouterFactory, clients: list[Any]
+) -> None:
+    """The same guarantee as chat: one stream, one id, nothing duplicated or lost at the seam,
+    one end, the usage of the whole answer (llama-server answers the prefill back first)."""
+    a = sim_region("a", fail_mode="die-mid-stream", after_tokens=3)
+    b = sim_region("b", kind=survivor)
+    config = '[routing]\nmidstream = "resume"\n[auth]\nenabled = false\n'
+    router = router_proc(config + region_toml(a) + region_toml(b, bias_ms=500))
+    asked: dict[str, Any] = {"model": MODEL, "input": "Tell me a story", "store": False}
+    whole = _openai(b, clients).responses.create(**asked)
+    raw = _openai(router, clients).responses.with_raw_response.create(**asked, stream=True)
+    events = list(raw.parse())
+    assert raw.headers["x-router-region"] == "a"  # the headers went out before the cut
+    kinds = [e.type for e in events]
+    assert kinds.count("response.created") == 1
+    assert kinds[-1] == "response.completed"
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    assert "".join(e.delta for e in deltas) == whole.output_text
+    assert {e.item_id for e in deltas} == {events[2].item.id}  # one message item throughout
+    final = events[-1].response
+    assert final.id == events[0].response.id
+    assert final.output_text == whole.output_text
+    assert final.usage is not None
+    assert final.usage.output_tokens == whole.usage.output_tokens  # type: ignore[union-attr]
+    assert sim_stats(b)["by_path"]["/v1/responses"] == 2  # the direct ask and the continuation
+
+    anthropic_asked: dict[str, Any] = {
+        "model": MODEL,
+        "max_tokens": 4096,
+        "messages": [{"role": "user", "content": "Tell me a story"}],
+    }
+    direct = _anthropic(b, clients).messages.create(**anthropic_asked)
+    with _anthropic(router, clients).messages.stream(**anthropic_asked) as stream:
+        text = "".join(stream.text_stream)
+        final_message = stream.get_final_message()
+    assert text == direct.content[0].text  # type: ignore[union-attr]
+    assert final_message.stop_reason == "end_turn"
+    assert final_message.usage.output_tokens == direct.usage.output_tokens
+
+
+def test_stored_responses_are_not_continued_elsewhere(
+    sim_region: SimFactory, router_proc: RouterFactory, clients: list[Any]
+) -> None:
+    """A stored response lives where it was made: cut there, it ends in response.failed."""
+    a = sim_region("a", fail_mode="die-mid-stream", after_tokens=3)
+    b = sim_region("b")
+    config = '[routing]\nmidstream = "resume"\n[auth]\nenabled = false\n'
+    router = router_proc(config + region_toml(a) + region_toml(b, bias_ms=500))
+    events = list(_openai(router, clients).responses.create(model=MODEL, input="x", stream=True))
+    assert events[-1].type == "response.failed"
+    assert "/v1/responses" not in sim_stats(b)["by_path"]

@@ -23,6 +23,9 @@ from router.core.stream import DEFAULT_MAX_EVENT_BYTES, DONE_EVENT, StreamState,
 from router.core.upstream import Opened, Upstream
 from router.net import http1, sse
 from router.net.idle import IdleWatch
+from router.routing import event_continuation
+from router.routing.event_continuation import EventTracker
+from router.routing.seam import Catchup, Diverged, SentEvents, json_object
 
 log = logging.getLogger("router")
 
@@ -31,58 +34,21 @@ _ENCODE = msgspec.json.Encoder()
 _DONE = b"[DONE]"
 
 
-class StreamTracker:
-    """Passes on whole SSE events only, and remembers the text and identity they carried."""
+class StreamTracker(SentEvents):
+    """SentEvents of a chat stream: its text, and the id / created / model of its chunks."""
 
-    __slots__ = ("_decoder", "_sent", "done", "events", "ident", "pieces", "tail")
+    __slots__ = ("ident",)
 
     def __init__(self) -> None:
-        self.tail = b""
-        self.pieces: list[str] = []
-        # Content events seen: how many tokens the client already has.
-        self.events = 0
-        self.done = False
+        super().__init__()
         # id / created / model of the first stream, stamped on resumed events.
         self.ident: dict[str, Any] = {}
-        self._decoder = sse.Decoder()
-        self._sent = b""
-
-    def flush(self) -> bytes:
-        """Whatever is held back, at the end of a clean stream."""
-        self.settle()
-        out, self.tail = self.tail, b""
-        return out
-
-    @property
-    def text(self) -> str:
-        """The assistant text streamed so far."""
-        return "".join(self.pieces)
-
-    def feed(self, chunk: bytes) -> bytes:
-        """The complete events in tail + chunk (to send now); the rest waits for more bytes.
-
-        What they carry is read by `settle()`, once the caller has sent them: parsing them
-        first would delay every token by the parse.
-        """
-        self.settle()
-        data = self.tail + chunk
-        cut = sse.last_boundary(data)
-        out, self.tail = data[:cut], data[cut:]
-        self._sent = out
-        return out
-
-    def settle(self) -> None:
-        """Note the text, identity and end of the events the last feed() passed on."""
-        sent, self._sent = self._sent, b""
-        if sent:
-            for payload in self._decoder.feed(sent):
-                self._note(payload)
 
     def _note(self, payload: bytes) -> None:
         if payload == _DONE:
             self.done = True
             return
-        obj = _object(payload)
+        obj = json_object(payload)
         if obj is None:
             return
         if not self.ident:
@@ -93,14 +59,6 @@ class StreamTracker:
                 if isinstance(piece, str) and piece:
                     self.pieces.append(piece)
                     self.events += 1
-
-
-def _object(payload: bytes) -> dict[str, Any] | None:
-    try:
-        obj = _DECODE.decode(payload)
-    except msgspec.DecodeError:
-        return None
-    return obj if isinstance(obj, dict) else None
 
 
 def continuation_body(body: bytes, prefill: str, tokens_sent: int, kind: str = "vllm") -> bytes:
@@ -127,7 +85,7 @@ def restamp(event: bytes, ident: dict[str, Any]) -> bytes | None:
     payload = sse.data_of(event)
     if payload is None or payload == _DONE:
         return event
-    obj = _object(payload)
+    obj = json_object(payload)
     if obj is None:
         return event
     choices = obj.get("choices") or []
@@ -143,15 +101,21 @@ def restamp(event: bytes, ident: dict[str, Any]) -> bytes | None:
     return b"data: " + _ENCODE.encode(obj)
 
 
-# What each server kind can do with a cut stream ([[regions]] kind, continuation = "auto").
+# What each server kind can do with a cut stream ([[regions]] kind, continuation = "auto"):
+# chat, and the Responses / Messages APIs (a trailing assistant message continued, checked on
+# llama-server; vLLM's handling of one there is not known, so it regenerates).
 _CONTINUES = frozenset({"vllm", "llama-server", "sim"})
+_CONTINUES_EVENTS = frozenset({"llama-server", "sim"})
 
 
-def mode_of(config: RegionConfig) -> str:
-    """How a region can carry on a cut stream: continue, regenerate or none."""
+def mode_of(config: RegionConfig, *, events: bool = False) -> str:
+    """How a region can carry on a cut stream (`events`: of the typed-event APIs): continue,
+    regenerate or none."""
     if config.continuation != "auto":
         return config.continuation
-    return "continue" if config.kind in _CONTINUES else "regenerate"
+    return (
+        "continue" if config.kind in (_CONTINUES_EVENTS if events else _CONTINUES) else "regenerate"
+    )
 
 
 class _Sampling(msgspec.Struct):
@@ -178,7 +142,7 @@ def whole_usage(event: bytes, sent: int) -> bytes:
     payload = sse.data_of(event)
     if payload is None or b'"usage"' not in payload:
         return event
-    obj = _object(payload)
+    obj = json_object(payload)
     usage = obj.get("usage") if obj is not None else None
     if obj is None or not isinstance(usage, dict):
         return event
@@ -217,11 +181,18 @@ class MidstreamPolicy:
         self.mode = routing.midstream
         self.max_resumes = routing.max_resumes
 
-    def track(self, ctx: RequestContext) -> StreamTracker | None:
-        """A tracker for a chat stream that may be resumed; None when it never will be."""
-        if self.mode != "resume" or ctx.endpoint != CHAT or self.max_resumes == 0:
+    def track(self, ctx: RequestContext) -> SentEvents | None:
+        """A tracker for a stream that may be resumed; None when it never will be: chat, and
+        Responses / Messages streams whose state no other region has."""
+        if self.mode != "resume" or self.max_resumes == 0:
             return None
-        tracker = StreamTracker()
+        tracker: SentEvents
+        if ctx.endpoint == CHAT:
+            tracker = StreamTracker()
+        elif ctx.dialect.events and not ctx.request.stateful:
+            tracker = EventTracker()
+        else:
+            return None
         ctx.tracker = tracker
         return tracker
 
@@ -237,17 +208,17 @@ class MidstreamPolicy:
             # The attempt counted as ok at its first byte; the break is a failure of the region.
             self.report(ctx.region, "server_error")
         tracker = ctx.tracker
-        if not isinstance(tracker, StreamTracker):
+        if not isinstance(tracker, SentEvents):
             return False
         tracker.settle()
-        if tracker.done:
+        if tracker.done or (isinstance(tracker, EventTracker) and tracker.unsupported):
             return False
         again = deterministic(ctx.request.body)
         tried = 0
         for upstream in ctx.candidates:
             if tried >= self.max_resumes or upstream.name == ctx.region:
                 continue
-            mode = mode_of(upstream.config)
+            mode = mode_of(upstream.config, events=isinstance(tracker, EventTracker))
             if mode == "none" or (mode == "regenerate" and not again):
                 continue
             tried += 1
@@ -259,15 +230,25 @@ class MidstreamPolicy:
                 tracker.events,
                 reason,
             )
-            if mode == "continue":
-                body = continuation_body(
-                    ctx.request.body, tracker.text, tracker.events, upstream.config.kind
+            regenerate = mode == "regenerate"
+            body = ctx.request.body
+            if isinstance(tracker, EventTracker):
+                if not regenerate:
+                    body = event_continuation.continuation_body(
+                        body, tracker.text, tracker.events, ctx.dialect.anthropic
+                    )
+                ok = await event_continuation.continue_events(
+                    ctx, upstream, body, open_one, out, tracker, self.idle_s, regenerate
                 )
             else:
-                body = ctx.request.body
-            ok = await _continue_on(
-                ctx, upstream, body, open_one, out, tracker, self.idle_s, mode == "regenerate"
-            )
+                assert isinstance(tracker, StreamTracker)
+                if not regenerate:
+                    body = continuation_body(
+                        body, tracker.text, tracker.events, upstream.config.kind
+                    )
+                ok = await _continue_on(
+                    ctx, upstream, body, open_one, out, tracker, self.idle_s, regenerate
+                )
             if ok:
                 ctx.region = upstream.name
                 return True
@@ -277,30 +258,17 @@ class MidstreamPolicy:
         return False
 
 
-class _Diverged(Exception):
-    """A regenerated answer does not start with the text the client already has."""
+class _Catchup(Catchup):
+    """Catchup over OpenAI chat chunks."""
 
-
-class _Catchup:
-    """Holds a stream back until it has passed the text the client has: a regenerated answer
-    must repeat it exactly; a continuation may echo it first (llama-server returns the prefill
-    with the new text), or not (`echo`: then whatever it says is new)."""
-
-    __slots__ = ("echo", "have", "seen", "through")
-
-    def __init__(self, have: str, *, echo: bool = False) -> None:
-        self.have = have
-        self.echo = echo
-        self.seen = ""
-        self.through = not have
+    __slots__ = ()
 
     def event(self, event: bytes) -> bytes | None:
-        """The event to relay (its new text only), None to hold it back; _Diverged if the new
-        answer is not the old one continued."""
+        """The event to relay (its new text only), None to hold it back."""
         if self.through:
             return event
         payload = sse.data_of(event)
-        obj = _object(payload) if payload is not None and payload != _DONE else None
+        obj = json_object(payload) if payload is not None and payload != _DONE else None
         choices = obj.get("choices") if obj is not None else None
         if obj is None or not isinstance(choices, list) or len(choices) != 1:
             return None
@@ -309,25 +277,12 @@ class _Catchup:
         piece = delta.get("content") if isinstance(delta, dict) else None
         if not isinstance(piece, str) or not piece:
             if isinstance(choice, dict) and choice.get("finish_reason") is not None:
-                if self.echo:
-                    # It ended within an echo of the text, or right away: nothing new.
-                    self.through = True
-                    return event
-                raise _Diverged("ended before reaching the text already sent")
+                self.ended()
+                return event
             return None
-        seen = self.seen + piece
-        if len(seen) <= len(self.have) and self.have.startswith(seen):
-            self.seen = seen
-            self.through = seen == self.have
+        text = self.take(piece)
+        if text is None:
             return None
-        if seen.startswith(self.have):
-            return self._emit(obj, delta, seen[len(self.have) :])
-        if self.echo:
-            return self._emit(obj, delta, seen)  # no echo after all: all of it is new
-        raise _Diverged("the regenerated text differs")
-
-    def _emit(self, obj: dict[str, Any], delta: object, text: str) -> bytes:
-        self.through = True
         if isinstance(delta, dict):
             delta["content"] = text
         return b"data: " + _ENCODE.encode(obj) + b"\n\n"
@@ -392,7 +347,7 @@ async def _continue_on(
         if complete and state.owes_done:
             await _write_resumed(out, DONE_EVENT, tracker)
         return complete
-    except (http1.ClientError, TimeoutError, sse.EventTooLarge, _Diverged) as exc:
+    except (http1.ClientError, TimeoutError, sse.EventTooLarge, Diverged) as exc:
         log.warning("request %s: resume on %s failed: %s", ctx.request_id, upstream.name, exc)
         return False
     finally:

@@ -221,6 +221,8 @@ class SimRegion:
         if fault is not None:
             return fault
         await _pause(plan.rtt_s)
+        # llama-server's echo of a prefill: sent first, counted in neither limit nor usage.
+        echo = ""
         if api == "completions":
             prompt = body.get("prompt", "")
             tokens = text.completion_tokens(model, prompt)
@@ -248,7 +250,7 @@ class SimRegion:
                 messages = [*messages, {"role": "assistant", "content": "(new turn)"}]
             tokens, prefill = text.chat_tokens(model, messages)
             if prefill and kind == "llama-server":
-                tokens = [messages[-1]["content"], *tokens]  # the prefill, answered back first
+                echo = messages[-1]["content"]  # the prefill, answered back first
             prompt_tokens = text.count_prompt_tokens(messages)
             if lcp and stream and len(raw) > _CONTEXT_CHARS:
                 # Over its context: llama-cpp-python fails after its headers, with no event.
@@ -268,11 +270,14 @@ class SimRegion:
         if isinstance(limit, int) and 0 <= limit < len(tokens):
             tokens = tokens[:limit]
             finish = "length"
+        generated = len(tokens)
+        if echo:
+            tokens = [echo, *tokens]
         seed = hashlib.sha256(raw).hexdigest()[:24]
         usage = {
             "prompt_tokens": prompt_tokens,
-            "completion_tokens": len(tokens),
-            "total_tokens": prompt_tokens + len(tokens),
+            "completion_tokens": generated,
+            "total_tokens": prompt_tokens + generated,
         }
         render: apis.Render
         if api == "responses":

@@ -1,0 +1,302 @@
+"""Mid-stream resume for the typed-event APIs: OpenAI Responses and Anthropic Messages.
+
+The same guarantees as chat (routing.continuation): the client sees one stream, with nothing
+duplicated or lost at the seam, one id, one end. The text streamed so far goes to the next
+region as a trailing assistant message (a prefill, which llama-server continues, echoing it
+first), or the deterministic request is sent again and its output held back until it passed,
+and matched, what the client has. The new stream's opening events are dropped (the client
+already had them); its later events are stamped with the first stream's ids and numbering, and
+the events that repeat the whole text (`output_text.done`, `response.completed`, ...) get the
+whole answer's text and usage.
+
+Only text answers are continued: a stream that opened a tool call, a reasoning item or any
+other block ends with its API's failure event, as do Responses requests whose state lives on
+the region that failed (`store`, chains, background).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from router.core.context import RequestContext
+from router.core.failure import AttemptError
+from router.core.stream import DEFAULT_MAX_EVENT_BYTES, EventState, passable
+from router.core.upstream import Opened, Upstream
+from router.net import http1, sse
+from router.net.idle import IdleWatch
+from router.routing.seam import Catchup, Diverged, SentEvents, json_object
+
+log = logging.getLogger("router")
+
+_DECODE = msgspec.json.Decoder()
+_ENCODE = msgspec.json.Encoder()
+# Events a continuation's stream opens with, which the client already had from the first.
+_OPENING = frozenset(
+    {
+        "response.created",
+        "response.in_progress",
+        "response.queued",
+        "response.output_item.added",
+        "response.content_part.added",
+        "message_start",
+        "content_block_start",
+        "ping",
+    }
+)
+_RESPONSE_ENDS = frozenset({"response.completed", "response.incomplete"})
+
+
+class EventTracker(SentEvents):
+    """SentEvents of a typed-event stream: the text of the one message being written, the ids the
+    client was given, the last sequence number; `unsupported` once anything but text came."""
+
+    __slots__ = ("item_id", "response_id", "sequence", "unsupported")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.response_id: str | None = None
+        self.item_id: str | None = None
+        self.sequence: int | None = None
+        self.unsupported = False
+
+    def _note(self, payload: bytes) -> None:
+        obj = json_object(payload)
+        if obj is None:
+            return
+        kind = obj.get("type")
+        sequence = obj.get("sequence_number")
+        if isinstance(sequence, int):
+            self.sequence = sequence
+        if kind == "response.created":
+            response = obj.get("response")
+            if isinstance(response, dict) and isinstance(response.get("id"), str):
+                self.response_id = response["id"]
+        elif kind == "response.output_item.added":
+            item = obj.get("item")
+            if not isinstance(item, dict) or item.get("type") != "message" or self.item_id:
+                self.unsupported = True
+            elif isinstance(item.get("id"), str):
+                self.item_id = item["id"]
+        elif kind == "response.output_text.delta":
+            self._piece(obj.get("delta"))
+        elif kind == "content_block_start":
+            block = obj.get("content_block")
+            if (
+                obj.get("index", 0) != 0
+                or not isinstance(block, dict)
+                or block.get("type") != "text"
+            ):
+                self.unsupported = True
+        elif kind == "content_block_delta":
+            delta = obj.get("delta")
+            if isinstance(delta, dict) and delta.get("type") == "text_delta":
+                self._piece(delta.get("text"))
+            else:
+                self.unsupported = True
+        elif kind in ("message_stop", "error", "response.failed") or kind in _RESPONSE_ENDS:
+            self.done = True
+
+    def _piece(self, text: object) -> None:
+        if isinstance(text, str) and text:
+            self.pieces.append(text)
+            self.events += 1
+
+
+def continuation_body(body: bytes, prefill: str, tokens_sent: int, anthropic: bool) -> bytes:
+    """The request again with `prefill` as a trailing assistant message, its limit lowered by
+    the tokens the client already has."""
+    fields = _DECODE.decode(body)
+    if anthropic:
+        fields["messages"] = [*fields["messages"], {"role": "assistant", "content": prefill}]
+        limit_key = "max_tokens"
+    else:
+        items = fields.get("input")
+        if isinstance(items, str):
+            items = [{"role": "user", "content": items}]
+        assistant = {"type": "message", "role": "assistant", "content": prefill}
+        fields["input"] = [*(items or []), assistant]
+        limit_key = "max_output_tokens"
+    limit = fields.get(limit_key)
+    if isinstance(limit, int):
+        fields[limit_key] = max(1, limit - tokens_sent)
+    encoded: bytes = _ENCODE.encode(fields)
+    return encoded
+
+
+def _encode(obj: dict[str, Any]) -> bytes:
+    name = obj.get("type")
+    head = b"event: " + name.encode() + b"\n" if isinstance(name, str) else b""
+    return head + b"data: " + _ENCODE.encode(obj) + b"\n\n"
+
+
+class Stitcher:
+    """Rewrites a continuation's events into the first stream's (see the module docstring)."""
+
+    __slots__ = ("catchup", "emitted", "sent", "tracker")
+
+    def __init__(self, tracker: EventTracker, *, regenerate: bool) -> None:
+        self.tracker = tracker
+        # Regenerated: must repeat what the client has; continued: may echo it first.
+        self.catchup = Catchup(tracker.text, echo=not regenerate)
+        self.emitted = ""
+        # Tokens the client had that the continuation counted as prompt, not completion.
+        self.sent = 0 if regenerate else tracker.events
+
+    @property
+    def through(self) -> bool:
+        """The continuation passed the text the client had."""
+        return self.catchup.through
+
+    @property
+    def whole(self) -> str:
+        """The whole answer's text so far."""
+        return self.catchup.have + self.emitted
+
+    def event(self, event: bytes) -> bytes | None:
+        """The event to relay, rewritten; None to drop it."""
+        payload = sse.data_of(event)
+        obj = json_object(payload) if payload is not None else None
+        if obj is None:
+            return None
+        kind = obj.get("type")
+        if kind in _OPENING:
+            return None
+        if kind == "response.output_text.delta":
+            return self._text(obj, obj, "delta")
+        if kind == "content_block_delta":
+            delta = obj.get("delta")
+            if isinstance(delta, dict) and delta.get("type") == "text_delta":
+                return self._text(obj, delta, "text")
+            raise Diverged("the continuation left the text block")
+        if kind in ("content_block_stop", "response.output_text.done", "message_delta"):
+            self.catchup.ended()
+        if kind in ("response.output_text.done", "response.content_part.done"):
+            self._stamp_text(obj)
+        elif kind == "response.output_item.done":
+            self._stamp_item(obj.get("item"))
+        elif kind in _RESPONSE_ENDS:
+            self.catchup.ended()
+            self._stamp_response(obj.get("response"))
+        elif kind == "message_delta":
+            usage = obj.get("usage")
+            if isinstance(usage, dict) and isinstance(usage.get("output_tokens"), int):
+                usage["output_tokens"] += self.sent
+        return self._numbered(obj)
+
+    def _text(self, obj: dict[str, Any], holder: dict[str, Any], key: str) -> bytes | None:
+        piece = holder.get(key)
+        if not isinstance(piece, str):
+            return None
+        new = self.catchup.take(piece)
+        if not new:
+            return None
+        holder[key] = new
+        self.emitted += new
+        return self._numbered(obj)
+
+    def _numbered(self, obj: dict[str, Any]) -> bytes:
+        tracker = self.tracker
+        if tracker.item_id is not None and "item_id" in obj:
+            obj["item_id"] = tracker.item_id
+        if tracker.sequence is not None:
+            obj["sequence_number"] = tracker.sequence + 1
+        else:
+            obj.pop("sequence_number", None)
+        return _encode(obj)
+
+    def _stamp_text(self, obj: dict[str, Any]) -> None:
+        if "text" in obj:
+            obj["text"] = self.whole
+        part = obj.get("part")
+        if isinstance(part, dict) and "text" in part:
+            part["text"] = self.whole
+
+    def _stamp_item(self, item: object) -> None:
+        if not isinstance(item, dict) or item.get("type") != "message":
+            return
+        if self.tracker.item_id is not None:
+            item["id"] = self.tracker.item_id
+        for part in item.get("content") or ():
+            if isinstance(part, dict) and part.get("type") == "output_text":
+                part["text"] = self.whole
+
+    def _stamp_response(self, response: object) -> None:
+        if not isinstance(response, dict):
+            return
+        if self.tracker.response_id is not None:
+            response["id"] = self.tracker.response_id
+        for item in response.get("output") or ():
+            self._stamp_item(item)
+        usage = response.get("usage")
+        if isinstance(usage, dict) and self.sent:
+            inputs, outputs = usage.get("input_tokens"), usage.get("output_tokens")
+            if isinstance(inputs, int) and isinstance(outputs, int):
+                usage["input_tokens"] = max(0, inputs - self.sent)
+                usage["output_tokens"] = outputs + self.sent
+
+
+async def continue_events(
+    ctx: RequestContext,
+    upstream: Upstream,
+    body: bytes,
+    open_one: Callable[[Upstream, bytes], Awaitable[Opened]],
+    out: web.StreamResponse,
+    tracker: EventTracker,
+    idle_s: float,
+    regenerate: bool,
+    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+) -> bool | None:
+    """Stream the continuation from `upstream` into `out`: True once it finished, False if it
+    broke or diverged, None if the attempt itself failed."""
+    try:
+        opened = await open_one(upstream, body)
+    except AttemptError as exc:
+        log.warning("request %s: resume on %s failed: %s", ctx.request_id, upstream.name, exc)
+        return None
+    resp = opened.response
+    if resp is None:
+        log.warning(
+            "request %s: resume on %s refused: HTTP %d %r",
+            ctx.request_id,
+            upstream.name,
+            opened.status,
+            (opened.body or b"")[:500],
+        )
+        return False
+    splitter = sse.Splitter(max_event_bytes)
+    state = EventState(ctx.dialect.terminal)
+    stitcher = Stitcher(tracker, regenerate=regenerate)
+    complete = False
+    try:
+        chunk = opened.first
+        async with IdleWatch(idle_s) as idle:
+            while chunk:
+                events = []
+                for event in sse.split_events(passable(splitter.feed(chunk), state, False)):
+                    kept = stitcher.event(event + b"\n\n")
+                    if kept is not None:
+                        events.append(kept)
+                if events:
+                    data = b"".join(events)
+                    # Through the tracker so a second break resumes from the right text.
+                    tracker.feed(data)
+                    await out.write(data)
+                    tracker.settle()
+                idle.waiting()
+                chunk = await resp.content.readany()
+                idle.busy()
+        complete = not splitter.pending and state.complete and stitcher.through
+        return complete
+    except (http1.ClientError, TimeoutError, sse.EventTooLarge, Diverged) as exc:
+        log.warning("request %s: resume on %s failed: %s", ctx.request_id, upstream.name, exc)
+        return False
+    finally:
+        if complete:
+            resp.release()
+        else:
+            resp.close()

@@ -1,0 +1,115 @@
+"""The seam of a continued stream: what the client was sent, and holding a new stream back
+until it passed that (routing.continuation for chat, routing.event_continuation for the
+typed-event APIs)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from router.net import sse
+
+_DECODE = msgspec.json.Decoder()
+
+
+def json_object(payload: bytes) -> dict[str, Any] | None:
+    """A JSON object payload, else None."""
+    try:
+        obj = _DECODE.decode(payload)
+    except msgspec.DecodeError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+class SentEvents:
+    """Passes on whole SSE events only, and notes (`_note`) what each carried once sent."""
+
+    __slots__ = ("_decoder", "_sent", "done", "events", "pieces", "tail")
+
+    def __init__(self) -> None:
+        self.tail = b""
+        self.pieces: list[str] = []
+        # Content events seen: how many tokens the client already has.
+        self.events = 0
+        self.done = False
+        self._decoder = sse.Decoder()
+        self._sent = b""
+
+    def flush(self) -> bytes:
+        """Whatever is held back, at the end of a clean stream."""
+        self.settle()
+        out, self.tail = self.tail, b""
+        return out
+
+    @property
+    def text(self) -> str:
+        """The assistant text streamed so far."""
+        return "".join(self.pieces)
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The complete events in tail + chunk (to send now); the rest waits for more bytes.
+
+        What they carry is read by `settle()`, once the caller has sent them: parsing them
+        first would delay every token by the parse.
+        """
+        self.settle()
+        data = self.tail + chunk
+        cut = sse.last_boundary(data)
+        out, self.tail = data[:cut], data[cut:]
+        self._sent = out
+        return out
+
+    def settle(self) -> None:
+        """Note what the events the last feed() passed on carried."""
+        sent, self._sent = self._sent, b""
+        if sent:
+            for payload in self._decoder.feed(sent):
+                self._note(payload)
+
+    def _note(self, payload: bytes) -> None:
+        raise NotImplementedError
+
+
+class Diverged(Exception):
+    """A regenerated answer does not start with the text the client already has."""
+
+
+class Catchup:
+    """Holds a stream's text back until it has passed the text the client has: a regenerated
+    answer must repeat it exactly; a continuation may echo it first (llama-server returns the
+    prefill with the new text), or not (`echo`: then whatever it says is new)."""
+
+    __slots__ = ("echo", "have", "seen", "through")
+
+    def __init__(self, have: str, *, echo: bool = False) -> None:
+        self.have = have
+        self.echo = echo
+        self.seen = ""
+        self.through = not have
+
+    def take(self, piece: str) -> str | None:
+        """The new text in `piece` (None: held back, the client has it); _Diverged if the new
+        answer is not the old one continued."""
+        if self.through:
+            return piece
+        seen = self.seen + piece
+        if len(seen) <= len(self.have) and self.have.startswith(seen):
+            self.seen = seen
+            self.through = seen == self.have
+            return None
+        self.through = True
+        if seen.startswith(self.have):
+            return seen[len(self.have) :]
+        if self.echo:
+            return seen  # no echo after all: all of it is new
+        raise Diverged("the regenerated text differs")
+
+    def ended(self) -> None:
+        """The stream finished: within an echo of the text (or at once) is fine; a regenerated
+        answer that never reached the text is _Diverged."""
+        if self.through:
+            return
+        if not self.echo:
+            raise Diverged("ended before reaching the text already sent")
+        self.through = True
