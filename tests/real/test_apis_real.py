@@ -205,3 +205,69 @@ def _read_killing_after(client: anthropic.Anthropic, server: Proc, deltas: int) 
             if got == deltas:
                 server.kill()
     raise AssertionError(f"the stream ended cleanly after {got} deltas")
+
+
+@pytest.mark.timeout(300)
+def test_sigkill_mid_stream_is_continued_on_a_surviving_llama_server(
+    start_real: RealFactory, tmp_path: Path
+) -> None:
+    """A llama-server region SIGKILLed mid-answer; another llama-server continues from the
+    text so far (a prefill it answers back first): one stream, one id, nothing lost or
+    duplicated, the whole answer's usage."""
+    started: list[Proc] = []
+    try:
+        first = start_real("llama-server")
+        rest = start_real("llama-server")
+        router = router_for(
+            tmp_path,
+            started,
+            region("first", first, "llama-server"),
+            region("rest", rest, "llama-server", bias_ms=1000.0),
+            extra='[routing]\nmidstream = "resume"\n',
+        )
+        wait_healthy(router, "first", "rest")
+        asked = {**ASK, "input": "Tell me about the sea.", "max_output_tokens": 120, "store": False}
+        events = []
+        for event in _openai(router).responses.create(**asked, stream=True):
+            events.append(event)
+            if [e.type for e in events].count("response.output_text.delta") == 10:
+                first.kill()
+        kinds = [e.type for e in events]
+        assert kinds.count("response.created") == 1
+        assert kinds[-1] == "response.completed"
+        text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+        final = events[-1].response
+        assert final.id == events[0].response.id
+        assert final.output_text == text
+        assert final.usage is not None
+        # The continuation's usage, rewritten to cover the whole answer.
+        assert final.usage.output_tokens >= 120 - 2
+        assert "resuming on rest" in router.output()  # it was cut, and continued
+
+        first = start_real("llama-server")
+        router = router_for(
+            tmp_path,
+            started,
+            region("first", first, "llama-server"),
+            region("rest", rest, "llama-server", bias_ms=1000.0),
+            extra='[routing]\nmidstream = "resume"\n',
+        )
+        wait_healthy(router, "first", "rest")
+        pieces = []
+        with _anthropic(router).messages.stream(
+            model=MODEL_ALIAS,
+            max_tokens=120,
+            messages=[{"role": "user", "content": "Tell me about the sea."}],
+        ) as stream:
+            for piece in stream.text_stream:
+                pieces.append(piece)
+                if len(pieces) == 10:
+                    first.kill()
+            message = stream.get_final_message()
+        assert message.content[0].text == "".join(pieces)  # type: ignore[union-attr]
+        assert message.stop_reason == "max_tokens"
+        assert message.usage.output_tokens >= 120 - 2
+        assert "resuming on rest" in router.output()
+    finally:
+        for proc in started:
+            proc.kill()
