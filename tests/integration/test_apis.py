@@ -432,3 +432,36 @@ def test_stored_responses_are_not_continued_elsewhere(
     events = list(_openai(router, clients).responses.create(model=MODEL, input="x", stream=True))
     assert events[-1].type == "response.failed"
     assert "/v1/responses" not in sim_stats(b)["by_path"]
+
+
+def test_stored_responses_are_read_and_deleted_at_their_region_by_their_tenant(
+    sim_region: SimFactory, router_proc: RouterFactory, clients: list[Any]
+) -> None:
+    a, b = sim_region("a"), sim_region("b")
+    keys = "".join(
+        f'[[auth.keys]]\nsha256 = "{hash_key(key)}"\ntenant = "{name}"\n'
+        for name, key in (("one", "sk-one"), ("two", "sk-two"))
+    )
+    router = router_proc("[auth]\n" + keys + region_toml(a) + region_toml(b, bias_ms=500))
+    one = _openai(router, clients, api_key="sk-one")
+    two = _openai(router, clients, api_key="sk-two")
+    made = one.responses.create(
+        model=MODEL,
+        input="keep me",
+        extra_headers={"x-sim-fail": "503", "x-sim-only": "a"},
+    )
+    read = one.responses.with_raw_response.retrieve(made.id)
+    assert read.headers["x-router-region"] == "b"
+    assert read.parse().output_text == made.output_text
+    items = one.responses.input_items.list(made.id)
+    assert [i.content for i in items.data] == ["keep me"]  # type: ignore[union-attr]
+    # Another tenant, or an id this router never saw made, is not found.
+    with pytest.raises(openai.NotFoundError) as other:
+        two.responses.retrieve(made.id)
+    assert other.value.code == "response_not_found"
+    with pytest.raises(openai.NotFoundError):
+        one.responses.retrieve("resp_unknown")
+    one.responses.delete(made.id)
+    with pytest.raises(openai.NotFoundError):
+        one.responses.retrieve(made.id)  # the region's own 404 now
+    assert "/v1/responses/" + made.id not in sim_stats(a)["by_path"]

@@ -24,7 +24,13 @@ from router.core.context import RequestContext, request_id
 from router.core.dialect import response_id
 from router.core.failure import AttemptError
 from router.core.relay import relay_stream, whole
-from router.core.request import ParsedRequest, check_content_type, parse_body, read_body
+from router.core.request import (
+    RESPONSES,
+    ParsedRequest,
+    check_content_type,
+    parse_body,
+    read_body,
+)
 from router.core.responses import error_response, failure_response
 from router.core.stages import (
     AttemptObserver,
@@ -43,6 +49,7 @@ from router.core.stages import (
     Tap,
     VersionRouter,
 )
+from router.core.stored import forward_stored
 from router.core.upstream import CURRENT, Upstream, Upstreams
 from router.errors import ApiError, NotFound, Unavailable
 
@@ -252,8 +259,9 @@ class Pipeline:
                     features.rollout.assign(ctx, request.headers)
             candidates = upstreams.on(ctx.endpoint, features.selector(ctx, upstreams))
             homes = features.homes if asked.stateful else None
+            owner = ctx.tenant.name if ctx.tenant is not None else ""
             if homes is not None and asked.state_ref is not None:
-                candidates = _pinned(homes, asked.state_ref, upstreams, candidates)
+                candidates = _pinned(homes, asked.state_ref, owner, upstreams, candidates)
             if features.rollout is not None:
                 candidates = features.rollout.regions(ctx, candidates)
             if not candidates:
@@ -287,7 +295,7 @@ class Pipeline:
                     if homes is not None and opened.status == 200:
                         made = response_id(opened.body or b"")
                         if made is not None:
-                            homes.record(made, region)
+                            homes.record(made, region, owner)
                     return whole(ctx, opened, tap)
                 timer.begin("stream")
                 try:
@@ -302,7 +310,9 @@ class Pipeline:
                         continuer=features.continuer,
                         attempts=attempts,
                         strip_usage=opened.usage_added,
-                        on_id=None if homes is None else partial(homes.record, region=region),
+                        on_id=None
+                        if homes is None
+                        else partial(homes.record, region=region, owner=owner),
                     )
                 finally:
                     timer.end("stream")
@@ -326,6 +336,33 @@ class Pipeline:
             self._finish(request, ctx, answer.status, answer, False)
         return answer
 
+    async def stored(self, request: web.Request) -> web.StreamResponse:
+        """A stored Responses API response asked for again (core.stored): authenticated, then
+        relayed from the region holding it."""
+        ctx = RequestContext(request_id(request.headers.get("X-Request-Id")), RESPONSES)
+        request[CONTEXT] = ctx
+        status = 500
+        answer: web.StreamResponse | None = None
+        try:
+            try:
+                if self.features.auth is not None:
+                    ctx.tenant = self.features.auth.authenticate(request.headers)
+                if self.features.homes is None:
+                    raise NotFound(f"Unknown path {request.path}.")
+                answer = await forward_stored(
+                    request, ctx, self.features.homes, self.pools.current, self.live.config
+                )
+            except ApiError as exc:
+                answer = error_response(exc, ctx.request_id)
+            status = answer.status
+            await _send_whole(request, answer)
+            return answer
+        except asyncio.CancelledError:
+            status, answer = CLIENT_CLOSED, None
+            raise
+        finally:
+            self._finish(request, ctx, status, answer, False)
+
     async def on_prepare(self, request: web.Request, response: web.StreamResponse) -> None:
         """on_response_prepare: every feature's headers on every answer of a proxied request
         (streams, relayed errors, cache hits), in one place."""
@@ -341,11 +378,15 @@ class Pipeline:
 
 
 def _pinned(
-    homes: StateHomes, ref: str, upstreams: Upstreams, candidates: Sequence[Upstream]
+    homes: StateHomes,
+    ref: str,
+    owner: str,
+    upstreams: Upstreams,
+    candidates: Sequence[Upstream],
 ) -> Sequence[Upstream]:
     """The one region holding the response `ref` continues from, healthy or not (no other
-    has it); the usual candidates when this router did not see it made."""
-    home = homes.home(ref)
+    has it); the usual candidates when this router did not see `owner` make it."""
+    home = homes.home(ref, owner)
     if home is None:
         return candidates
     upstream = upstreams.get(home)

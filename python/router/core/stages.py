@@ -185,10 +185,11 @@ class ResponseCache(Protocol):
 
 
 class StateHomes(Protocol):
-    """Which region holds state a request refers to (Responses API stored responses)."""
+    """Which region holds state a request refers to (Responses API stored responses), per
+    owning tenant."""
 
-    def record(self, response_id: str, region: str) -> None: ...
-    def home(self, response_id: str) -> str | None: ...
+    def record(self, response_id: str, region: str, owner: str) -> None: ...
+    def home(self, response_id: str, owner: str) -> str | None: ...
 
 
 class ResponseDecorator(Protocol):

@@ -42,8 +42,10 @@ class Transport(Protocol):
     """Sends one request to a region."""
 
     async def post(
-        self, path: str, body: bytes, headers: Iterable[tuple[str, str]]
-    ) -> UpstreamResponse: ...
+        self, path: str, body: bytes, headers: Iterable[tuple[str, str]], method: bytes = b"POST"
+    ) -> UpstreamResponse:
+        """Send `body` (with `method`, POST unless said) and return at the answer's head."""
+
     async def close(self) -> None: ...
 
 
@@ -154,7 +156,7 @@ class LocalTransport:
         self.responses: list[_LocalResponse] = []
 
     async def post(
-        self, path: str, body: bytes, headers: Iterable[tuple[str, str]]
+        self, path: str, body: bytes, headers: Iterable[tuple[str, str]], method: bytes = b"POST"
     ) -> _LocalResponse:
         sent: CIMultiDict[str] = CIMultiDict(headers)
         self.requests.append((path, body, sent))

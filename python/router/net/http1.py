@@ -365,7 +365,9 @@ class Pool:
         # Requests sent again because a kept-alive connection turned out closed (see post).
         self.stale_retries = 0
 
-    async def post(self, path: str, body: bytes, headers: Iterable[tuple[str, str]]) -> Response:
+    async def post(
+        self, path: str, body: bytes, headers: Iterable[tuple[str, str]], method: bytes = b"POST"
+    ) -> Response:
         """Send `body` to `path` and return once the answer's status and headers arrived.
 
         A kept-alive connection the region closed while it sat idle fails before any byte of
@@ -374,7 +376,8 @@ class Pool:
         """
         loop = asyncio.get_running_loop()
         deadline = None if self.total_timeout is None else loop.time() + self.total_timeout
-        head = [b"POST ", path.encode("utf-8", "surrogateescape"), b" HTTP/1.1\r\nHost: "]
+        # POST, or another method for the few calls that are not (a stored response's GET).
+        head = [method, b" ", path.encode("utf-8", "surrogateescape"), b" HTTP/1.1\r\nHost: "]
         head.append(self._host_header)
         for name, value in headers:
             head += (b"\r\n", name.encode("latin-1"), b": ")

@@ -264,6 +264,12 @@ def build_app(
     hide_versions()
     for endpoint in (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, MESSAGES):
         app.router.add_post(endpoint, pipeline.handler(endpoint))
+    # A stored Responses API response, asked for again at the region that holds it.
+    stored = RESPONSES + "/{id}"
+    app.router.add_get(stored, pipeline.stored)
+    app.router.add_delete(stored, pipeline.stored)
+    app.router.add_post(stored + "/cancel", pipeline.stored)
+    app.router.add_get(stored + "/input_items", pipeline.stored)
 
     async def models(request: web.Request) -> web.Response:
         tenant = auth.authenticate(request.headers)

@@ -8,6 +8,7 @@ import hashlib
 import re
 import struct
 import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,6 +31,8 @@ _CONTEXT_CHARS = 16_000
 _UUID = re.compile(r"^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$", re.I)
 # "hang" holds a request this long at most, so a forgotten client cannot pin a task forever.
 _HANG_S = 600.0
+# Responses a vllm-kind sim keeps for later reads.
+_STORED = 1000
 _ENCODE = msgspec.json.Encoder()
 _DECODE = msgspec.json.Decoder()
 
@@ -134,6 +137,8 @@ class SimRegion:
         self.created = int(time.time())
         # llama-cpp-python: the running stream a new request interrupts.
         self._running: asyncio.Event | None = None
+        # Responses stored for later reads (the vllm kind), least recently made first out.
+        self._stored: OrderedDict[str, tuple[dict[str, Any], Any]] = OrderedDict()
 
     # ---- fault injection shared by every generating endpoint ----
 
@@ -233,10 +238,18 @@ class SimRegion:
                 if not isinstance(messages, list):
                     messages = None
             elif api == "responses":
-                if body.get("previous_response_id") is not None and kind == "llama-server":
+                previous = body.get("previous_response_id")
+                if previous is not None and kind == "llama-server":
                     return _error(
                         400,
                         "llama.cpp does not support 'previous_response_id'.",
+                        "invalid_request_error",
+                    )
+                if previous is not None and previous not in self._stored:
+                    # Only the region that made a response has it.
+                    return _error(
+                        404,
+                        f"Previous response with id '{previous}' not found.",
                         "invalid_request_error",
                     )
                 messages = apis.responses_messages(body)
@@ -291,6 +304,13 @@ class SimRegion:
             render = apis.Chat(
                 api == "chat", ident, model, self.created, usage, include_usage and not lcp
             )
+        if (
+            isinstance(render, apis.Responses)
+            and body.get("store") is not False
+            and kind != ("llama-server")
+        ):
+            # vLLM keeps the response for GET /v1/responses/{id} and previous_response_id.
+            self._store(render.id, render.body("".join(tokens), finish), body.get("input"))
         if stream:
             return await self._stream(request, plan, render, tokens, finish)
         await _pause(plan.ttft_s + plan.token_s * len(tokens))
@@ -363,6 +383,30 @@ class SimRegion:
         await resp.write(b"".join(render.end("".join(tokens), finish)))
         await resp.write_eof()
         return resp
+
+    def _store(self, response_id: str, response: dict[str, Any], given: Any) -> None:
+        stored = self._stored
+        stored[response_id] = (response, given)
+        while len(stored) > _STORED:
+            stored.popitem(last=False)
+
+    async def stored(self, request: web.Request) -> web.StreamResponse:
+        """GET / DELETE /v1/responses/{id}, POST .../cancel, GET .../input_items."""
+        self.stats.by_path[request.path] = self.stats.by_path.get(request.path, 0) + 1
+        self.stats.last_headers = dict(request.headers)
+        found = self._stored.get(request.match_info["id"])
+        if found is None:
+            return _error(404, "Response not found.", "invalid_request_error")
+        response, given = found
+        if request.method == "DELETE":
+            del self._stored[response["id"]]
+            payload: Any = {"id": response["id"], "object": "response", "deleted": True}
+        elif request.path.endswith("/input_items"):
+            items = [{"role": "user", "content": given}] if isinstance(given, str) else given
+            payload = {"object": "list", "data": items or []}
+        else:
+            payload = response
+        return web.Response(body=_ENCODE.encode(payload), content_type="application/json")
 
     async def embeddings(self, request: web.Request) -> web.StreamResponse:
         stats = self.stats
@@ -467,6 +511,10 @@ def build_sim_app(options: SimOptions) -> web.Application:
     app.router.add_post("/v1/embeddings", sim.embeddings)
     app.router.add_post("/v1/responses", sim.responses)
     app.router.add_post("/v1/messages", sim.messages)
+    app.router.add_get("/v1/responses/{id}", sim.stored)
+    app.router.add_delete("/v1/responses/{id}", sim.stored)
+    app.router.add_post("/v1/responses/{id}/cancel", sim.stored)
+    app.router.add_get("/v1/responses/{id}/input_items", sim.stored)
     app.router.add_get("/v1/models", sim.models)
     app.router.add_get("/health", sim.health)
     app.router.add_get("/sim/stats", sim.get_stats)
