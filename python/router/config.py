@@ -446,6 +446,25 @@ class RoutingConfig(_Section, frozen=True):
     circuit_max_s: _SECONDS = 30.0
 
 
+class StateConfig(_Section, frozen=True):
+    """[state]: which region holds each stored Responses API response (its follow-ups and
+    reads go there), noted per router and optionally shared through Redis."""
+
+    # Responses noted in this router's memory, least recently used first out.
+    max_responses: _POSITIVE = 100_000
+    # Redis the routers of a deployment share the notes through, so a follow-up may reach any
+    # of them; unset: each router knows only the responses it relayed.
+    redis_url: Annotated[str, msgspec.Meta(pattern=r"^(redis|rediss|unix)://")] | None = None
+    # redis_url names one node of a Redis Cluster.
+    redis_cluster: bool = False
+    # A lookup Redis does not answer in this long is treated as not found (routed as usual).
+    redis_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 0.25
+    # Prefix of the keys, one per response.
+    redis_prefix: str = "router:resp:"
+    # How long a note lives in Redis (OpenAI keeps stored responses for 30 days).
+    ttl_s: _SECONDS = 2_592_000.0
+
+
 class ObservabilityConfig(_Section, frozen=True):
     """[observability]: metrics, access log, SLO targets, status page."""
 
@@ -542,6 +561,7 @@ class Config(_Section, frozen=True):
     cache: CacheConfig = msgspec.field(default_factory=CacheConfig)
     health: HealthConfig = msgspec.field(default_factory=HealthConfig)
     routing: RoutingConfig = msgspec.field(default_factory=RoutingConfig)
+    state: StateConfig = msgspec.field(default_factory=StateConfig)
     observability: ObservabilityConfig = msgspec.field(default_factory=ObservabilityConfig)
     rollout: RolloutConfig = msgspec.field(default_factory=RolloutConfig)
 

@@ -7,6 +7,7 @@ import json
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -21,8 +22,9 @@ from tests.integration.conftest import (
     region_toml,
     regions_toml,
     sim_stats,
+    start_router,
 )
-from tests.support import Proc
+from tests.support import Proc, start_redis
 
 
 @pytest.fixture
@@ -465,3 +467,37 @@ def test_stored_responses_are_read_and_deleted_at_their_region_by_their_tenant(
     with pytest.raises(openai.NotFoundError):
         one.responses.retrieve(made.id)  # the region's own 404 now
     assert "/v1/responses/" + made.id not in sim_stats(a)["by_path"]
+
+
+def test_routers_sharing_redis_pin_each_others_responses(
+    sim_region: SimFactory, tmp_path: Path, clients: list[Any]
+) -> None:
+    """[state] redis_url: a response relayed by one router is followed up, and read, through
+    another; with Redis stopped, what each router relayed itself still is."""
+    redis = start_redis(tmp_path)
+    a, b = sim_region("a"), sim_region("b")
+    config = (
+        f'[state]\nredis_url = "redis://127.0.0.1:{redis.port}/0"\n[auth]\nenabled = false\n'
+        + region_toml(a)
+        + region_toml(b, bias_ms=500)
+    )
+    routers = [start_router(tmp_path, config) for _ in range(2)]
+    try:
+        first, second = (_openai(r, clients) for r in routers)
+        made = first.responses.create(
+            model=MODEL, input="keep me", extra_headers={"x-sim-fail": "503", "x-sim-only": "a"}
+        )
+        follow = second.responses.with_raw_response.create(
+            model=MODEL, input="more", previous_response_id=made.id
+        )
+        assert follow.headers["x-router-region"] == "b"
+        assert second.responses.retrieve(made.id).id == made.id
+        redis.kill()
+        again = first.responses.with_raw_response.create(
+            model=MODEL, input="again", previous_response_id=made.id
+        )
+        assert again.headers["x-router-region"] == "b"
+    finally:
+        for proc in routers:
+            proc.kill()
+        redis.kill()

@@ -261,7 +261,7 @@ class Pipeline:
             homes = features.homes if asked.stateful else None
             owner = ctx.tenant.name if ctx.tenant is not None else ""
             if homes is not None and asked.state_ref is not None:
-                candidates = _pinned(homes, asked.state_ref, owner, upstreams, candidates)
+                candidates = await _pinned(homes, asked.state_ref, owner, upstreams, candidates)
             if features.rollout is not None:
                 candidates = features.rollout.regions(ctx, candidates)
             if not candidates:
@@ -377,7 +377,7 @@ class Pipeline:
             decorator(ctx, headers)
 
 
-def _pinned(
+async def _pinned(
     homes: StateHomes,
     ref: str,
     owner: str,
@@ -386,7 +386,7 @@ def _pinned(
 ) -> Sequence[Upstream]:
     """The one region holding the response `ref` continues from, healthy or not (no other
     has it); the usual candidates when this router did not see `owner` make it."""
-    home = homes.home(ref, owner)
+    home = await homes.home(ref, owner)
     if home is None:
         return candidates
     upstream = upstreams.get(home)

@@ -37,7 +37,7 @@ async def forward_stored(
     """Relay one stored-response call to the region holding the response."""
     response_id = request.match_info["id"]
     owner = ctx.tenant.name if ctx.tenant is not None else ""
-    home = homes.home(response_id, owner)
+    home = await homes.home(response_id, owner)
     upstream = upstreams.get(home) if home is not None else None
     if upstream is None:
         raise NotFound(

@@ -2,39 +2,79 @@
 
 A response created with `store` (the Responses API's default), in background mode or in a
 conversation exists only on the region that made it; a request continuing it
-(`previous_response_id`) must go there and nowhere else. The router notes the region of each
-such response it relays (bounded, least recently used first out) and pins the follow-ups.
+(`previous_response_id`) or reading it (`GET /v1/responses/{id}`) must go there and nowhere
+else. The router notes the region of each such response it relays, for the tenant that made it
+(bounded, least recently used first out), and, with `[state] redis_url`, shares the notes with
+the other routers of the deployment: written in the background, read only when a follow-up's
+id is not in memory (one Redis round trip, bounded by `redis_timeout_s`; no answer is "not
+known").
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections import OrderedDict
+from collections.abc import AsyncIterator
 
-# Responses remembered; at ~150 bytes each, 100 000 are ~15 MB.
-DEFAULT_CAPACITY = 100_000
+from aiohttp import web
+
+from router.config import StateConfig
+from router.net.redis_client import OUTAGE, Client, hash_tagged, open_redis
+
+log = logging.getLogger("router")
+
+# Notes written to Redis that have not finished yet (kept referenced until they do).
+_WRITES: set[asyncio.Task[None]] = set()
+# An outage is logged once per this many failed calls.
+_LOG_EVERY = 1000
 
 
 class ResponseHomes:
     """Response id -> the region that holds it and the tenant it belongs to
     (core.stages.StateHomes). Another tenant's response is not found."""
 
-    __slots__ = ("_homes", "capacity")
+    __slots__ = ("_failures", "_homes", "_redis", "capacity", "config")
 
-    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
-        self.capacity = capacity
+    def __init__(self, config: StateConfig | None = None) -> None:
+        self.config = config or StateConfig()
+        self.capacity = self.config.max_responses
         self._homes: OrderedDict[str, tuple[str, str]] = OrderedDict()
+        self._redis: Client | None = None
+        self._failures = 0
+
+    async def lifetime(self, app: web.Application) -> AsyncIterator[None]:
+        """A cleanup_ctx: the Redis client (with [state] redis_url) lives as long as the app."""
+        config = self.config
+        if config.redis_url is not None:
+            self._redis = open_redis(
+                config.redis_url, timeout_s=config.redis_timeout_s, cluster=config.redis_cluster
+            )
+        yield
+        redis, self._redis = self._redis, None
+        if _WRITES:
+            await asyncio.gather(*_WRITES, return_exceptions=True)
+        if redis is not None:
+            await redis.aclose()
 
     def record(self, response_id: str, region: str, owner: str) -> None:
         """`region` holds the response `response_id`, made by tenant `owner`."""
-        homes = self._homes
-        homes[response_id] = (region, owner)
-        homes.move_to_end(response_id)
-        while len(homes) > self.capacity:
-            homes.popitem(last=False)
+        self._remember(response_id, region, owner)
+        if self._redis is not None:
+            task = asyncio.get_running_loop().create_task(
+                self._write(self._redis, response_id, f"{region}\n{owner}")
+            )
+            _WRITES.add(task)
+            task.add_done_callback(_WRITES.discard)
 
-    def home(self, response_id: str, owner: str) -> str | None:
-        """The region holding `response_id`, if this router saw `owner` create it."""
+    async def home(self, response_id: str, owner: str) -> str | None:
+        """The region holding `response_id`, if `owner` made it through this router (or,
+        sharing through Redis, through any)."""
         found = self._homes.get(response_id)
+        if found is None and self._redis is not None:
+            found = await self._read(self._redis, response_id)
+            if found is not None:
+                self._remember(response_id, *found)
         if found is None or found[1] != owner:
             return None
         self._homes.move_to_end(response_id)
@@ -42,3 +82,42 @@ class ResponseHomes:
 
     def __len__(self) -> int:
         return len(self._homes)
+
+    def _remember(self, response_id: str, region: str, owner: str) -> None:
+        homes = self._homes
+        homes[response_id] = (region, owner)
+        homes.move_to_end(response_id)
+        while len(homes) > self.capacity:
+            homes.popitem(last=False)
+
+    def _key(self, response_id: str) -> str:
+        return hash_tagged(self.config.redis_prefix, response_id)
+
+    async def _write(self, redis: Client, response_id: str, value: str) -> None:
+        try:
+            await redis.set(self._key(response_id), value, ex=int(self.config.ttl_s))
+        except OUTAGE as exc:
+            self._failed("write", exc)
+
+    async def _read(self, redis: Client, response_id: str) -> tuple[str, str] | None:
+        try:
+            async with asyncio.timeout(self.config.redis_timeout_s):
+                raw = await redis.get(self._key(response_id))
+        except OUTAGE as exc:
+            self._failed("read", exc)
+            return None
+        if raw is None:
+            return None
+        text = raw.decode() if isinstance(raw, bytes) else str(raw)
+        region, _, owner = text.partition("\n")
+        return region, owner
+
+    def _failed(self, what: str, exc: BaseException) -> None:
+        self._failures += 1
+        if self._failures % _LOG_EVERY == 1:
+            log.warning(
+                "[state] Redis did not answer a %s (%d failed so far): %r; pins are per router",
+                what,
+                self._failures,
+                exc,
+            )

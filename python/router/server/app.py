@@ -235,6 +235,8 @@ def build_app(
     if cache is not None:
         decorators.append(cache_headers)
 
+    homes = ResponseHomes(config.state)
+    app.cleanup_ctx.append(homes.lifetime)
     features = Features(
         auth=auth,
         rollout=rollout,
@@ -250,7 +252,7 @@ def build_app(
         decorators=tuple(decorators),
         exchange=observer,
         # Which region holds each stored Responses API response (pinning its follow-ups).
-        homes=ResponseHomes(),
+        homes=homes,
     )
     pipeline = app[PIPELINE] = Pipeline(
         features, live, pools, InFlightPerIp(config.server.max_in_flight_per_ip)
