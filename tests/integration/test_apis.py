@@ -501,3 +501,35 @@ def test_routers_sharing_redis_pin_each_others_responses(
         for proc in routers:
             proc.kill()
         redis.kill()
+
+
+def test_concurrent_identical_message_streams_share_one_exchange(
+    sim_region: SimFactory, router_proc: RouterFactory, clients: list[Any]
+) -> None:
+    """Coalesced followers of a Messages stream get its events whole, event names included
+    (the Anthropic SDK reads nothing without them)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    a = sim_region("a", tokens_per_s=50)
+    router = router_proc(regions_toml(a, header="[cache]\nenabled = true\n"))
+    asked: dict[str, Any] = {
+        "model": MODEL,
+        "max_tokens": 4096,
+        "extra_body": {"temperature": 0},
+        "messages": [{"role": "user", "content": "share me"}],
+    }
+
+    def read(_: int) -> tuple[str, str]:
+        raw = _anthropic(router, clients).messages.with_raw_response.create(**asked, stream=True)
+        events = list(raw.parse())
+        assert events[-1].type == "message_stop"
+        text = "".join(e.delta.text for e in events if e.type == "content_block_delta")  # type: ignore[union-attr]
+        return raw.headers["x-cache"], text
+
+    with ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(read, range(3)))
+    texts = {text for _, text in results}
+    assert len(texts) == 1
+    assert texts.pop()
+    assert sorted(outcome for outcome, _ in results).count("MISS") == 1
+    assert sim_stats(a)["by_path"]["/v1/messages"] == 1
