@@ -18,7 +18,7 @@ from multidict import CIMultiDict
 
 from router.config import Config, RegionConfig, RoutingConfig
 from router.core.pipeline import Features, Pipeline
-from router.core.request import CHAT
+from router.core.request import CHAT, MESSAGES, RESPONSES
 from router.core.transport import LocalReply, LocalTransport
 from router.core.upstream import Upstream, Upstreams
 from router.routing.continuation import MidstreamPolicy
@@ -71,7 +71,8 @@ def app_for(
     pipeline = Pipeline(features, LiveConfig(config), pools)
     app = web.Application()
     app.on_response_prepare.append(pipeline.on_prepare)
-    app.router.add_post(CHAT, pipeline.handler(CHAT))
+    for endpoint in (CHAT, RESPONSES, MESSAGES):
+        app.router.add_post(endpoint, pipeline.handler(endpoint))
     return app, transports
 
 
