@@ -533,3 +533,27 @@ def test_concurrent_identical_message_streams_share_one_exchange(
     assert texts.pop()
     assert sorted(outcome for outcome, _ in results).count("MISS") == 1
     assert sim_stats(a)["by_path"]["/v1/messages"] == 1
+
+
+def test_token_limits_count_the_new_apis_and_refuse_in_their_shape(
+    sim_region: SimFactory, router_proc: RouterFactory, clients: list[Any]
+) -> None:
+    """A key's tokens_per_minute: a Messages request whose prompt + max_tokens exceed it is a
+    429 in Anthropic's shape; a Responses one in OpenAI's; the small ones pass."""
+    a = sim_region("a")
+    key = f'[[auth.keys]]\nsha256 = "{hash_key("sk-t")}"\ntenant = "t"\n'
+    limits = "tokens_per_minute = 600\ntoken_burst = 1000\n"
+    router = router_proc("[auth]\n" + key + limits + region_toml(a))
+    messages = _anthropic(router, clients, api_key="sk-t")
+    responses = _openai(router, clients, api_key="sk-t")
+    small = [{"role": "user", "content": "hi"}]
+    assert messages.messages.create(model=MODEL, max_tokens=10, messages=small)  # type: ignore[arg-type]
+    big = [{"role": "user", "content": "word " * 400}]
+    with pytest.raises(anthropic.RateLimitError) as refused:
+        messages.messages.create(model=MODEL, max_tokens=700, messages=big)  # type: ignore[arg-type]
+    assert refused.value.body["error"]["type"] == "rate_limit_error"  # type: ignore[index]
+    with pytest.raises(openai.RateLimitError):
+        responses.responses.create(model=MODEL, input="hi", max_output_tokens=2000, store=False)
+    assert responses.responses.create(
+        model=MODEL, input="hi", max_output_tokens=10, store=False
+    ).output_text
