@@ -21,31 +21,27 @@ from router.core.request import MESSAGES, RESPONSES, parse_body
 from tests.real.conftest import RealFactory
 from tests.real.model import CHAT_TEMPLATE
 from tests.real.servers import MODEL_ALIAS
-from tests.real.test_router_real import region, router_for, wait_healthy
+from tests.real.test_router_real import (
+    _OPEN,
+    _close_clients,  # noqa: F401  (autouse: closes every SDK client after its test)
+    region,
+    router_for,
+    sdk,
+    wait_healthy,
+)
 from tests.support import Proc
 
 pytestmark = pytest.mark.real
 
-_OPEN: list[Any] = []
-
 
 def _openai(proc: Proc) -> openai.OpenAI:
-    client = openai.OpenAI(base_url=proc.url + "/v1", api_key="x", max_retries=0, timeout=180)
-    _OPEN.append(client)
-    return client
+    return sdk(proc)
 
 
 def _anthropic(proc: Proc) -> anthropic.Anthropic:
     client = anthropic.Anthropic(base_url=proc.url, api_key="x", max_retries=0, timeout=180)
-    _OPEN.append(client)
+    _OPEN.append(client)  # type: ignore[arg-type]  (closed like the openai clients)
     return client
-
-
-@pytest.fixture(autouse=True)
-def _close_clients() -> Iterator[None]:
-    yield
-    while _OPEN:
-        _OPEN.pop().close()
 
 
 @pytest.fixture
