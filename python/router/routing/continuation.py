@@ -17,15 +17,13 @@ from aiohttp import web
 
 from router.config import RegionConfig, RoutingConfig
 from router.core.context import RequestContext
-from router.core.failure import AttemptError
 from router.core.request import CHAT
-from router.core.stream import DEFAULT_MAX_EVENT_BYTES, DONE_EVENT, StreamState, passable
+from router.core.stream import EventState, StreamState
 from router.core.upstream import Opened, Upstream
-from router.net import http1, sse
-from router.net.idle import IdleWatch
+from router.net import sse
 from router.routing import event_continuation
 from router.routing.event_continuation import EventTracker
-from router.routing.seam import Catchup, Diverged, SentEvents, json_object
+from router.routing.seam import Catchup, SentEvents, Stitch, carry_on, json_object
 
 log = logging.getLogger("router")
 
@@ -232,23 +230,24 @@ class MidstreamPolicy:
             )
             regenerate = mode == "regenerate"
             body = ctx.request.body
+            state: StreamState | EventState
+            stitch: Stitch
             if isinstance(tracker, EventTracker):
                 if not regenerate:
                     body = event_continuation.continuation_body(
                         body, tracker.text, tracker.events, ctx.dialect.anthropic
                     )
-                ok = await event_continuation.continue_events(
-                    ctx, upstream, body, open_one, out, tracker, self.idle_s, regenerate
-                )
+                state = EventState(ctx.dialect.terminal)
+                stitch = event_continuation.Stitcher(tracker, regenerate=regenerate)
             else:
                 assert isinstance(tracker, StreamTracker)
                 if not regenerate:
-                    body = continuation_body(
-                        body, tracker.text, tracker.events, upstream.config.kind
-                    )
-                ok = await _continue_on(
-                    ctx, upstream, body, open_one, out, tracker, self.idle_s, regenerate
-                )
+                    kind = upstream.config.kind
+                    body = continuation_body(body, tracker.text, tracker.events, kind)
+                state, stitch = StreamState(), ChatStitch(tracker, regenerate=regenerate)
+            ok = await carry_on(
+                ctx, upstream, body, open_one, out, tracker, self.idle_s, state, stitch
+            )
             if ok:
                 ctx.region = upstream.name
                 return True
@@ -288,84 +287,30 @@ class _Catchup(Catchup):
         return b"data: " + _ENCODE.encode(obj) + b"\n\n"
 
 
-async def _continue_on(
-    ctx: RequestContext,
-    upstream: Upstream,
-    body: bytes,
-    open_one: Callable[[Upstream, bytes], Awaitable[Opened]],
-    out: web.StreamResponse,
-    tracker: StreamTracker,
-    idle_s: float,
-    regenerate: bool,
-    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
-) -> bool | None:
-    """Stream the continuation from `upstream` into `out`: True once it finished, False if it
-    broke or diverged, None if the attempt itself failed."""
-    try:
-        opened = await open_one(upstream, body)
-    except AttemptError as exc:
-        log.warning(
-            "request %s: resume on %s failed: %s%s",
-            ctx.request_id,
-            upstream.name,
-            exc,
-            f" {exc.body[:500]!r}" if exc.body else "",
-        )
-        return None
-    resp = opened.response
-    if resp is None:
-        # The region refused the continuation (e.g. a prefill it does not take): say how.
-        log.warning(
-            "request %s: resume on %s refused: HTTP %d %r",
-            ctx.request_id,
-            upstream.name,
-            opened.status,
-            (opened.body or b"")[:500],
-        )
-        return False
-    splitter = sse.Splitter(max_event_bytes)
-    state = StreamState()
-    # Regenerated: must repeat what the client has; continued: may echo it first.
-    catchup = _Catchup(tracker.text, echo=not regenerate)
-    sent = 0 if regenerate else tracker.events
-    complete = False
-    try:
-        chunk = opened.first
-        async with IdleWatch(idle_s) as idle:
-            while chunk:
-                events = []
-                for event in sse.split_events(passable(splitter.feed(chunk), state, False)):
-                    kept = catchup.event(event + b"\n\n")
-                    if kept is not None:
-                        events.append(whole_usage(kept, sent) if sent else kept)
-                if events:
-                    await _write_resumed(out, b"".join(events), tracker)
-                idle.waiting()
-                chunk = await resp.content.readany()
-                idle.busy()
-        complete = not splitter.pending and state.complete and catchup.through
-        if complete and state.owes_done:
-            await _write_resumed(out, DONE_EVENT, tracker)
-        return complete
-    except (http1.ClientError, TimeoutError, sse.EventTooLarge, Diverged) as exc:
-        log.warning("request %s: resume on %s failed: %s", ctx.request_id, upstream.name, exc)
-        return False
-    finally:
-        if complete:
-            resp.release()
-        else:
-            resp.close()
+class ChatStitch:
+    """A chat continuation's events as the first stream's (seam.Stitch): held back until past
+    the text the client has, usage covering the whole answer, the first stream's identity, its
+    role preamble dropped."""
 
+    __slots__ = ("catchup", "sent", "tracker")
 
-async def _write_resumed(out: web.StreamResponse, whole: bytes, tracker: StreamTracker) -> None:
-    parts = []
-    for event in sse.split_events(whole):
-        stamped = restamp(event, tracker.ident)
-        if stamped is not None:
-            parts.append(stamped + b"\n\n")
-    data = b"".join(parts)
-    if data:
-        # Through the tracker so a second break resumes from the right text.
-        tracker.feed(data)
-        await out.write(data)
-        tracker.settle()
+    def __init__(self, tracker: StreamTracker, *, regenerate: bool) -> None:
+        self.tracker = tracker
+        # Regenerated: must repeat what the client has; continued: may echo it first.
+        self.catchup = _Catchup(tracker.text, echo=not regenerate)
+        self.sent = 0 if regenerate else tracker.events
+
+    @property
+    def through(self) -> bool:
+        """The continuation passed the text the client had."""
+        return self.catchup.through
+
+    def event(self, event: bytes) -> bytes | None:
+        """One event of the continuation as the client gets it; None to drop it."""
+        kept = self.catchup.event(event)
+        if kept is None:
+            return None
+        if self.sent:
+            kept = whole_usage(kept, self.sent)
+        stamped = restamp(kept.rstrip(b"\n"), self.tracker.ident)
+        return None if stamped is None else stamped + b"\n\n"

@@ -16,22 +16,12 @@ the region that failed (`store`, chains, background).
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
-from aiohttp import web
 
-from router.core.context import RequestContext
-from router.core.failure import AttemptError
-from router.core.stream import DEFAULT_MAX_EVENT_BYTES, EventState, passable
-from router.core.upstream import Opened, Upstream
-from router.net import http1, sse
-from router.net.idle import IdleWatch
+from router.net import sse
 from router.routing.seam import Catchup, Diverged, SentEvents, json_object
-
-log = logging.getLogger("router")
 
 _DECODE = msgspec.json.Decoder()
 _ENCODE = msgspec.json.Encoder()
@@ -238,65 +228,3 @@ class Stitcher:
             if isinstance(inputs, int) and isinstance(outputs, int):
                 usage["input_tokens"] = max(0, inputs - self.sent)
                 usage["output_tokens"] = outputs + self.sent
-
-
-async def continue_events(
-    ctx: RequestContext,
-    upstream: Upstream,
-    body: bytes,
-    open_one: Callable[[Upstream, bytes], Awaitable[Opened]],
-    out: web.StreamResponse,
-    tracker: EventTracker,
-    idle_s: float,
-    regenerate: bool,
-    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
-) -> bool | None:
-    """Stream the continuation from `upstream` into `out`: True once it finished, False if it
-    broke or diverged, None if the attempt itself failed."""
-    try:
-        opened = await open_one(upstream, body)
-    except AttemptError as exc:
-        log.warning("request %s: resume on %s failed: %s", ctx.request_id, upstream.name, exc)
-        return None
-    resp = opened.response
-    if resp is None:
-        log.warning(
-            "request %s: resume on %s refused: HTTP %d %r",
-            ctx.request_id,
-            upstream.name,
-            opened.status,
-            (opened.body or b"")[:500],
-        )
-        return False
-    splitter = sse.Splitter(max_event_bytes)
-    state = EventState(ctx.dialect.terminal)
-    stitcher = Stitcher(tracker, regenerate=regenerate)
-    complete = False
-    try:
-        chunk = opened.first
-        async with IdleWatch(idle_s) as idle:
-            while chunk:
-                events = []
-                for event in sse.split_events(passable(splitter.feed(chunk), state, False)):
-                    kept = stitcher.event(event + b"\n\n")
-                    if kept is not None:
-                        events.append(kept)
-                if events:
-                    data = b"".join(events)
-                    # Through the tracker so a second break resumes from the right text.
-                    tracker.feed(data)
-                    await out.write(data)
-                    tracker.settle()
-                idle.waiting()
-                chunk = await resp.content.readany()
-                idle.busy()
-        complete = not splitter.pending and state.complete and stitcher.through
-        return complete
-    except (http1.ClientError, TimeoutError, sse.EventTooLarge, Diverged) as exc:
-        log.warning("request %s: resume on %s failed: %s", ctx.request_id, upstream.name, exc)
-        return False
-    finally:
-        if complete:
-            resp.release()
-        else:
-            resp.close()

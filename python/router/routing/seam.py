@@ -4,11 +4,27 @@ typed-event APIs)."""
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 
 import msgspec
+from aiohttp import web
 
-from router.net import sse
+from router.core.context import RequestContext
+from router.core.failure import AttemptError
+from router.core.stream import (
+    DEFAULT_MAX_EVENT_BYTES,
+    DONE_EVENT,
+    EventState,
+    StreamState,
+    passable,
+)
+from router.core.upstream import Opened, Upstream
+from router.net import http1, sse
+from router.net.idle import IdleWatch
+
+log = logging.getLogger("router")
 
 _DECODE = msgspec.json.Decoder()
 
@@ -113,3 +129,87 @@ class Catchup:
         if not self.echo:
             raise Diverged("ended before reaching the text already sent")
         self.through = True
+
+
+class Stitch(Protocol):
+    """Turns a continuation's events into the first stream's (per API)."""
+
+    @property
+    def through(self) -> bool:
+        """The continuation passed the text the client had."""
+
+    def event(self, event: bytes) -> bytes | None:
+        """One whole event of the continuation as the client gets it; None to drop it."""
+
+
+async def carry_on(
+    ctx: RequestContext,
+    upstream: Upstream,
+    body: bytes,
+    open_one: Callable[[Upstream, bytes], Awaitable[Opened]],
+    out: web.StreamResponse,
+    tracker: SentEvents,
+    idle_s: float,
+    state: StreamState | EventState,
+    stitch: Stitch,
+    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+) -> bool | None:
+    """Stream the continuation from `upstream` into `out`, each event through `stitch`: True
+    once it finished, False if it broke or diverged, None if the attempt itself failed."""
+    try:
+        opened = await open_one(upstream, body)
+    except AttemptError as exc:
+        log.warning(
+            "request %s: resume on %s failed: %s%s",
+            ctx.request_id,
+            upstream.name,
+            exc,
+            f" {exc.body[:500]!r}" if exc.body else "",
+        )
+        return None
+    resp = opened.response
+    if resp is None:
+        # The region refused the continuation (e.g. a prefill it does not take): say how.
+        log.warning(
+            "request %s: resume on %s refused: HTTP %d %r",
+            ctx.request_id,
+            upstream.name,
+            opened.status,
+            (opened.body or b"")[:500],
+        )
+        return False
+    splitter = sse.Splitter(max_event_bytes)
+    complete = False
+    try:
+        chunk = opened.first
+        async with IdleWatch(idle_s) as idle:
+            while chunk:
+                events = []
+                for event in sse.split_events(passable(splitter.feed(chunk), state, False)):
+                    kept = stitch.event(event + b"\n\n")
+                    if kept is not None:
+                        events.append(kept)
+                if events:
+                    await _write(out, b"".join(events), tracker)
+                idle.waiting()
+                chunk = await resp.content.readany()
+                idle.busy()
+        complete = not splitter.pending and state.complete and stitch.through
+        if complete and state.owes_done:
+            await _write(out, DONE_EVENT, tracker)
+        return complete
+    except (http1.ClientError, TimeoutError, sse.EventTooLarge, Diverged) as exc:
+        log.warning("request %s: resume on %s failed: %s", ctx.request_id, upstream.name, exc)
+        return False
+    finally:
+        if complete:
+            resp.release()
+        else:
+            resp.close()
+
+
+async def _write(out: web.StreamResponse, data: bytes, tracker: SentEvents) -> None:
+    # Through the tracker so a second break resumes from the right text.
+    tracker.feed(data)
+    await out.write(data)
+    tracker.settle()
