@@ -258,12 +258,15 @@ class Pipeline:
                 if features.rollout is not None:
                     features.rollout.assign(ctx, request.headers)
             candidates = upstreams.on(ctx.endpoint, features.selector(ctx, upstreams))
-            homes = features.homes if asked.stateful else None
-            owner = ctx.tenant.name if ctx.tenant is not None else ""
-            if homes is not None and asked.state_ref is not None:
-                candidates = await _pinned(homes, asked.state_ref, owner, upstreams, candidates)
             if features.rollout is not None:
                 candidates = features.rollout.regions(ctx, candidates)
+            # Responses API state: the region that made a response is noted, and holds it.
+            homes = features.homes if asked.stateful else None
+            owner = ""
+            if homes is not None:
+                owner = ctx.tenant.name if ctx.tenant is not None else ""
+                if asked.state_ref is not None:
+                    candidates = await _pinned(homes, asked.state_ref, owner, upstreams, candidates)
             if not candidates:
                 if more and fallbacks is not None and fallbacks.moves(None):
                     continue
