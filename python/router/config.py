@@ -98,7 +98,9 @@ class TimeoutsConfig(_Section, frozen=True):
 
 
 # The APIs a region may serve (`[[regions]] endpoints`).
-Endpoint = Literal["chat", "completions", "embeddings", "responses", "messages"]
+Endpoint = Literal[
+    "chat", "completions", "embeddings", "responses", "messages", "input_tokens", "count_tokens"
+]
 
 
 class RegionConfig(_Section, frozen=True):
@@ -137,8 +139,10 @@ class RegionConfig(_Section, frozen=True):
     # not wait for the model), else [health] path with its 404 fallback.
     health_path: str | None = None
     # The APIs the region serves ("chat", "completions", "embeddings", "responses",
-    # "messages"); unset: from `kind` (generic and llama-cpp-python: the first three; openai
-    # adds responses; vllm, llama-server and sim serve all five).
+    # "messages", and the prompt counts "input_tokens" (/v1/responses/input_tokens) and
+    # "count_tokens" (/v1/messages/count_tokens)); unset: from `kind` (generic and
+    # llama-cpp-python: the first three; openai adds responses and input_tokens; vllm the first
+    # five; llama-server and sim all seven).
     endpoints: tuple[Endpoint, ...] | None = None
 
     def probe_path(self) -> str | None:
@@ -155,12 +159,13 @@ class RegionConfig(_Section, frozen=True):
 
 
 _OPENAI_CLASSIC: tuple[Endpoint, ...] = ("chat", "completions", "embeddings")
-_ALL_ENDPOINTS: tuple[Endpoint, ...] = (*_OPENAI_CLASSIC, "responses", "messages")
+_GENERATING: tuple[Endpoint, ...] = (*_OPENAI_CLASSIC, "responses", "messages")
+_ALL_ENDPOINTS: tuple[Endpoint, ...] = (*_GENERATING, "input_tokens", "count_tokens")
 _KIND_ENDPOINTS: dict[str, tuple[Endpoint, ...]] = {
-    "vllm": _ALL_ENDPOINTS,
+    "vllm": _GENERATING,
     "llama-server": _ALL_ENDPOINTS,
     "sim": _ALL_ENDPOINTS,
-    "openai": (*_OPENAI_CLASSIC, "responses"),
+    "openai": (*_OPENAI_CLASSIC, "responses", "input_tokens"),
 }
 
 

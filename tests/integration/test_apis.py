@@ -557,3 +557,27 @@ def test_token_limits_count_the_new_apis_and_refuse_in_their_shape(
     assert responses.responses.create(
         model=MODEL, input="hi", max_output_tokens=10, store=False
     ).output_text
+
+
+def test_prompt_counts_are_answered_by_a_region_that_counts(
+    sim_region: SimFactory, router_proc: RouterFactory, clients: list[Any]
+) -> None:
+    """`client.messages.count_tokens` and `client.responses.input_tokens.count` through the
+    router: the region's own count, equal to the usage of the same prompt."""
+    a = sim_region("a")
+    router = router_proc(regions_toml(a))
+    messages = [{"role": "user", "content": "count these words please"}]
+    counted = _anthropic(router, clients).messages.count_tokens(model=MODEL, messages=messages)  # type: ignore[arg-type]
+    used = _anthropic(router, clients).messages.create(
+        model=MODEL,
+        max_tokens=4096,
+        messages=messages,  # type: ignore[arg-type]
+    )
+    assert counted.input_tokens == used.usage.input_tokens > 0
+    responses = _openai(router, clients)
+    count = responses.responses.input_tokens.count(model=MODEL, input="count these words please")
+    made = responses.responses.create(model=MODEL, input="count these words please", store=False)
+    assert made.usage is not None
+    assert count.input_tokens == made.usage.input_tokens
+    with pytest.raises(anthropic.BadRequestError):
+        _anthropic(router, clients).messages.count_tokens(model=MODEL, messages=[])

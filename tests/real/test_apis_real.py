@@ -89,6 +89,19 @@ def test_messages_through_the_router_equal_direct(llama_server: Proc, routed: Pr
     assert final.stop_reason == "max_tokens"
 
 
+def test_prompt_counts_through_the_router_equal_direct(llama_server: Proc, routed: Proc) -> None:
+    messages = [{"role": "user", "content": "Tell me about the sea."}]
+    direct = _anthropic(llama_server).messages.count_tokens(model=MODEL_ALIAS, messages=messages)  # type: ignore[arg-type]
+    through = _anthropic(routed).messages.count_tokens(model=MODEL_ALIAS, messages=messages)  # type: ignore[arg-type]
+    assert through.input_tokens == direct.input_tokens > 0
+    asked = {"model": MODEL_ALIAS, "input": "Tell me about the sea.", "instructions": "Be terse."}
+    counted = _openai(routed).responses.input_tokens.count(**asked)
+    assert (
+        counted.input_tokens
+        == _openai(llama_server).responses.input_tokens.count(**asked).input_tokens
+    )
+
+
 def test_a_llama_cpp_python_region_serves_neither(llama_cpp_server: Proc, tmp_path: Path) -> None:
     started: list[Proc] = []
     router = router_for(tmp_path, started, region("a", llama_cpp_server, "llama-cpp-python"))

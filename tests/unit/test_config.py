@@ -134,7 +134,7 @@ def test_region_endpoints_default_by_kind_and_show_per_model() -> None:
         "completions",
         "embeddings",
     )
-    assert region("a", "openai", ("m",)).served_endpoints()[-1] == "responses"
+    assert region("a", "openai", ("m",)).served_endpoints()[-2:] == ("responses", "input_tokens")
     assert "messages" in region("a", "llama-server", ("m",)).served_endpoints()
     custom = region("b", "vllm", ("n",), endpoints=("messages",))
     config = Config(regions=(region("a", "generic", ("m",)), custom))

@@ -17,7 +17,7 @@ from router.access.shared_buckets import SharedBucketTable
 from router.access.tokenizers import ModelTokenizer
 from router.access.usage import StreamUsage, completion_budget, usage_tokens
 from router.config import Commit, Preparer
-from router.core.request import CHAT, MESSAGES, RESPONSES
+from router.core.request import CHAT, COUNT_TOKENS, INPUT_TOKENS, MESSAGES, RESPONSES
 from router.core.timing import AUTH, RATE_LIMIT
 from router.errors import ConfigError, RateLimited, Unavailable
 from router.native import (
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 _UNLIMITED = UNLIMITED
 # APIs whose prompts are counted as the chat request they render to (access.prompts).
 _VIEWED = frozenset({RESPONSES, MESSAGES})
+_COUNTS = frozenset({INPUT_TOKENS, COUNT_TOKENS})
 
 
 def format_reset(seconds: float) -> str:
@@ -196,6 +197,8 @@ class Limiter:
     def estimate_parts(self, parsed: ParsedRequest) -> tuple[str, int, int]:
         """(encoding, prompt tokens, completion budget) of a request."""
         model = parsed.upstream_model or parsed.model
+        if parsed.endpoint in _COUNTS:
+            return "", 0, 0  # a prompt count runs no model: a request, no tokens
         encoding = self._encodings.get(model)
         if encoding is None:
             encoding = self._encodings[model] = encoding_for_model(model)

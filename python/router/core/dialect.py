@@ -14,7 +14,15 @@ from typing import Protocol
 
 import msgspec
 
-from router.core.request import CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES, RESPONSES
+from router.core.request import (
+    CHAT,
+    COMPLETIONS,
+    COUNT_TOKENS,
+    EMBEDDINGS,
+    INPUT_TOKENS,
+    MESSAGES,
+    RESPONSES,
+)
 from router.core.responses import stream_error_event
 from router.core.stream import EventState, StreamState
 from router.errors import ApiError, anthropic_error_body
@@ -162,8 +170,20 @@ MESSAGES_API = Dialect(
     preamble=frozenset({"message_start", "content_block_start", "ping"}),
     terminal=frozenset({"message_stop", "error"}),
 )
+# Prompt counts: whole answers only, each in its API's error shape.
+INPUT_TOKENS_API = Dialect("input_tokens", INPUT_TOKENS)
+COUNT_TOKENS_API = Dialect("count_tokens", COUNT_TOKENS, anthropic=True)
 DIALECTS = {
-    d.endpoint: d for d in (CHAT_API, COMPLETIONS_API, EMBEDDINGS_API, RESPONSES_API, MESSAGES_API)
+    d.endpoint: d
+    for d in (
+        CHAT_API,
+        COMPLETIONS_API,
+        EMBEDDINGS_API,
+        RESPONSES_API,
+        MESSAGES_API,
+        INPUT_TOKENS_API,
+        COUNT_TOKENS_API,
+    )
 }
 # Config names of the endpoints (`[[regions]] endpoints`).
 BY_NAME = {d.name: d for d in DIALECTS.values()}

@@ -17,6 +17,9 @@ COMPLETIONS = "/v1/completions"
 EMBEDDINGS = "/v1/embeddings"
 RESPONSES = "/v1/responses"
 MESSAGES = "/v1/messages"
+# Prompt token counts, answered by a region (nothing generated).
+INPUT_TOKENS = "/v1/responses/input_tokens"
+COUNT_TOKENS = "/v1/messages/count_tokens"
 
 
 class UnsupportedMediaType(ApiError):
@@ -110,12 +113,24 @@ class _Messages(msgspec.Struct):
     temperature: Any = None
 
 
+class _MessagesCount(msgspec.Struct):
+    """Anthropic's count_tokens request: a Messages request without its budget."""
+
+    model: str
+    messages: list[_AnthropicMessage]
+    system: str | list[dict[str, Any]] | None = None
+    max_tokens: Any = None
+    stream: bool | None = None
+
+
 _DECODERS: dict[str, msgspec.json.Decoder[Any]] = {
     CHAT: msgspec.json.Decoder(_Chat),
     COMPLETIONS: msgspec.json.Decoder(_Completion),
     EMBEDDINGS: msgspec.json.Decoder(_Embedding),
     RESPONSES: msgspec.json.Decoder(_Responses),
     MESSAGES: msgspec.json.Decoder(_Messages),
+    INPUT_TOKENS: msgspec.json.Decoder(_Responses),
+    COUNT_TOKENS: msgspec.json.Decoder(_MessagesCount),
 }
 _RAW_OBJECT = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _ENCODER = msgspec.json.Encoder()
@@ -346,7 +361,13 @@ def parse_body(endpoint: str, body: bytes, *, max_items: int = 2048) -> ParsedRe
     include_usage = False
     stateful = False
     state_ref: str | None = None
-    if isinstance(decoded, _Responses | _Messages):
+    if endpoint in (INPUT_TOKENS, COUNT_TOKENS):
+        # A count: nothing streams, nothing is stored.
+        if isinstance(decoded, _MessagesCount):
+            _check_messages(decoded, max_items, budget=False)
+        elif isinstance(decoded.input, list):
+            _check_count(len(decoded.input), max_items, "input")
+    elif isinstance(decoded, _Responses | _Messages):
         stream = bool(decoded.stream)
         # Their streams report usage themselves: nothing to ask for, nothing to strip.
         include_usage = stream
@@ -407,7 +428,9 @@ def _check_responses(decoded: _Responses, max_items: int) -> None:
     whole_number(decoded.max_output_tokens, "max_output_tokens", minimum=1)
 
 
-def _check_messages(decoded: _Messages, max_items: int) -> None:
+def _check_messages(
+    decoded: _Messages | _MessagesCount, max_items: int, *, budget: bool = True
+) -> None:
     if not decoded.messages:
         raise InvalidRequest("`messages` must not be empty.", param="messages")
     _check_count(len(decoded.messages), max_items, "messages")
@@ -418,4 +441,5 @@ def _check_messages(decoded: _Messages, max_items: int) -> None:
                 " (a system prompt goes in `system`).",
                 param=f"messages.{i}.role",
             )
-    whole_number(decoded.max_tokens, "max_tokens", minimum=1)
+    if budget:
+        whole_number(decoded.max_tokens, "max_tokens", minimum=1)

@@ -13,7 +13,15 @@ from urllib.parse import urlsplit
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from router.config import Config, RegionConfig
-from router.core.request import CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES, RESPONSES
+from router.core.request import (
+    CHAT,
+    COMPLETIONS,
+    COUNT_TOKENS,
+    EMBEDDINGS,
+    INPUT_TOKENS,
+    MESSAGES,
+    RESPONSES,
+)
 from router.core.timing import CONNECT, StageTimer
 from router.core.transport import Transport, UpstreamResponse
 from router.net import http1
@@ -70,6 +78,8 @@ PATHS = {
     "embeddings": EMBEDDINGS,
     "responses": RESPONSES,
     "messages": MESSAGES,
+    "input_tokens": INPUT_TOKENS,
+    "count_tokens": COUNT_TOKENS,
 }
 
 

@@ -21,8 +21,9 @@ from router.config import Config
 from router.core.admin import AdminRoutes
 from router.core.client_limit import InFlightPerIp
 from router.core.context import request_id
+from router.core.dialect import DIALECTS, dialect_of
 from router.core.pipeline import CONTEXT, Features, Pipeline
-from router.core.request import CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES, RESPONSES
+from router.core.request import RESPONSES
 from router.core.responses import error_response
 from router.core.stages import AttemptObserver, ResponseDecorator
 from router.errors import ApiError, InvalidRequest, NotFound
@@ -110,7 +111,7 @@ def _errors(pipeline: Pipeline) -> Middleware:
     async def errors(
         request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
-        anthropic = request.path == MESSAGES
+        anthropic = dialect_of(request.path).anthropic
         try:
             return await handler(request)
         except ApiError as exc:
@@ -264,7 +265,7 @@ def build_app(
         app.middlewares.append(tracing.middleware())
     app.middlewares.append(_errors(pipeline))
     hide_versions()
-    for endpoint in (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, MESSAGES):
+    for endpoint in DIALECTS:
         app.router.add_post(endpoint, pipeline.handler(endpoint))
     # A stored Responses API response, asked for again at the region that holds it.
     stored = RESPONSES + "/{id}"

@@ -384,6 +384,31 @@ class SimRegion:
         await resp.write_eof()
         return resp
 
+    async def count(self, request: web.Request) -> web.StreamResponse:
+        """POST /v1/responses/input_tokens and /v1/messages/count_tokens: the prompt's tokens,
+        as the same request's usage would say."""
+        stats = self.stats
+        stats.requests += 1
+        stats.by_path[request.path] = stats.by_path.get(request.path, 0) + 1
+        stats.last_headers = dict(request.headers)
+        if self.options.kind == "llama-cpp-python":
+            return web.json_response({"detail": "Not Found"}, status=404)
+        try:
+            body = _DECODE.decode(await request.read())
+        except msgspec.DecodeError:
+            return _error(400, "invalid JSON", "invalid_request_error")
+        if not isinstance(body, dict):
+            return _error(400, "expected a JSON object", "invalid_request_error")
+        anthropic = request.path.endswith("/count_tokens")
+        messages = (apis.anthropic_messages if anthropic else apis.responses_messages)(body)
+        if messages is None:
+            return _error(400, "nothing to count", "invalid_request_error")
+        counted: dict[str, Any] = {"input_tokens": text.count_prompt_tokens(messages)}
+        if not anthropic:
+            counted["object"] = "response.input_tokens"
+        stats.completed += 1
+        return web.Response(body=_ENCODE.encode(counted), content_type="application/json")
+
     def _store(self, response_id: str, response: dict[str, Any], given: Any) -> None:
         stored = self._stored
         stored[response_id] = (response, given)
@@ -511,6 +536,8 @@ def build_sim_app(options: SimOptions) -> web.Application:
     app.router.add_post("/v1/embeddings", sim.embeddings)
     app.router.add_post("/v1/responses", sim.responses)
     app.router.add_post("/v1/messages", sim.messages)
+    app.router.add_post("/v1/responses/input_tokens", sim.count)
+    app.router.add_post("/v1/messages/count_tokens", sim.count)
     app.router.add_get("/v1/responses/{id}", sim.stored)
     app.router.add_delete("/v1/responses/{id}", sim.stored)
     app.router.add_post("/v1/responses/{id}/cancel", sim.stored)
