@@ -5,7 +5,8 @@ that every worker maps; a key's slot is found by a stable 64-bit hash with linea
 updated under a POSIX record lock on that slot's bytes, so two workers never interleave on one
 key and a worker that dies never leaves a slot locked (the kernel drops its locks). The bucket
 arithmetic is the native BucketTable's (rust/bucket.rs), on the system-wide monotonic clock.
-In-flight counts are kept per worker so a restarted worker clears only its own.
+In-flight counts are kept per worker: the supervisor clears a dead worker's the moment it exits
+(and a restarted worker its own again), so what it held is never lost to the machine.
 
 Like nginx's `limit_req` zone shared by its workers; across machines, use Redis.
 """
@@ -44,6 +45,11 @@ def create(path: str) -> None:
         os.ftruncate(fd, FILE_BYTES)
     finally:
         os.close(fd)
+
+
+def forget_worker(path: str, worker: int) -> None:
+    """Clear a dead worker's in-flight counts (the supervisor, when it sees the worker exit)."""
+    SharedBucketTable(path, worker).close()
 
 
 def _hash(key: str) -> int:

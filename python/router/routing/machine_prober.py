@@ -1,0 +1,106 @@
+"""The machine's one prober (in the supervisor of `router serve --workers N`): it probes every
+region once for the machine, takes every worker's passive reports, and publishes the result
+(routing.shared_health) that all workers route from."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from collections.abc import Sequence
+
+import msgspec
+
+from router.config import HealthConfig, RegionConfig
+from router.routing import shared_health
+from router.routing.health import Health
+
+log = logging.getLogger("router.health")
+
+# How often the table is rewritten: flips and ages reach the workers within this.
+PUBLISH_S = 0.05
+# How often health flips are logged.
+_EVENTS_S = 0.25
+
+
+class MachineProber:
+    """One Health (the native prober and the passive state) for the machine, fed by every
+    worker's reports, published every PUBLISH_S."""
+
+    def __init__(
+        self, config: HealthConfig, regions: Sequence[RegionConfig], table: str, reports: str
+    ) -> None:
+        self.health = Health(config, regions)
+        shared_health.create(table)
+        self._writer = shared_health.TableWriter(table)
+        self._reports = reports
+        self._sock: socket.socket | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.received = 0
+
+    def publish(self) -> None:
+        """Write the machine's view of every region now."""
+        self._writer.publish(self.health.probing, self.health.prober.snapshot())
+
+    def start(self) -> None:
+        """Probe, take reports and publish until close(); the first image is out on return."""
+        self.health.start()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._reports)
+        sock = self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sock.bind(self._reports)
+        sock.setblocking(False)
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+        asyncio.get_running_loop().add_reader(sock.fileno(), self._receive)
+        self.publish()
+        self._task = asyncio.create_task(self._publishing(), name="router.health.machine")
+
+    def reconfigure(self, config: HealthConfig) -> None:
+        """A reloaded [health] section: new settings, history kept, probing on or off."""
+        self.health.reconfigure(config)
+        self.health.set_probing(config.enabled)
+
+    def _receive(self) -> None:
+        assert self._sock is not None
+        while True:
+            try:
+                data = self._sock.recv(1 << 20)
+            except (BlockingIOError, InterruptedError):
+                return
+            try:
+                batch = shared_health.decode_reports(data)
+            except msgspec.DecodeError:
+                log.warning("a malformed health report datagram was ignored")
+                continue
+            self.received += len(batch)
+            for region, outcome, connect_s, ttft_s, total_s in batch:
+                with contextlib.suppress(KeyError, ValueError):
+                    self.health.report(
+                        region, outcome, connect_s=connect_s, ttft_s=ttft_s, total_s=total_s
+                    )
+
+    async def _publishing(self) -> None:
+        ticks_per_log = max(1, round(_EVENTS_S / PUBLISH_S))
+        tick = 0
+        while True:
+            await asyncio.sleep(PUBLISH_S)
+            self.publish()
+            tick += 1
+            if tick % ticks_per_log == 0:
+                self.health.log_events()
+
+    async def close(self) -> None:
+        """Stop probing and publishing."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._sock is not None:
+            asyncio.get_running_loop().remove_reader(self._sock.fileno())
+            self._sock.close()
+        self.health.stop()
+        self.health.log_events()
+        self._writer.close()

@@ -1,0 +1,316 @@
+"""Region health shared by the workers of one machine: the table one prober publishes for every
+worker to route from, and the channel the workers report their attempts' outcomes on.
+
+With `router serve --workers N` the supervisor runs the only prober (routing.machine_prober)
+and writes its view of every region to the table every 50 ms; each worker maps the file
+read-only. Writes are whole images under a POSIX record lock with a sequence number that
+is odd while a write is under way (a seqlock); a reader compares the sequence number without a
+system call and decodes only a new image, so routing from the table costs no system call per
+request. Ages in an image (last probe, last TTFT sample) are as of its `at` (the system-wide
+monotonic clock) and are brought up to date when read.
+
+Workers send their outcomes as batched Unix datagrams (one per 2 ms at most, never blocking:
+a full socket drops the batch and counts it), so passive ejection too is decided once, from the
+whole machine's traffic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import mmap
+import os
+import socket
+import struct
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Protocol
+
+import msgspec
+
+# Sequence number, then the image's length, then the image (msgpack).
+_HEAD = struct.Struct("<QI")
+_SEQ = struct.Struct("<Q")
+FILE_BYTES = 1 << 20
+_MAX_IMAGE = FILE_BYTES - _HEAD.size
+
+
+class RegionView(Protocol):
+    """What routing, status and the admin API read of a region's health (the native
+    RegionHealth and the published RegionRecord both have it)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def url(self) -> str: ...
+    @property
+    def available(self) -> bool: ...
+    @property
+    def healthy(self) -> bool: ...
+    @property
+    def probed(self) -> bool: ...
+    @property
+    def ejected(self) -> bool: ...
+    @property
+    def ejected_for_s(self) -> float: ...
+    @property
+    def ejected_until(self) -> float | None: ...
+    @property
+    def ejections(self) -> int: ...
+    @property
+    def ewma_rtt_s(self) -> float | None: ...
+    @property
+    def rtt_p50_s(self) -> float | None: ...
+    @property
+    def rtt_p95_s(self) -> float | None: ...
+    @property
+    def ewma_ttft_s(self) -> float | None: ...
+    @property
+    def ttft_p50_s(self) -> float | None: ...
+    @property
+    def ttft_p95_s(self) -> float | None: ...
+    @property
+    def ttft_age_s(self) -> float | None: ...
+    @property
+    def consecutive_failures(self) -> int: ...
+    @property
+    def passive_failures(self) -> int: ...
+    @property
+    def probes(self) -> int: ...
+    @property
+    def probe_failures(self) -> int: ...
+    @property
+    def passive_reports(self) -> int: ...
+    @property
+    def last_probe_age_s(self) -> float | None: ...
+    @property
+    def last_error(self) -> str | None: ...
+
+
+class RegionRecord(msgspec.Struct, frozen=True, array_like=True):
+    """One region's health as published (the fields of the native RegionHealth)."""
+
+    name: str
+    url: str
+    available: bool
+    healthy: bool
+    probed: bool
+    ejected: bool
+    ejected_for_s: float
+    ejected_until: float | None
+    ejections: int
+    ewma_rtt_s: float | None
+    rtt_p50_s: float | None
+    rtt_p95_s: float | None
+    ewma_ttft_s: float | None
+    ttft_p50_s: float | None
+    ttft_p95_s: float | None
+    ttft_age_s: float | None
+    consecutive_failures: int
+    passive_failures: int
+    probes: int
+    probe_failures: int
+    passive_reports: int
+    last_probe_age_s: float | None
+    last_error: str | None
+
+    @classmethod
+    def of(cls, h: RegionView) -> RegionRecord:
+        """A record of a region's health now."""
+        return cls(*(getattr(h, f) for f in cls.__struct_fields__))
+
+    def aged(self, by_s: float) -> RegionRecord:
+        """The record `by_s` seconds later: its ages grown."""
+        return msgspec.structs.replace(
+            self,
+            ttft_age_s=None if self.ttft_age_s is None else self.ttft_age_s + by_s,
+            last_probe_age_s=None
+            if self.last_probe_age_s is None
+            else self.last_probe_age_s + by_s,
+        )
+
+
+class Image(msgspec.Struct, frozen=True, array_like=True):
+    """One publication: when (monotonic), whether the prober runs, every region."""
+
+    at: float
+    probing: bool
+    regions: tuple[RegionRecord, ...]
+
+
+_encode = msgspec.msgpack.Encoder().encode
+_decode = msgspec.msgpack.Decoder(Image).decode
+
+RoutingRow = tuple[str, bool, bool, float | None, float | None, float | None]
+
+# One attempt's outcome: region, outcome, connect_s, ttft_s, total_s (Prober.report's arguments).
+Report = tuple[str, str, float | None, float | None, float | None]
+encode_reports = msgspec.msgpack.Encoder().encode
+decode_reports = msgspec.msgpack.Decoder(list[Report]).decode
+# How long a worker gathers reports before sending them in one datagram; the most in one.
+_BATCH_S = 0.002
+_BATCH_MAX = 256
+
+
+def create(path: str) -> None:
+    """Make the empty table file (the supervisor, before starting workers)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.ftruncate(fd, FILE_BYTES)
+    finally:
+        os.close(fd)
+
+
+class TableWriter:
+    """The one writer (the supervisor's prober)."""
+
+    def __init__(self, path: str) -> None:
+        self._fd = os.open(path, os.O_RDWR)
+        self._map = mmap.mmap(self._fd, FILE_BYTES)
+        self._seq = _SEQ.unpack_from(self._map, 0)[0] & ~1
+
+    def publish(self, probing: bool, regions: Iterable[RegionView]) -> None:
+        """Write a new image of every region."""
+        image = _encode(
+            Image(time.monotonic(), probing, tuple(RegionRecord.of(h) for h in regions))
+        )
+        if len(image) > _MAX_IMAGE:
+            raise ValueError(f"health image of {len(image)} bytes exceeds the table")
+        fcntl.lockf(self._fd, fcntl.LOCK_EX, _HEAD.size, 0)
+        try:
+            # Odd while writing: a reader that sees it (or a change) takes the lock and rereads.
+            _SEQ.pack_into(self._map, 0, self._seq + 1)
+            self._map[_HEAD.size : _HEAD.size + len(image)] = image
+            self._seq += 2
+            _HEAD.pack_into(self._map, 0, self._seq, len(image))
+        finally:
+            fcntl.lockf(self._fd, fcntl.LOCK_UN, _HEAD.size, 0)
+
+    def close(self) -> None:
+        self._map.close()
+        os.close(self._fd)
+
+
+class TableReader:
+    """A worker's read-only view of the table."""
+
+    def __init__(self, path: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self._fd = os.open(path, os.O_RDONLY)
+        self._map = mmap.mmap(self._fd, FILE_BYTES, prot=mmap.PROT_READ)
+        self._clock = clock
+        self._seq = 0
+        self._image: Image | None = None
+
+    def image(self) -> Image | None:
+        """The newest image; None before the first publication."""
+        seq = _SEQ.unpack_from(self._map, 0)[0]
+        if seq == self._seq:
+            return self._image
+        fcntl.lockf(self._fd, fcntl.LOCK_SH, _HEAD.size, 0)
+        try:
+            seq, length = _HEAD.unpack_from(self._map, 0)
+            raw = self._map[_HEAD.size : _HEAD.size + length]
+        finally:
+            fcntl.lockf(self._fd, fcntl.LOCK_UN, _HEAD.size, 0)
+        if seq:
+            self._image = _decode(raw)
+        self._seq = seq
+        return self._image
+
+    def probing(self) -> bool:
+        """Whether the machine's prober is running."""
+        image = self.image()
+        return image is not None and image.probing
+
+    def snapshot(self) -> Mapping[str, RegionRecord]:
+        """Every published region's health now, by name."""
+        image = self.image()
+        if image is None:
+            return {}
+        elapsed = max(0.0, self._clock() - image.at)
+        return {r.name: r.aged(elapsed) for r in image.regions}
+
+    def routing_view(self) -> list[RoutingRow]:
+        """The native Prober.routing_view() rows, from the published image."""
+        image = self.image()
+        if image is None:
+            return []
+        elapsed = max(0.0, self._clock() - image.at)
+        return [
+            (
+                r.name,
+                r.available,
+                r.healthy,
+                r.ewma_rtt_s,
+                r.ewma_ttft_s,
+                None if r.ttft_age_s is None else r.ttft_age_s + elapsed,
+            )
+            for r in image.regions
+        ]
+
+    def close(self) -> None:
+        self._map.close()
+        os.close(self._fd)
+
+
+class ReportSender:
+    """A worker's side of the report channel: outcomes batched into datagrams."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._sock.setblocking(False)
+        self._batch: list[Report] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self.dropped = 0
+
+    def report(
+        self,
+        region: str,
+        outcome: str,
+        connect_s: float | None,
+        ttft_s: float | None,
+        total_s: float | None,
+    ) -> None:
+        """Queue one attempt's outcome for the machine's prober."""
+        self._batch.append((region, outcome, connect_s, ttft_s, total_s))
+        if len(self._batch) >= _BATCH_MAX:
+            self.flush()
+        elif self._timer is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                self.flush()
+                return
+            self._timer = loop.call_later(_BATCH_S, self.flush)
+
+    def flush(self) -> None:
+        """Send what is queued now."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        batch, self._batch = self._batch, []
+        if not batch:
+            return
+        try:
+            self._sock.sendto(encode_reports(batch), self._path)
+        except OSError:
+            # Full (the supervisor is behind) or gone (it is stopping): these outcomes are
+            # lost; probes and later reports still reach it.
+            self.dropped += len(batch)
+
+    def close(self) -> None:
+        self.flush()
+        self._sock.close()
+
+
+class SharedHealth:
+    """A worker's health source: the published table to read, the report channel to write."""
+
+    def __init__(self, table: str, reports: str) -> None:
+        self.table = TableReader(table)
+        self.sender = ReportSender(reports)
+
+    def close(self) -> None:
+        self.sender.close()
+        self.table.close()
