@@ -312,3 +312,31 @@ def test_client_port_metrics_answer_for_the_machine(
         status = json.loads(resp.read())
     assert status["workers"] == 2
     assert status["overall"]["requests"] == 30
+
+
+def _status_of(router: Proc) -> int:
+    try:
+        return _routed(router)[0]
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+@pytest.mark.timeout(120)
+def test_admission_caps_hold_for_the_machine(
+    sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    slow = sim_region("a", ttft_ms=1500)
+    header = (
+        "[server]\nworkers = 2\n[admission]\nmax_in_flight = 2\nqueue_size = 1\nmax_wait_s = 10\n"
+    )
+    router = router_proc(regions_toml(slow, header=header))
+    _all_serving(router, 2)
+    # Eight at once on fresh connections (spread over both workers): two run, one waits for
+    # the first free slot, five find the machine's slots and queue full.
+    with ThreadPoolExecutor(8) as pool:
+        statuses = sorted(pool.map(lambda _: _status_of(router), range(8)))
+    assert statuses == [200] * 3 + [503] * 5
+    assert sim_stats(slow)["requests"] == 3
+    m = _machine_metrics(router)
+    assert sum(_series(m, "router_region_in_flight")) == 0
+    assert sum(_series(m, "router_region_queue_depth")) == 0

@@ -1,4 +1,4 @@
-"""Rate-limit buckets and `max_concurrent` counts shared by the workers of one machine.
+"""Rate-limit buckets, `max_concurrent` and admission counts shared by the workers of one machine.
 
 `router serve --workers N` makes one file (on tmpfs, in the supervisor's private directory)
 that every worker maps; a key's slot is found by a stable 64-bit hash with linear probing and
@@ -249,6 +249,15 @@ class SharedBucketTable:
             _INT.pack_into(self._map, at, max(0, count - 1))
         finally:
             _lockf(self._fd, _UN, SLOT_BYTES, offset)
+
+    def peek(self, key: str) -> int:
+        """Requests of `key` in flight on the whole machine, read without the lock: a hint that
+        may miss a change under way."""
+        index = self._slots.get(key)
+        if index is None:
+            index = self._find(key, claim=True)
+            assert index is not None
+        return sum(_COUNTS.unpack_from(self._map, index * SLOT_BYTES + _HEAD.size))
 
     def in_flight(self, key: str) -> int:
         """Requests of `key` in flight on the whole machine."""

@@ -175,12 +175,14 @@ def build_app(
     )
     reloader.register("auth", auth_preparer(auth, limiter), ("auth",))
     app.cleanup_ctx.append(_closing(limiter.close))
-    admission = Admission.from_config(config.admission)
+    admission = Admission.from_config(
+        config.admission, machine.limits if machine is not None else None
+    )
     # Where: health (probes + passive), nearest-healthy selection, retries, hedges, continuation.
     health = app[routing_admin.HEALTH] = ops[routing_admin.HEALTH] = Health(
         config.health, config.regions, machine=machine.health if machine is not None else None
     )
-    health.in_flight_of = admission.in_flight
+    health.in_flight_of = admission.machine_in_flight
     app.cleanup_ctx.append(lifetime(health))
     reloader.register("health", health_preparer(health), ("health",))
     reloader.register("regions", regions_preparer(pools, health), ("regions",))
