@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from router.access.shared_buckets import SharedBucketTable, create, forget_worker
+from router.core.failure import Spill
 from router.errors import Unavailable
-from router.routing.admission import Admission, MachineGate, Spill
+from router.routing.admission import Admission, MachineGate
 
 
 @pytest.fixture
