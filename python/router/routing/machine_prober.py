@@ -85,9 +85,17 @@ class MachineProber:
     async def _publishing(self) -> None:
         ticks_per_log = max(1, round(_EVENTS_S / PUBLISH_S))
         tick = 0
+        failing = False
         while True:
             await asyncio.sleep(PUBLISH_S)
-            self.publish()
+            try:
+                self.publish()
+                failing = False
+            except Exception:
+                # The workers keep routing from the last image; said once, not every tick.
+                if not failing:
+                    log.exception("publishing region health to the workers failed")
+                failing = True
             tick += 1
             if tick % ticks_per_log == 0:
                 self.health.log_events()

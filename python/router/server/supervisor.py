@@ -180,13 +180,14 @@ class Supervisor:
         try:
             # The supervisor's own admin listener re-reads its certificate like the workers do.
             commit_tls = self.listeners.preparer()(self.config, new)
+            if new.health != self.config.health:
+                # Refuses before changing anything (the workers' reload checks the same).
+                self.prober.reconfigure(new.health)
         except ConfigError as exc:
             message = f"config reload rejected, workers stay at generation {self.generation}: {exc}"
             log.error("%s", message)
             return False, message
         commit_tls()
-        if new.health != self.config.health:
-            self.prober.reconfigure(new.health)
         self.config = new
         self.auth = Authenticator.from_config(new.auth)
         self.generation += 1
