@@ -340,3 +340,42 @@ def test_admission_caps_hold_for_the_machine(
     m = _machine_metrics(router)
     assert sum(_series(m, "router_region_in_flight")) == 0
     assert sum(_series(m, "router_region_queue_depth")) == 0
+
+
+ADMIN = "admin-workers-0123456789"
+
+
+@pytest.mark.timeout(120)
+def test_a_drain_on_the_client_port_holds_in_every_worker_after_a_restart(
+    sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    from router.access.auth import hash_key
+
+    near, far = sim_region("near"), sim_region("far")
+    config = (
+        "[server]\nworkers = 2\n"
+        f'[auth]\nenabled = false\nadmin_token_sha256 = "{hash_key(ADMIN)}"\n'
+        + region_toml(near)
+        + region_toml(far, bias_ms=200)
+    )
+    router = router_proc(config)
+    _all_serving(router, 2)
+    # Without admin_listen the client port's /admin/* goes to the supervisor, which has every
+    # worker apply it and keeps it for the machine.
+    req = urllib.request.Request(
+        router.url + "/admin/regions/near/drain",
+        data=b"",
+        method="POST",
+        headers={"Authorization": f"Bearer {ADMIN}"},
+    )
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        assert resp.status == 200
+        assert resp.headers["X-Router-Workers"] == "2/2"
+    victim = _children(router.popen.pid)[0]
+    os.kill(victim, signal.SIGKILL)
+    router.wait_output("restarting it")
+    _until(lambda: victim not in _children(router.popen.pid), "the dead worker reaped")
+    _all_serving(router, 2)
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda _: _routed(router), range(20)))
+    assert answers == [(200, "far", "1")] * 20

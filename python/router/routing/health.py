@@ -154,7 +154,24 @@ class Health:
 
     def admin_state(self, name: str) -> AdminState | None:
         """The operator's setting for a region; None if the region is unknown."""
-        return self._admin.get(name)
+        if name not in self._admin:
+            return None
+        return self._admin_of(name)
+
+    def admin_states(self) -> dict[str, str]:
+        """Every region's operator setting, by name (what the machine's prober publishes)."""
+        return {name: state.value for name, state in self._admin.items()}
+
+    def _admin_of(self, name: str, published: Mapping[str, str] | None = None) -> AdminState:
+        """A region's operator setting: a worker takes the machine's (set through the
+        supervisor, so a restarted worker keeps a drain) over its own."""
+        if self.machine is not None:
+            if published is None:
+                published = self.machine.table.admin()
+            value = published.get(name)
+            if value is not None:
+                return AdminState(value)
+        return self._admin.get(name, AdminState.ACTIVE)
 
     def candidates(self, names: Iterable[str]) -> list[Candidate]:
         """Selection input for the regions `names` (those serving the requested model)."""
@@ -164,6 +181,7 @@ class Health:
         for row in rows:
             view[row[0]] = row
         stale_s = self.config.ttft_stale_s
+        published = machine.table.admin() if machine is not None else None
         out = []
         for name in names:
             v = view.get(name)
@@ -183,7 +201,7 @@ class Health:
                     ewma_ttft_s=ttft,
                     bias_s=self._bias_s.get(name, 0.0),
                     in_flight=self.in_flight_of(name),
-                    admin=self._admin.get(name, AdminState.ACTIVE),
+                    admin=self._admin_of(name, published),
                 )
             )
         return out
@@ -201,7 +219,8 @@ class Health:
         """Readiness: at least one active region is healthy and not ejected."""
         snap = self.snapshot()
         return any(
-            h.available and self._admin.get(name) is AdminState.ACTIVE for name, h in snap.items()
+            h.available and name in self._admin and self._admin_of(name) is AdminState.ACTIVE
+            for name, h in snap.items()
         )
 
     def stats(self) -> dict[str, Any]:
@@ -212,7 +231,7 @@ class Health:
                 {
                     "name": h.name,
                     "url": h.url,
-                    "admin": self._admin.get(h.name, AdminState.ACTIVE).value,
+                    "admin": self._admin_of(h.name).value,
                     "available": h.available,
                     "healthy": h.healthy,
                     "probed": h.probed,

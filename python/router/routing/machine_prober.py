@@ -16,6 +16,7 @@ import msgspec
 from router.config import HealthConfig, RegionConfig
 from router.routing import shared_health
 from router.routing.health import Health
+from router.routing.selection import AdminState
 
 log = logging.getLogger("router.health")
 
@@ -42,7 +43,8 @@ class MachineProber:
 
     def publish(self) -> None:
         """Write the machine's view of every region now."""
-        self._writer.publish(self.health.probing, self.health.prober.snapshot())
+        health = self.health
+        self._writer.publish(health.probing, health.prober.snapshot(), health.admin_states())
 
     def start(self) -> None:
         """Probe, take reports and publish until close(); the first image is out on return."""
@@ -57,6 +59,12 @@ class MachineProber:
         asyncio.get_running_loop().add_reader(sock.fileno(), self._receive)
         self.publish()
         self._task = asyncio.create_task(self._publishing(), name="router.health.machine")
+
+    def set_admin(self, name: str, state: AdminState) -> None:
+        """An operator's drain, disable or enable, applied by every worker: published so a
+        worker started later (a restart) keeps it too."""
+        if self.health.set_admin(name, state):
+            self.publish()
 
     def reconfigure(self, config: HealthConfig) -> None:
         """A reloaded [health] section: new settings, history kept, probing on or off."""

@@ -131,11 +131,13 @@ class RegionRecord(msgspec.Struct, frozen=True, array_like=True):
 
 
 class Image(msgspec.Struct, frozen=True, array_like=True):
-    """One publication: when (monotonic), whether the prober runs, every region."""
+    """One publication: when (monotonic), whether the prober runs, every region, and what
+    operators set on regions (drained, disabled) through the supervisor."""
 
     at: float
     probing: bool
     regions: tuple[RegionRecord, ...]
+    admin: dict[str, str] = msgspec.field(default_factory=dict)
 
 
 _encode = msgspec.msgpack.Encoder().encode
@@ -169,11 +171,12 @@ class TableWriter:
         self._map = mmap.mmap(self._fd, FILE_BYTES)
         self._seq = _SEQ.unpack_from(self._map, 0)[0] & ~1
 
-    def publish(self, probing: bool, regions: Iterable[RegionView]) -> None:
+    def publish(
+        self, probing: bool, regions: Iterable[RegionView], admin: Mapping[str, str]
+    ) -> None:
         """Write a new image of every region."""
-        image = _encode(
-            Image(time.monotonic(), probing, tuple(RegionRecord.of(h) for h in regions))
-        )
+        records = tuple(RegionRecord.of(h) for h in regions)
+        image = _encode(Image(time.monotonic(), probing, records, dict(admin)))
         if len(image) > _MAX_IMAGE:
             raise ValueError(f"health image of {len(image)} bytes exceeds the table")
         fcntl.lockf(self._fd, fcntl.LOCK_EX, _HEAD.size, 0)
@@ -221,6 +224,11 @@ class TableReader:
         """Whether the machine's prober is running."""
         image = self.image()
         return image is not None and image.probing
+
+    def admin(self) -> Mapping[str, str]:
+        """What operators set on regions, by name (values of selection.AdminState)."""
+        image = self.image()
+        return {} if image is None else image.admin
 
     def snapshot(self) -> Mapping[str, RegionRecord]:
         """Every published region's health now, by name."""

@@ -40,6 +40,7 @@ from router.config import Config, load, parse_listen
 from router.core.admin import json_response
 from router.errors import ApiError, ConfigError, InvalidRequest, StartupError
 from router.observability.merge import merge_metrics, merge_status
+from router.routing.admin import admin_change
 from router.routing.machine_prober import MachineProber
 from router.server.app import hide_versions
 from router.server.machine import MachineDir
@@ -332,6 +333,9 @@ class Supervisor:
         if not answers:
             return json_response({"status": "no worker answered"}, status=503)
         status, first, ctype = answers[0]
+        change = admin_change(request.method, request.path)
+        if change is not None and status == 200:
+            self.prober.set_admin(*change)
         response = _answer(status, first, ctype)
         response.headers["X-Router-Workers"] = f"{len(answers)}/{self.count}"
         return response

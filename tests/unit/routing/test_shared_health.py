@@ -1,5 +1,6 @@
 """The machine's health table and report channel: what the one prober publishes is what every
-worker routes from, ages move on between images, and a worker's reports eject for the machine."""
+worker routes from, ages move on between images, a worker's reports eject for the machine, and
+an operator's drain holds in every worker, a later one too."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from router.config import HealthConfig, RegionConfig
 from router.routing import shared_health
 from router.routing.health import Health
 from router.routing.machine_prober import MachineProber
+from router.routing.selection import AdminState
 from router.routing.shared_health import SharedHealth, TableReader, TableWriter
 
 REGIONS = (
@@ -40,10 +42,11 @@ def test_an_image_reads_back_with_its_ages_grown(tmp_path: Path) -> None:
     assert reader.routing_view() == []
     source = Health(QUIET, REGIONS)
     source.report("a", "ok", ttft_s=0.25)
-    writer.publish(True, source.prober.snapshot())
+    writer.publish(True, source.prober.snapshot(), {"b": "drained"})
     image = reader.image()
     assert image is not None
     assert image.probing
+    assert reader.admin() == {"b": "drained"}
     clock.now = image.at + 2.0
     rows = {row[0]: row for row in reader.routing_view()}
     native = {row[0]: row for row in source.prober.routing_view()}
@@ -57,7 +60,7 @@ def test_an_image_reads_back_with_its_ages_grown(tmp_path: Path) -> None:
     assert snapshot.ttft_age_s == pytest.approx(rows["a"][5])
     # A new image replaces the old; the same one is not decoded again.
     assert reader.image() is image
-    writer.publish(False, source.prober.snapshot())
+    writer.publish(False, source.prober.snapshot(), {})
     assert reader.image() is not image
     assert not reader.probing()
     writer.close()
@@ -88,6 +91,13 @@ async def test_a_workers_reports_eject_the_region_for_every_worker(tmp_path: Pat
             assert available == {"a": False, "b": True}
             assert worker.snapshot()["a"].ejected
             assert worker.stats()["probing"] is False
+        # A drain set through the supervisor holds in every worker, one started later too.
+        prober.set_admin("b", AdminState.DRAINED)
+        late = Health(QUIET, REGIONS, machine=SharedHealth(table, reports))
+        workers.append(late)
+        for worker in workers:
+            assert worker.admin_state("b") is AdminState.DRAINED
+            assert [c.admin for c in worker.candidates(["b"])] == [AdminState.DRAINED]
     finally:
         for worker in workers:
             assert worker.machine is not None
