@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import socket
 from collections.abc import Sequence
 
 import msgspec
@@ -37,7 +36,9 @@ class MachineProber:
         shared_health.create(table)
         self._writer = shared_health.TableWriter(table)
         self._reports = reports
-        self._sock: socket.socket | None = None
+        self._server: asyncio.AbstractServer | None = None
+        # Each worker's connection: closed at close(), which ends its reader without a cancel.
+        self._readers: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
         self._task: asyncio.Task[None] | None = None
         self.received = 0
 
@@ -46,17 +47,12 @@ class MachineProber:
         health = self.health
         self._writer.publish(health.probing, health.prober.snapshot(), health.admin_states())
 
-    def start(self) -> None:
+    async def start(self) -> None:
         """Probe, take reports and publish until close(); the first image is out on return."""
         self.health.start()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._reports)
-        sock = self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        sock.bind(self._reports)
-        sock.setblocking(False)
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
-        asyncio.get_running_loop().add_reader(sock.fileno(), self._receive)
+        self._server = await asyncio.start_unix_server(self._receive, self._reports)
         self.publish()
         self._task = asyncio.create_task(self._publishing(), name="router.health.machine")
 
@@ -71,24 +67,30 @@ class MachineProber:
         self.health.reconfigure(config)
         self.health.set_probing(config.enabled)
 
-    def _receive(self) -> None:
-        assert self._sock is not None
-        while True:
-            try:
-                data = self._sock.recv(1 << 20)
-            except (BlockingIOError, InterruptedError):
-                return
-            try:
-                batch = shared_health.decode_reports(data)
-            except msgspec.DecodeError:
-                log.warning("a malformed health report datagram was ignored")
-                continue
-            self.received += len(batch)
-            for region, outcome, connect_s, ttft_s, total_s in batch:
-                with contextlib.suppress(KeyError, ValueError):
-                    self.health.report(
-                        region, outcome, connect_s=connect_s, ttft_s=ttft_s, total_s=total_s
-                    )
+    async def _receive(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One worker's reports, frame by frame, until it goes."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._readers[task] = writer
+        try:
+            while True:
+                (length,) = shared_health.FRAME.unpack(
+                    await reader.readexactly(shared_health.FRAME.size)
+                )
+                batch = shared_health.decode_reports(await reader.readexactly(length))
+                self.received += len(batch)
+                for region, outcome, connect_s, ttft_s, total_s in batch:
+                    with contextlib.suppress(KeyError, ValueError):
+                        self.health.report(
+                            region, outcome, connect_s=connect_s, ttft_s=ttft_s, total_s=total_s
+                        )
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the worker exited
+        except msgspec.DecodeError:
+            log.warning("a malformed health report frame: dropping that worker's connection")
+        finally:
+            self._readers.pop(task, None)
+            writer.close()
 
     async def _publishing(self) -> None:
         ticks_per_log = max(1, round(_EVENTS_S / PUBLISH_S))
@@ -114,9 +116,13 @@ class MachineProber:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        if self._sock is not None:
-            asyncio.get_running_loop().remove_reader(self._sock.fileno())
-            self._sock.close()
+        if self._server is not None:
+            self._server.close()
+        readers = list(self._readers.items())
+        for _, writer in readers:
+            writer.close()
+        if readers:
+            await asyncio.wait([task for task, _ in readers], timeout=1.0)
         self.health.stop()
         self.health.log_events()
         self._writer.close()

@@ -9,9 +9,9 @@ system call and decodes only a new image, so routing from the table costs no sys
 request. Ages in an image (last probe, last TTFT sample) are as of its `at` (the system-wide
 monotonic clock) and are brought up to date when read.
 
-Workers send their outcomes as batched Unix datagrams (one per 2 ms at most, never blocking:
-a full socket drops the batch and counts it), so passive ejection too is decided once, from the
-whole machine's traffic.
+Workers send their outcomes on a Unix stream socket in batches (one per 2 ms at most; never
+blocking: a prober that falls 1 MiB behind loses batches, counted), so passive ejection too is
+decided once, from the whole machine's traffic.
 """
 
 from __future__ import annotations
@@ -149,9 +149,14 @@ RoutingRow = tuple[str, bool, bool, float | None, float | None, float | None]
 Report = tuple[str, str, float | None, float | None, float | None]
 encode_reports = msgspec.msgpack.Encoder().encode
 decode_reports = msgspec.msgpack.Decoder(list[Report]).decode
-# How long a worker gathers reports before sending them in one datagram; the most in one.
+# How long a worker gathers reports before sending them in one frame; the most in one.
 _BATCH_S = 0.002
 _BATCH_MAX = 256
+# A frame: its length, then the msgpack list of reports.
+FRAME = struct.Struct("<I")
+
+# Bytes a worker keeps for the prober while it is behind; beyond it, batches are dropped.
+_PENDING_MAX = 1 << 20
 
 
 def create(path: str) -> None:
@@ -262,13 +267,15 @@ class TableReader:
 
 
 class ReportSender:
-    """A worker's side of the report channel: outcomes batched into datagrams."""
+    """A worker's side of the report channel: outcomes batched into length-prefixed frames on
+    a Unix stream socket, never blocking the worker (what the prober has not taken yet waits in
+    a bounded buffer; beyond it, batches are dropped and counted)."""
 
     def __init__(self, path: str) -> None:
         self._path = path
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self._sock.setblocking(False)
+        self._sock: socket.socket | None = None
         self._batch: list[Report] = []
+        self._pending = bytearray()
         self._timer: asyncio.TimerHandle | None = None
         self.dropped = 0
 
@@ -285,31 +292,59 @@ class ReportSender:
         if len(self._batch) >= _BATCH_MAX:
             self.flush()
         elif self._timer is None:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:
-                self.flush()
-                return
-            self._timer = loop.call_later(_BATCH_S, self.flush)
+            self._later()
+
+    def _later(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop (a test, or shutting down): the next report or close sends
+        self._timer = loop.call_later(_BATCH_S, self.flush)
 
     def flush(self) -> None:
-        """Send what is queued now."""
+        """Send what is queued, as far as the socket takes it now."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         batch, self._batch = self._batch, []
-        if not batch:
+        if batch:
+            if len(self._pending) > _PENDING_MAX:
+                self.dropped += len(batch)
+            else:
+                payload = encode_reports(batch)
+                self._pending += FRAME.pack(len(payload)) + payload
+        if not self._pending:
             return
         try:
-            self._sock.sendto(encode_reports(batch), self._path)
+            if self._sock is None:
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                try:
+                    sock.connect(self._path)  # local: at once, or refused
+                except OSError:
+                    sock.close()
+                    raise
+                sock.setblocking(False)
+                self._sock = sock
+            sent = self._sock.send(self._pending)
+            del self._pending[:sent]
+        except BlockingIOError:
+            pass
         except OSError:
-            # Full (the supervisor is behind) or gone (it is stopping): these outcomes are
-            # lost; probes and later reports still reach it.
+            # The prober is gone (the supervisor stopping) or not there: what waited is lost
+            # (a cut frame included); the next flush connects again.
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None
+            self._pending.clear()
             self.dropped += len(batch)
+        if self._pending and self._timer is None:
+            self._later()
 
     def close(self) -> None:
         self.flush()
-        self._sock.close()
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
 
 
 class SharedHealth:

@@ -205,7 +205,7 @@ class Supervisor:
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
         # Probing (and the first published image) before any worker routes.
-        self.prober.start()
+        await self.prober.start()
         for slot in self.slots:
             slot.task = asyncio.create_task(self._watch(slot))
         loop.add_signal_handler(signal.SIGHUP, self.reload)

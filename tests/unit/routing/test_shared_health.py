@@ -71,7 +71,7 @@ def test_an_image_reads_back_with_its_ages_grown(tmp_path: Path) -> None:
 async def test_a_workers_reports_eject_the_region_for_every_worker(tmp_path: Path) -> None:
     table, reports = str(tmp_path / "health.table"), str(tmp_path / "health.sock")
     prober = MachineProber(QUIET, REGIONS, table, reports)
-    prober.start()
+    await prober.start()
     workers = [Health(QUIET, REGIONS, machine=SharedHealth(table, reports)) for _ in range(2)]
     try:
         assert [c.available for c in workers[1].candidates(["a", "b"])] == [True, True]
