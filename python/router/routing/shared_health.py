@@ -150,7 +150,7 @@ Report = tuple[str, str, float | None, float | None, float | None]
 encode_reports = msgspec.msgpack.Encoder().encode
 decode_reports = msgspec.msgpack.Decoder(list[Report]).decode
 # How long a worker gathers reports before sending them in one frame; the most in one.
-_BATCH_S = 0.002
+_BATCH_S = 0.02
 _BATCH_MAX = 256
 # A frame: its length, then the msgpack list of reports.
 FRAME = struct.Struct("<I")
