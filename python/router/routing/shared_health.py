@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import logging
 import mmap
 import os
 import socket
@@ -27,6 +28,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
 import msgspec
+
+log = logging.getLogger("router.health")
 
 # Sequence number, then the image's length, then the image (msgpack).
 _HEAD = struct.Struct("<QI")
@@ -278,6 +281,7 @@ class ReportSender:
         self._pending = bytearray()
         self._timer: asyncio.TimerHandle | None = None
         self.dropped = 0
+        self._dropping = False
 
     def report(
         self,
@@ -309,7 +313,7 @@ class ReportSender:
         batch, self._batch = self._batch, []
         if batch:
             if len(self._pending) > _PENDING_MAX:
-                self.dropped += len(batch)
+                self._drop(len(batch), "the machine's prober is behind")
             else:
                 payload = encode_reports(batch)
                 self._pending += FRAME.pack(len(payload)) + payload
@@ -327,6 +331,8 @@ class ReportSender:
                 self._sock = sock
             sent = self._sock.send(self._pending)
             del self._pending[:sent]
+            if not self._pending:
+                self._dropping = False  # caught up: a later drop is news again
         except BlockingIOError:
             pass
         except OSError:
@@ -336,9 +342,16 @@ class ReportSender:
                 self._sock.close()
                 self._sock = None
             self._pending.clear()
-            self.dropped += len(batch)
+            self._drop(len(batch), "the machine's prober is not reachable")
         if self._pending and self._timer is None:
             self._later()
+
+    def _drop(self, reports: int, why: str) -> None:
+        self.dropped += reports
+        if not self._dropping:
+            # Once per spell of drops: a stuck supervisor must not flood the log.
+            log.warning("health reports dropped: %s (probes go on)", why)
+        self._dropping = True
 
     def close(self) -> None:
         self.flush()

@@ -14,7 +14,7 @@ from router.routing import shared_health
 from router.routing.health import Health
 from router.routing.machine_prober import MachineProber
 from router.routing.selection import AdminState
-from router.routing.shared_health import SharedHealth, TableReader, TableWriter
+from router.routing.shared_health import ReportSender, SharedHealth, TableReader, TableWriter
 
 REGIONS = (
     RegionConfig(name="a", base_url="http://127.0.0.1:9/v1", models=("m",)),
@@ -104,3 +104,18 @@ async def test_a_workers_reports_eject_the_region_for_every_worker(tmp_path: Pat
             worker.machine.close()
             worker.stop()
         await prober.close()
+
+
+def test_reports_with_no_prober_to_take_them_are_dropped_and_said_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    sender = ReportSender(str(tmp_path / "nobody.sock"))
+    for _ in range(3):
+        sender.report("a", "ok", None, 0.1, None)
+        sender.flush()
+    sender.close()
+    assert sender.dropped == 3
+    warnings = [r for r in caplog.records if r.name == "router.health"]
+    assert [r.getMessage() for r in warnings] == [
+        "health reports dropped: the machine's prober is not reachable (probes go on)"
+    ]
