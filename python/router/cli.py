@@ -93,10 +93,9 @@ def _add_core(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         help='worker processes sharing the listeners ("auto": one per usable CPU); '
         "overrides [server] workers",
     )
-    # Set by the supervisor on the workers it starts: INDEX:GENERATION, and the private socket.
+    # Set by the supervisor on the workers it starts: INDEX:GENERATION, and its private directory.
     serve.add_argument("--worker", help=argparse.SUPPRESS)
-    serve.add_argument("--ops-socket", help=argparse.SUPPRESS)
-    serve.add_argument("--state-file", help=argparse.SUPPRESS)
+    serve.add_argument("--machine-dir", help=argparse.SUPPRESS)
     serve.set_defaults(handler=_serve)
     check = commands.add_parser("check-config", help="validate a config file and exit")
     check.add_argument("file", metavar="FILE")
@@ -162,7 +161,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         if args.worker is not None:
             index, _, generation = args.worker.partition(":")
-            worker = Worker(int(index), int(generation or 0), args.ops_socket, args.state_file)
+            worker = Worker(int(index), int(generation or 0), args.machine_dir)
             serve(config, Path(args.config), worker)
         elif workers > 1:
             return supervise(config, Path(args.config), workers)

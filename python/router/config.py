@@ -300,11 +300,12 @@ class TokenizersConfig(_Section, frozen=True):
 class AdmissionConfig(_Section, frozen=True):
     """[admission]: per-region in-flight caps and the bounded priority wait queue."""
 
-    # Requests in flight to one region at once; more wait in the queue.
+    # Requests in flight to one region at once (from the whole machine with workers); more wait.
     max_in_flight: _POSITIVE = 256
     # Per-region overrides of max_in_flight, by region name.
     region_max_in_flight: dict[str, _POSITIVE] = msgspec.field(default_factory=dict)
-    # Requests that may wait for a slot per region; beyond it, the next region is tried.
+    # Requests that may wait for a slot per region (machine-wide with workers); beyond it, the
+    # next region is tried.
     queue_size: Annotated[int, msgspec.Meta(ge=0)] = 256
     # Longest wait for a slot before trying the next region.
     max_wait_s: Annotated[float, msgspec.Meta(ge=0)] = 2.0

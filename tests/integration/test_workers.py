@@ -1,6 +1,7 @@
-"""`router serve --workers 2` as real processes: both workers serve one port, a killed worker
-is restarted at its siblings' config generation, SIGHUP reloads all, the admin listener shows
-the whole machine, SIGTERM stops everything."""
+"""`router serve --workers N` as real processes: the workers serve one port, a killed worker
+is restarted at its siblings' config generation, SIGHUP reloads all, the admin listener and the
+client listener's /metrics show the whole machine, one prober probes for the machine, limits
+and admission caps hold for the machine, SIGTERM stops everything."""
 
 from __future__ import annotations
 
@@ -16,7 +17,14 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.conftest import MODEL, RouterFactory, SimFactory, regions_toml
+from tests.integration.conftest import (
+    MODEL,
+    RouterFactory,
+    SimFactory,
+    region_toml,
+    regions_toml,
+    sim_stats,
+)
 from tests.support import Proc, free_port, wait_for_port
 
 
@@ -167,3 +175,207 @@ def test_limits_are_exact_across_workers(
     # The bucket held 6 requests for the machine; 2 went, so 4 more pass, one by one.
     later = [_keyed(router) for _ in range(8)]
     assert later == [200] * 4 + [429] * 4
+
+
+def _probes(region: Proc) -> int:
+    probes: int = sim_stats(region)["probes"]
+    return probes
+
+
+def _probe_rate_bound(region: Proc, interval_s: float, window_s: float) -> tuple[int, int]:
+    """(probes `region` received over about `window_s`, the most one prober without jitter
+    sends in the time that really passed): probes are never early, only late, so one prober
+    stays under the bound whatever the load, and two would be near twice it."""
+    before, start = _probes(region), time.monotonic()
+    time.sleep(window_s)
+    after, elapsed = _probes(region), time.monotonic() - start
+    return after - before, int(elapsed / interval_s) + 2
+
+
+def _machine_metrics(router: Proc) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    return _metrics(router.port)
+
+
+def _all_serving(router: Proc, workers: int) -> None:
+    """Wait until every worker answers the supervisor (its client listener is bound before)."""
+
+    def serving() -> bool:
+        try:
+            m = _machine_metrics(router)
+        except OSError:  # no worker listening yet
+            return False
+        return len(_series(m, "router_config_generation")) == workers
+
+    _until(serving, f"{workers} workers serving", timeout=40.0)
+
+
+@pytest.mark.timeout(150)
+def test_one_prober_for_the_machine_through_restarts_and_reloads(
+    sim_region: SimFactory, router_proc: RouterFactory, tmp_path: Path
+) -> None:
+    region = sim_region("a")
+    health = "[health]\ninterval_s = {interval}\njitter = 0.0\n"
+    config = regions_toml(region, header="[server]\nworkers = 3\n" + health.format(interval=0.2))
+    router = router_proc(config)
+    _until(lambda: len(_children(router.popen.pid)) == 3, "three workers")
+    _all_serving(router, 3)
+
+    # Three workers, one prober: the region sees the probe rate of one (3x it before).
+    probes, bound = _probe_rate_bound(region, 0.2, 3.0)
+    assert 0 < probes <= bound, (probes, bound)
+    # Every worker routes from the same table: each sees the region probed and healthy.
+    m = _machine_metrics(router)
+    assert sorted(v for (n, labels), v in m.items() if n == "router_region_healthy") == [1.0] * 3
+
+    # A worker killed outright: probing neither stops nor doubles while it is replaced.
+    victim = _children(router.popen.pid)[0]
+    os.kill(victim, signal.SIGKILL)
+    router.wait_output("restarting it")
+    _until(
+        lambda: len(_children(router.popen.pid)) == 3 and victim not in _children(router.popen.pid),
+        "a new worker",
+    )
+    _all_serving(router, 3)
+    probes, bound = _probe_rate_bound(region, 0.2, 2.0)
+    assert 0 < probes <= bound, (probes, bound)
+
+    # A reload that slows probing down applies once, to the one prober.
+    path = tmp_path / f"router-{router.port}.toml"
+    path.write_text(path.read_text().replace("interval_s = 0.2", "interval_s = 0.5"))
+    router.popen.send_signal(signal.SIGHUP)
+    router.wait_output("by 3 workers (generation 1)")
+    probes, bound = _probe_rate_bound(region, 0.5, 3.0)
+    assert 0 < probes <= bound, (probes, bound)
+    assert [_chat(router) for _ in range(5)] == [200] * 5
+
+
+def _routed(router: Proc) -> tuple[int, str, str]:
+    """A chat request on a fresh connection: status, x-router-region, x-router-attempts."""
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}).encode()
+    req = urllib.request.Request(
+        router.url + "/v1/chat/completions",
+        data=body,
+        headers={"Content-Type": "application/json", "Connection": "close"},
+    )
+    with urllib.request.urlopen(req, timeout=20) as resp:
+        return resp.status, resp.headers["x-router-region"], resp.headers["x-router-attempts"]
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_region_is_seen_by_every_worker(
+    sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    near, far = sim_region("near"), sim_region("far")
+    header = "[server]\nworkers = 2\n[health]\ninterval_s = 0.2\n"
+    config = (
+        header + "[auth]\nenabled = false\n" + region_toml(near) + region_toml(far, bias_ms=200)
+    )
+    router = router_proc(config)
+    _until(lambda: len(_children(router.popen.pid)) == 2, "two workers")
+    _all_serving(router, 2)
+    assert {_routed(router) for _ in range(10)} == {(200, "near", "1")}
+
+    near.kill()  # SIGKILL: no goodbye, connections refused from now on
+
+    def everyone_knows() -> bool:
+        m = _machine_metrics(router)
+        seen = [
+            v
+            for (n, labels), v in m.items()
+            if n == "router_region_healthy" and ("region", "near") in labels
+        ]
+        return seen == [0.0, 0.0]
+
+    _until(everyone_knows, "both workers see the dead region")
+    # New connections spread over both workers: none tries the dead region first.
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda _: _routed(router), range(40)))
+    assert answers == [(200, "far", "1")] * 40
+
+
+@pytest.mark.timeout(120)
+def test_client_port_metrics_answer_for_the_machine(
+    sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    router = router_proc(regions_toml(sim_region("a"), header="[server]\nworkers = 2\n"))
+    _until(lambda: len(_children(router.popen.pid)) == 2, "two workers")
+    _all_serving(router, 2)
+    with ThreadPoolExecutor(4) as pool:
+        statuses = list(pool.map(lambda _: _routed(router)[0], range(30)))
+    assert statuses == [200] * 30
+    # Every scrape, whichever worker takes its connection, counts the machine's requests.
+    for _ in range(6):
+        m = _machine_metrics(router)
+        assert sum(_series(m, "router_requests_total")) == 30
+        assert len(_series(m, "router_config_generation")) == 2
+    with urllib.request.urlopen(router.url + "/status.json", timeout=10) as resp:
+        status = json.loads(resp.read())
+    assert status["workers"] == 2
+    assert status["overall"]["requests"] == 30
+
+
+def _status_of(router: Proc) -> int:
+    try:
+        return _routed(router)[0]
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+@pytest.mark.timeout(120)
+def test_admission_caps_hold_for_the_machine(
+    sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    slow = sim_region("a", ttft_ms=1500)
+    header = (
+        "[server]\nworkers = 2\n[admission]\nmax_in_flight = 2\nqueue_size = 1\nmax_wait_s = 10\n"
+    )
+    router = router_proc(regions_toml(slow, header=header))
+    _all_serving(router, 2)
+    # Eight at once on fresh connections (spread over both workers): two run, one waits for
+    # the first free slot, five find the machine's slots and queue full.
+    with ThreadPoolExecutor(8) as pool:
+        statuses = sorted(pool.map(lambda _: _status_of(router), range(8)))
+    assert statuses == [200] * 3 + [503] * 5
+    assert sim_stats(slow)["requests"] == 3
+    m = _machine_metrics(router)
+    assert sum(_series(m, "router_region_in_flight")) == 0
+    assert sum(_series(m, "router_region_queue_depth")) == 0
+
+
+ADMIN = "admin-workers-0123456789"
+
+
+@pytest.mark.timeout(120)
+def test_a_drain_on_the_client_port_holds_in_every_worker_after_a_restart(
+    sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    from router.access.auth import hash_key
+
+    near, far = sim_region("near"), sim_region("far")
+    config = (
+        "[server]\nworkers = 2\n"
+        f'[auth]\nenabled = false\nadmin_token_sha256 = "{hash_key(ADMIN)}"\n'
+        + region_toml(near)
+        + region_toml(far, bias_ms=200)
+    )
+    router = router_proc(config)
+    _all_serving(router, 2)
+    # Without admin_listen the client port's /admin/* goes to the supervisor, which has every
+    # worker apply it and keeps it for the machine.
+    req = urllib.request.Request(
+        router.url + "/admin/regions/near/drain",
+        data=b"",
+        method="POST",
+        headers={"Authorization": f"Bearer {ADMIN}"},
+    )
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        assert resp.status == 200
+        assert resp.headers["X-Router-Workers"] == "2/2"
+    victim = _children(router.popen.pid)[0]
+    os.kill(victim, signal.SIGKILL)
+    router.wait_output("restarting it")
+    _until(lambda: victim not in _children(router.popen.pid), "the dead worker reaped")
+    _all_serving(router, 2)
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda _: _routed(router), range(20)))
+    assert answers == [(200, "far", "1")] * 20

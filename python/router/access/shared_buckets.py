@@ -1,11 +1,12 @@
-"""Rate-limit buckets and `max_concurrent` counts shared by the workers of one machine.
+"""Rate-limit buckets, `max_concurrent` and admission counts shared by the workers of one machine.
 
 `router serve --workers N` makes one file (on tmpfs, in the supervisor's private directory)
 that every worker maps; a key's slot is found by a stable 64-bit hash with linear probing and
 updated under a POSIX record lock on that slot's bytes, so two workers never interleave on one
 key and a worker that dies never leaves a slot locked (the kernel drops its locks). The bucket
 arithmetic is the native BucketTable's (rust/bucket.rs), on the system-wide monotonic clock.
-In-flight counts are kept per worker so a restarted worker clears only its own.
+In-flight counts are kept per worker: the supervisor clears a dead worker's the moment it exits
+(and a restarted worker its own again), so what it held is never lost to the machine.
 
 Like nginx's `limit_req` zone shared by its workers; across machines, use Redis.
 """
@@ -44,6 +45,11 @@ def create(path: str) -> None:
         os.ftruncate(fd, FILE_BYTES)
     finally:
         os.close(fd)
+
+
+def forget_worker(path: str, worker: int) -> None:
+    """Clear a dead worker's in-flight counts (the supervisor, when it sees the worker exit)."""
+    SharedBucketTable(path, worker).close()
 
 
 def _hash(key: str) -> int:
@@ -235,14 +241,21 @@ class SharedBucketTable:
             index = self._find(key, claim=False)
             if index is None:
                 return
-        offset = index * SLOT_BYTES
-        at = offset + self._column
-        _lockf(self._fd, _EX, SLOT_BYTES, offset)
-        try:
-            (count,) = _INT.unpack_from(self._map, at)
-            _INT.pack_into(self._map, at, max(0, count - 1))
-        finally:
-            _lockf(self._fd, _UN, SLOT_BYTES, offset)
+        # No lock: only this worker writes its column (its enter and leave never interleave, one
+        # thread), and a sibling's enter that reads it mid-change sees the old count or the new,
+        # each a whole aligned int; the old one is higher, so the limit still holds.
+        at = index * SLOT_BYTES + self._column
+        (count,) = _INT.unpack_from(self._map, at)
+        _INT.pack_into(self._map, at, max(0, count - 1))
+
+    def peek(self, key: str) -> int:
+        """Requests of `key` in flight on the whole machine, read without the lock: a hint that
+        may miss a change under way."""
+        index = self._slots.get(key)
+        if index is None:
+            index = self._find(key, claim=True)
+            assert index is not None
+        return sum(_COUNTS.unpack_from(self._map, index * SLOT_BYTES + _HEAD.size))
 
     def in_flight(self, key: str) -> int:
         """Requests of `key` in flight on the whole machine."""

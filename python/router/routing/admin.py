@@ -30,9 +30,26 @@ def _set_state(state: AdminState) -> Handler:
     return handler
 
 
+_ACTIONS = {
+    "drain": AdminState.DRAINED,
+    "disable": AdminState.DISABLED,
+    "enable": AdminState.ACTIVE,
+}
+
+
+def admin_change(method: str, path: str) -> tuple[str, AdminState] | None:
+    """The region and setting an admin call changes (POST /admin/regions/{name}/{action}),
+    for the supervisor to keep for the machine; None for any other call."""
+    if method != "POST":
+        return None
+    parts = path.split("?", 1)[0].split("/")
+    if len(parts) != 5 or parts[:3] != ["", "admin", "regions"] or parts[4] not in _ACTIONS:
+        return None
+    return parts[3], _ACTIONS[parts[4]]
+
+
 def add_routes(routes: AdminRoutes) -> None:
     """The health and region admin endpoints; the app must hold a Health under HEALTH."""
     routes.get("/health", health_view)
-    routes.post("/regions/{name}/drain", _set_state(AdminState.DRAINED))
-    routes.post("/regions/{name}/disable", _set_state(AdminState.DISABLED))
-    routes.post("/regions/{name}/enable", _set_state(AdminState.ACTIVE))
+    for action, state in _ACTIONS.items():
+        routes.post(f"/regions/{{name}}/{action}", _set_state(state))

@@ -1,4 +1,9 @@
-"""Region health for the app's lifetime: the native prober, passive reports, admin drain/disable."""
+"""Region health for the app's lifetime: the native prober, passive reports, admin drain/disable.
+
+A worker of `router serve --workers N` probes nothing itself: it routes from the machine's table
+that the supervisor's one prober publishes, and sends its passive reports there
+(routing.shared_health).
+"""
 
 from __future__ import annotations
 
@@ -6,15 +11,16 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
 
 from router.config import HealthConfig, RegionConfig, RoutingConfig
 from router.errors import ConfigError
-from router.native import Prober, RegionHealth
+from router.native import Prober
 from router.routing.selection import AdminState, Candidate, Selection, select
+from router.routing.shared_health import RegionView, SharedHealth
 
 log = logging.getLogger("router.health")
 
@@ -57,19 +63,23 @@ def outcome_of(kind: str | None, status: int | None) -> str:
 
 
 class Health:
-    """Owns the prober, the admin state of each region and the in-flight count per region."""
+    """Owns the prober (or reads the machine's), the admin state of each region and the
+    in-flight count per region."""
 
     def __init__(
         self,
         config: HealthConfig,
         regions: Sequence[RegionConfig],
         rng: random.Random | None = None,
+        machine: SharedHealth | None = None,
     ) -> None:
         try:
             self.prober = Prober(**prober_kwargs(config))
         except ValueError as exc:
             raise ConfigError(f"[health]: {exc}") from None
         self.config = config
+        # A worker's view of the machine's prober; None: this process probes.
+        self.machine = machine
         self.rng = rng or random.Random()
         self._bias_s: dict[str, float] = {}
         self._admin: dict[str, AdminState] = {}
@@ -80,13 +90,28 @@ class Health:
     # ---- lifecycle ----
 
     def start(self) -> None:
-        """Start probing (no-op when [health] enabled = false: passive signals only)."""
-        if self.config.enabled:
+        """Start probing (no-op when [health] enabled = false: passive signals only, or when
+        the machine's prober probes for this worker)."""
+        if self.config.enabled and self.machine is None:
             self.prober.start()
 
     def stop(self) -> None:
         """Stop probing and join the prober thread."""
         self.prober.stop()
+
+    @property
+    def probing(self) -> bool:
+        """Whether regions are being probed (by this process or the machine's prober)."""
+        if self.machine is not None:
+            return self.machine.table.probing()
+        return self.prober.running
+
+    def set_probing(self, enabled: bool) -> None:
+        """Probing on or off after a reload (the machine's prober follows its own reload)."""
+        if enabled and not self.prober.running:
+            self.start()
+        elif not enabled and self.prober.running:
+            self.stop()
 
     def set_regions(self, regions: Iterable[RegionConfig]) -> None:
         """Adopt the configured regions (hot reload): add, re-point or forget; admin state kept."""
@@ -113,26 +138,50 @@ class Health:
 
     def log_events(self) -> None:
         """Log every health flip since the last call at INFO (nothing per probe)."""
+        if self.machine is not None:
+            return  # the machine's prober logs them, once for the machine
         for region, transition, _at, detail in self.prober.take_events():
             suffix = f" ({detail})" if detail and transition in ("unhealthy", "ejected") else ""
             log.info("region %s: %s%s", region, transition, suffix)
 
     # ---- reads ----
 
-    def snapshot(self) -> dict[str, RegionHealth]:
+    def snapshot(self) -> Mapping[str, RegionView]:
         """Every region's health now, by name."""
+        if self.machine is not None:
+            return self.machine.table.snapshot()
         return {h.name: h for h in self.prober.snapshot()}
 
     def admin_state(self, name: str) -> AdminState | None:
         """The operator's setting for a region; None if the region is unknown."""
-        return self._admin.get(name)
+        if name not in self._admin:
+            return None
+        return self._admin_of(name)
+
+    def admin_states(self) -> dict[str, str]:
+        """Every region's operator setting, by name (what the machine's prober publishes)."""
+        return {name: state.value for name, state in self._admin.items()}
+
+    def _admin_of(self, name: str, published: Mapping[str, str] | None = None) -> AdminState:
+        """A region's operator setting: a worker takes the machine's (set through the
+        supervisor, so a restarted worker keeps a drain) over its own."""
+        if self.machine is not None:
+            if published is None:
+                published = self.machine.table.admin()
+            value = published.get(name)
+            if value is not None:
+                return AdminState(value)
+        return self._admin.get(name, AdminState.ACTIVE)
 
     def candidates(self, names: Iterable[str]) -> list[Candidate]:
         """Selection input for the regions `names` (those serving the requested model)."""
         view = {}
-        for row in self.prober.routing_view():
+        machine = self.machine
+        rows = machine.table.routing_view() if machine is not None else self.prober.routing_view()
+        for row in rows:
             view[row[0]] = row
         stale_s = self.config.ttft_stale_s
+        published = machine.table.admin() if machine is not None else None
         out = []
         for name in names:
             v = view.get(name)
@@ -152,7 +201,7 @@ class Health:
                     ewma_ttft_s=ttft,
                     bias_s=self._bias_s.get(name, 0.0),
                     in_flight=self.in_flight_of(name),
-                    admin=self._admin.get(name, AdminState.ACTIVE),
+                    admin=self._admin_of(name, published),
                 )
             )
         return out
@@ -170,18 +219,19 @@ class Health:
         """Readiness: at least one active region is healthy and not ejected."""
         snap = self.snapshot()
         return any(
-            h.available and self._admin.get(name) is AdminState.ACTIVE for name, h in snap.items()
+            h.available and name in self._admin and self._admin_of(name) is AdminState.ACTIVE
+            for name, h in snap.items()
         )
 
     def stats(self) -> dict[str, Any]:
         """JSON-ready health view for the admin API."""
         regions = []
-        for h in self.prober.snapshot():
+        for h in self.snapshot().values():
             regions.append(
                 {
                     "name": h.name,
                     "url": h.url,
-                    "admin": self._admin.get(h.name, AdminState.ACTIVE).value,
+                    "admin": self._admin_of(h.name).value,
                     "available": h.available,
                     "healthy": h.healthy,
                     "probed": h.probed,
@@ -206,7 +256,7 @@ class Health:
                     "last_error": h.last_error,
                 }
             )
-        return {"probing": self.prober.running, "regions": regions}
+        return {"probing": self.probing, "regions": regions}
 
     # ---- writes ----
 
@@ -230,6 +280,9 @@ class Health:
         total_s: float | None = None,
     ) -> None:
         """Feed one attempt's outcome to the health table (passive health, ejection)."""
+        if self.machine is not None:
+            self.machine.sender.report(region, outcome, connect_s, ttft_s, total_s)
+            return
         if self.prober.report(region, outcome, connect_s, ttft_s, total_s):
             log.info("region %s: ejected after consecutive %s", region, outcome)
 

@@ -14,7 +14,6 @@ from aiohttp.typedefs import Middleware
 from router.access import tokenizers
 from router.access.auth import Authenticator, Tenant
 from router.access.limits import Limiter, Limits, auth_preparer, rate_limit_headers
-from router.access.shared_buckets import SharedBucketTable
 from router.cache.admin import CACHE
 from router.cache.serving import CacheLayer, cache_headers
 from router.config import Config
@@ -49,6 +48,7 @@ from router.routing.runtime import (
     selector,
 )
 from router.server import reload
+from router.server.machine import Machine, add_machine_routes
 from router.server.pools import POOLS, RegionPools, regions_preparer
 from router.server.reload import RELOADER, LiveConfig, Reloader, health_preparer, sighup_ctx
 
@@ -146,18 +146,20 @@ def build_app(
     generation: int = 0,
     span_exporter: SpanExporter | None = None,
     shared_stdout: bool = False,
-    machine: SharedBucketTable | None = None,
+    machine: Machine | None = None,
 ) -> web.Application:
     """The router application for `config`; pools and probes start with it and stop with it.
     `generation` is the config generation to start at (a restarted worker's siblings');
     `span_exporter` replaces the OTLP exporter (tests); `shared_stdout`: sibling workers
-    write to the same stdout; `machine`: the rate-limit table the workers share."""
+    write to the same stdout; `machine`: what the workers of the machine share (limits and
+    admission counts, region health, the supervisor's machine view)."""
     # client_max_size is a backstop; read_body enforces max_body_bytes with a proper 413.
     app = web.Application(client_max_size=config.server.max_body_bytes + 1)
     # With an admin listener, operator routes live on their own app so the client listener
     # cannot reach them (and the admin listener serves no /v1).
+    # A worker always has them apart: the supervisor asks each worker's on a private socket.
     ops = app
-    if config.server.admin_listen is not None:
+    if config.server.admin_listen is not None or machine is not None:
         ops = app[ADMIN_APP] = web.Application(client_max_size=1 << 20)
     app[CONFIG] = ops[CONFIG] = config
     state = app[STATE] = ops[STATE] = RouterState()
@@ -176,16 +178,21 @@ def build_app(
     reloader.register("rollout", rollout.prepare_reload, ("rollout", "models"))
     # How much: per-key limits, then per-region admission slots.
     limiter = Limiter.from_config(
-        config.limits, auth.tenants, machine, tokenizers.load(config.tokenizers.models)
+        config.limits,
+        auth.tenants,
+        machine.limits if machine is not None else None,
+        tokenizers.load(config.tokenizers.models),
     )
     reloader.register("auth", auth_preparer(auth, limiter), ("auth",))
     app.cleanup_ctx.append(_closing(limiter.close))
-    admission = Admission.from_config(config.admission)
+    admission = Admission.from_config(
+        config.admission, machine.limits if machine is not None else None
+    )
     # Where: health (probes + passive), nearest-healthy selection, retries, hedges, continuation.
     health = app[routing_admin.HEALTH] = ops[routing_admin.HEALTH] = Health(
-        config.health, config.regions
+        config.health, config.regions, machine=machine.health if machine is not None else None
     )
-    health.in_flight_of = admission.in_flight
+    health.in_flight_of = admission.machine_in_flight
     app.cleanup_ctx.append(lifetime(health))
     reloader.register("health", health_preparer(health), ("health",))
     reloader.register("regions", regions_preparer(pools, health), ("regions",))
@@ -296,6 +303,9 @@ def build_app(
         probes.router.add_get("/readyz", readyz)
     if ops is not app:
         ops.middlewares.append(_errors(pipeline))
+    if machine is not None and config.server.admin_listen is None:
+        # The client listener's operator routes answer for the machine, not for one worker.
+        add_machine_routes(app, machine.socket)
     routing_admin.add_routes(admin)
     rollout_admin.add_routes(admin)
     reload.add_routes(admin)

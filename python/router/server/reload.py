@@ -154,10 +154,7 @@ def health_preparer(health: Health) -> Preparer:
 
         def commit() -> None:
             health.reconfigure(new.health)
-            if new.health.enabled and not health.prober.running:
-                health.start()
-            elif not new.health.enabled and health.prober.running:
-                health.stop()
+            health.set_probing(new.health.enabled)
 
         return commit
 

@@ -14,11 +14,11 @@ from pathlib import Path
 import uvloop
 from aiohttp import web
 
-from router.access.shared_buckets import SharedBucketTable
 from router.config import Config, parse_listen
 from router.errors import ConfigError, StartupError
 from router.server import gctune
 from router.server.app import ADMIN_APP, STATE, build_app
+from router.server.machine import Machine, MachineDir
 from router.server.reload import RELOADER
 from router.server.tls import Listeners
 
@@ -46,13 +46,19 @@ def make_runner(app: web.Application, config: Config) -> web.AppRunner:
 @dataclass(frozen=True, slots=True)
 class Worker:
     """A worker process of `router serve --workers N`: which one, the config generation its
-    siblings are at, and the private socket its operator routes answer the supervisor on."""
+    siblings are at, and the supervisor's directory of what the machine shares."""
 
     index: int
     generation: int = 0
-    ops_socket: str | None = None
-    # The rate-limit and in-flight table the workers share (access.shared_buckets).
-    state_file: str | None = None
+    # server.machine.MachineDir: limits table, health table and reports, sockets.
+    machine_dir: str | None = None
+
+    @property
+    def ops_socket(self) -> str | None:
+        """Where this worker's operator routes answer the supervisor."""
+        if self.machine_dir is None:
+            return None
+        return MachineDir(self.machine_dir).ops_socket(self.index)
 
 
 def listen_error(listen: str, what: str, exc: OSError) -> StartupError:
@@ -137,8 +143,8 @@ async def serve_async(
     try:
         listeners = Listeners(config)
         machine = None
-        if worker is not None and worker.state_file is not None:
-            machine = SharedBucketTable(worker.state_file, worker.index)
+        if worker is not None and worker.machine_dir is not None:
+            machine = Machine.open(MachineDir(worker.machine_dir), worker.index)
         app = build_app(
             config,
             config_path,
@@ -162,14 +168,16 @@ async def serve_async(
         nonlocal admin_runner
         # Startup hooks have run: what they built lives as long as the process.
         gctune.tune(config.server.gc_gen0_threshold)
-        if config.server.admin_listen is None:
+        ops_socket = worker.ops_socket if worker is not None else None
+        if config.server.admin_listen is None and ops_socket is None:
             return
         admin_runner = make_runner(app[ADMIN_APP], config)
         await admin_runner.setup()
-        if worker is not None and worker.ops_socket is not None:
-            # The supervisor owns admin_listen and asks each worker here.
-            await web.UnixSite(admin_runner, worker.ops_socket).start()
+        if ops_socket is not None:
+            # The supervisor answers for the machine and asks each worker here.
+            await web.UnixSite(admin_runner, ops_socket).start()
             return
+        assert config.server.admin_listen is not None
         url = await start_site(
             admin_runner, config.server.admin_listen, listeners.admin, "admin_listen"
         )
@@ -188,6 +196,8 @@ async def serve_async(
     finally:
         if admin_runner is not None:
             await admin_runner.cleanup()
+        if machine is not None:
+            machine.close()
 
 
 def serve(config: Config, config_path: Path | None = None, worker: Worker | None = None) -> None:

@@ -1,11 +1,13 @@
 """`router serve --workers N`: one supervisor, N worker processes sharing the listeners.
 
 Each worker is `router serve` itself, binding the client listener with SO_REUSEPORT so the kernel
-spreads connections over them. The supervisor restarts a worker that dies, checks a reload once
-and then has every worker apply it (so all reach the same generation), and on SIGTERM has every
-worker drain. When `admin_listen` is set the supervisor serves it: /metrics and /status.json
-merged from every worker (each answers on a private Unix socket), /admin/reload for all, other
-/admin/* calls passed to every worker.
+spreads connections over them. The supervisor restarts a worker that dies (giving back the
+limit and admission slots it held), checks a reload once and then has every worker apply it (so
+all reach the same generation), and on SIGTERM has every worker drain. It runs the machine's
+one health prober (routing.machine_prober). It answers for the machine: /metrics and
+/status.json merged from every worker (each answers on a private Unix socket), /admin/reload for
+all, other /admin/* calls passed to every worker; on `admin_listen` when that is set, and on a
+private socket the workers pass the client listener's operator routes to when it is not.
 """
 
 from __future__ import annotations
@@ -38,7 +40,10 @@ from router.config import Config, load, parse_listen
 from router.core.admin import json_response
 from router.errors import ApiError, ConfigError, InvalidRequest, StartupError
 from router.observability.merge import merge_metrics, merge_status
+from router.routing.admin import admin_change
+from router.routing.machine_prober import MachineProber
 from router.server.app import hide_versions
+from router.server.machine import MachineDir
 from router.server.run import listen_error
 from router.server.tls import Listeners
 
@@ -63,7 +68,7 @@ class _Slot:
     """One worker position: its current process and its history."""
 
     index: int
-    socket: str | None
+    socket: str
     proc: asyncio.subprocess.Process | None = None
     started: float = 0.0
     restarts: int = 0
@@ -81,16 +86,18 @@ class Supervisor:
         self.generation = 0
         self.stopping = False
         self.failed: str | None = None
-        self._dir = tempfile.mkdtemp(prefix="router-workers-")
-        split = config.server.admin_listen is not None
-        self.slots = [
-            _Slot(i, os.path.join(self._dir, f"w{i}.sock") if split else None) for i in range(count)
-        ]
+        # Private (0700): only this user's processes reach the tables and sockets in it.
+        self.dir = MachineDir(tempfile.mkdtemp(prefix="router-workers-"))
+        self.slots = [_Slot(i, self.dir.ops_socket(i)) for i in range(count)]
         self.auth = Authenticator.from_config(config.auth)
         self.listeners = Listeners(config)
-        # Rate-limit buckets and in-flight counts every worker maps (exact across workers).
-        self.state_file = os.path.join(self._dir, "limits.table")
-        shared_buckets.create(self.state_file)
+        # Rate-limit buckets, in-flight and admission counts every worker maps (exact across
+        # workers).
+        shared_buckets.create(self.dir.limits)
+        # The one prober of the machine; the workers route from what it publishes.
+        self.prober = MachineProber(
+            config.health, config.regions, self.dir.health_table, self.dir.health_reports
+        )
         self._done = asyncio.Event()
 
     # ---- workers ----
@@ -105,13 +112,11 @@ class Supervisor:
             str(self.path),
             "--worker",
             f"{slot.index}:{self.generation}",
-            "--state-file",
-            self.state_file,
+            "--machine-dir",
+            self.dir.path,
         ]
-        if slot.socket is not None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(slot.socket)
-            args += ["--ops-socket", slot.socket]
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(slot.socket)
         slot.proc = await asyncio.create_subprocess_exec(*args)
         slot.started = time.monotonic()
 
@@ -121,6 +126,9 @@ class Supervisor:
             await self._spawn(slot)
             assert slot.proc is not None
             code = await slot.proc.wait()
+            # What it held (max_concurrent and admission slots) is free again at once, not
+            # only when its successor starts.
+            shared_buckets.forget_worker(self.dir.limits, slot.index)
             if self.stopping:
                 return
             lived = time.monotonic() - slot.started
@@ -173,6 +181,9 @@ class Supervisor:
         try:
             # The supervisor's own admin listener re-reads its certificate like the workers do.
             commit_tls = self.listeners.preparer()(self.config, new)
+            if new.health != self.config.health:
+                # Refuses before changing anything (the workers' reload checks the same).
+                self.prober.reconfigure(new.health)
         except ConfigError as exc:
             message = f"config reload rejected, workers stay at generation {self.generation}: {exc}"
             log.error("%s", message)
@@ -193,18 +204,14 @@ class Supervisor:
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
+        # Probing (and the first published image) before any worker routes.
+        await self.prober.start()
         for slot in self.slots:
             slot.task = asyncio.create_task(self._watch(slot))
         loop.add_signal_handler(signal.SIGHUP, self.reload)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._done.set)
         admin = await self._admin_listener()
-        if self.config.server.admin_listen is None:
-            log.warning(
-                "workers without [server] admin_listen: /metrics and /status on %s show the "
-                "worker that answered, not the machine; set admin_listen for the merged view",
-                self.config.server.listen,
-            )
         log.info(
             "supervisor pid %d: %d workers on %s",
             os.getpid(),
@@ -220,9 +227,9 @@ class Supervisor:
             log.info("stop signal: draining %d workers", len(self.alive()))
             self.signal_all(signal.SIGTERM)
             await self._reap()
-            if admin is not None:
-                await admin.cleanup()
-            shutil.rmtree(self._dir, ignore_errors=True)
+            await admin.cleanup()
+            await self.prober.close()
+            shutil.rmtree(self.dir.path, ignore_errors=True)
         if self.failed is not None:
             log.error("%s", self.failed)
             return 1
@@ -239,10 +246,10 @@ class Supervisor:
 
     # ---- the machine's admin listener ----
 
-    async def _admin_listener(self) -> web.AppRunner | None:
+    async def _admin_listener(self) -> web.AppRunner:
+        """The machine's operator routes: on the private socket the workers pass the client
+        listener's to, and on admin_listen when set."""
         listen = self.config.server.admin_listen
-        if listen is None:
-            return None
         hide_versions()
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
@@ -254,6 +261,9 @@ class Supervisor:
         app.router.add_route("*", "/admin/{tail:.*}", self._passed_to_all)
         runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await runner.setup()
+        await web.UnixSite(runner, self.dir.socket).start()
+        if listen is None:
+            return runner
         host, port = parse_listen(listen)
         ssl_context = self.listeners.admin
         try:
@@ -268,7 +278,6 @@ class Supervisor:
     async def _ask(
         self, slot: _Slot, method: str, path: str, headers: dict[str, str], body: bytes
     ) -> tuple[int, bytes, str]:
-        assert slot.socket is not None
         connector = aiohttp.UnixConnector(path=slot.socket)
         timeout = aiohttp.ClientTimeout(total=5.0)
         async with (
@@ -324,6 +333,9 @@ class Supervisor:
         if not answers:
             return json_response({"status": "no worker answered"}, status=503)
         status, first, ctype = answers[0]
+        change = admin_change(request.method, request.path)
+        if change is not None and status == 200:
+            self.prober.set_admin(*change)
         response = _answer(status, first, ctype)
         response.headers["X-Router-Workers"] = f"{len(answers)}/{self.count}"
         return response

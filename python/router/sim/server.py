@@ -67,6 +67,8 @@ class SimStats(msgspec.Struct):
     injected_failures: int = 0
     streams: int = 0
     tokens_sent: int = 0
+    # GET /health answered (the router's probes).
+    probes: int = 0
     by_path: dict[str, int] = msgspec.field(default_factory=dict)
     last_headers: dict[str, str] = msgspec.field(default_factory=dict)
     last_body: str = ""
@@ -487,6 +489,7 @@ class SimRegion:
         return web.json_response({"object": "list", "data": data})
 
     async def health(self, request: web.Request) -> web.StreamResponse:
+        self.stats.probes += 1
         # Only the region-wide mode affects health: per-request headers model one bad request.
         fail = self.options.fail_mode
         if fail in ("500", "503", "429"):

@@ -1,0 +1,106 @@
+"""What the workers of one machine share: the files in the supervisor's private directory, a
+worker's handles on them, and the client listener's operator routes answered for the machine.
+
+    limits.table    rate-limit buckets, `max_concurrent` and admission counts (shared_buckets)
+    health.table    region health from the one prober (routing.shared_health)
+    health.sock     the workers' passive reports to that prober
+    machine.sock    the supervisor's machine view: /metrics, /status*, /admin/* for every worker
+    w<N>.sock       worker N's own operator routes, which the supervisor asks and merges
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+
+from router.access.shared_buckets import SharedBucketTable
+from router.routing.shared_health import SharedHealth
+
+# Client-listener paths that answer for the machine when there is no admin listener.
+MACHINE_PATHS = ("/metrics", "/status", "/status.json")
+# Headers the answering worker sets itself.
+_HOP = frozenset({"content-length", "transfer-encoding", "connection", "server", "date"})
+_SESSION: web.AppKey[aiohttp.ClientSession] = web.AppKey("router.machine.session")
+
+
+@dataclass(frozen=True, slots=True)
+class MachineDir:
+    """The supervisor's private directory and the names in it."""
+
+    path: str
+
+    @property
+    def limits(self) -> str:
+        return os.path.join(self.path, "limits.table")
+
+    @property
+    def health_table(self) -> str:
+        return os.path.join(self.path, "health.table")
+
+    @property
+    def health_reports(self) -> str:
+        return os.path.join(self.path, "health.sock")
+
+    @property
+    def socket(self) -> str:
+        return os.path.join(self.path, "machine.sock")
+
+    def ops_socket(self, index: int) -> str:
+        return os.path.join(self.path, f"w{index}.sock")
+
+
+@dataclass(slots=True)
+class Machine:
+    """A worker's handles on what its machine shares."""
+
+    limits: SharedBucketTable
+    health: SharedHealth
+    socket: str
+
+    @classmethod
+    def open(cls, directory: MachineDir, worker: int) -> Machine:
+        return cls(
+            SharedBucketTable(directory.limits, worker),
+            SharedHealth(directory.health_table, directory.health_reports),
+            directory.socket,
+        )
+
+    def close(self) -> None:
+        self.health.close()
+        self.limits.close()
+
+
+def add_machine_routes(app: web.Application, socket: str) -> None:
+    """The client listener's /metrics, /status* and /admin/* (no admin listener), answered by
+    the supervisor for the whole machine instead of by whichever worker took the connection."""
+
+    async def session(app: web.Application) -> AsyncIterator[None]:
+        app[_SESSION] = aiohttp.ClientSession(
+            connector=aiohttp.UnixConnector(path=socket),
+            timeout=aiohttp.ClientTimeout(total=10.0),
+            auto_decompress=False,
+        )
+        yield
+        await app[_SESSION].close()
+
+    async def ask(request: web.Request) -> web.Response:
+        headers = {
+            k: v
+            for k, v in request.headers.items()
+            if k.lower() not in ("host", "connection", "content-length", "transfer-encoding")
+        }
+        body = await request.read()
+        async with app[_SESSION].request(
+            request.method, f"http://machine{request.path_qs}", headers=headers, data=body or None
+        ) as resp:
+            passed = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP}
+            return web.Response(status=resp.status, body=await resp.read(), headers=passed)
+
+    app.cleanup_ctx.append(session)
+    for path in MACHINE_PATHS:
+        app.router.add_get(path, ask)
+    app.router.add_route("*", "/admin/{tail:.*}", ask)
