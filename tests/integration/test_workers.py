@@ -379,3 +379,35 @@ def test_a_drain_on_the_client_port_holds_in_every_worker_after_a_restart(
     with ThreadPoolExecutor(4) as pool:
         answers = list(pool.map(lambda _: _routed(router), range(20)))
     assert answers == [(200, "far", "1")] * 20
+
+
+def test_stored_responses_are_pinned_whichever_worker_takes_the_follow_up(
+    sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    """The machine's workers share which region holds each stored response: follow-ups on
+    fresh connections (spread over the workers) all go to the region that made it."""
+    import openai
+
+    a, b = sim_region("a"), sim_region("b")
+    config = "[server]\nworkers = 2\n[auth]\nenabled = false\n"
+    router = router_proc(config + region_toml(a) + region_toml(b, bias_ms=500))
+    _all_serving(router, 2)
+    made_ids = []
+    for i in range(4):
+        with openai.OpenAI(base_url=router.url + "/v1", api_key="x", max_retries=0) as client:
+            made = client.responses.create(
+                model=MODEL,
+                input=f"keep {i}",
+                extra_headers={"x-sim-fail": "503", "x-sim-only": "a"},
+            )
+            made_ids.append(made.id)
+    regions = set()
+    for made_id in made_ids * 3:
+        # A new client, a new connection: either worker may take it.
+        with openai.OpenAI(base_url=router.url + "/v1", api_key="x", max_retries=0) as client:
+            follow = client.responses.with_raw_response.create(
+                model=MODEL, input="more", previous_response_id=made_id
+            )
+            regions.add(follow.headers["x-router-region"])
+            assert client.responses.retrieve(made_id).id == made_id
+    assert regions == {"b"}

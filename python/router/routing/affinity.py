@@ -4,8 +4,9 @@ A response created with `store` (the Responses API's default), in background mod
 conversation exists only on the region that made it; a request continuing it
 (`previous_response_id`) or reading it (`GET /v1/responses/{id}`) must go there and nowhere
 else. The router notes the region of each such response it relays, for the tenant that made it
-(bounded, least recently used first out), and, with `[state] redis_url`, shares the notes with
-the other routers of the deployment: written in the background, read only when a follow-up's
+(bounded, least recently used first out), with workers in a table the machine's workers share
+(routing.shared_pins), and, with `[state] redis_url`, shares the notes with the other routers
+of the deployment: written in the background, read only when a follow-up's
 id is not in memory (one Redis round trip, bounded by `redis_timeout_s`; no answer is "not
 known").
 """
@@ -21,6 +22,7 @@ from aiohttp import web
 
 from router.config import StateConfig
 from router.net.redis_client import OUTAGE, Client, hash_tagged, open_redis
+from router.routing.shared_pins import SharedPins
 
 log = logging.getLogger("router")
 
@@ -34,10 +36,12 @@ class ResponseHomes:
     """Response id -> the region that holds it and the tenant it belongs to
     (core.stages.StateHomes). Another tenant's response is not found."""
 
-    __slots__ = ("_failures", "_homes", "_redis", "capacity", "config")
+    __slots__ = ("_failures", "_homes", "_redis", "capacity", "config", "shared")
 
-    def __init__(self, config: StateConfig | None = None) -> None:
+    def __init__(self, config: StateConfig | None = None, shared: SharedPins | None = None) -> None:
         self.config = config or StateConfig()
+        # With workers: the machine's table, so a sibling's notes are found too.
+        self.shared = shared
         self.capacity = self.config.max_responses
         self._homes: OrderedDict[str, tuple[str, str]] = OrderedDict()
         self._redis: Client | None = None
@@ -60,6 +64,8 @@ class ResponseHomes:
     def record(self, response_id: str, region: str, owner: str) -> None:
         """`region` holds the response `response_id`, made by tenant `owner`."""
         self._remember(response_id, region, owner)
+        if self.shared is not None:
+            self.shared.record(response_id, region, owner)
         if self._redis is not None:
             task = asyncio.get_running_loop().create_task(
                 self._write(self._redis, response_id, f"{region}\n{owner}")
@@ -71,6 +77,11 @@ class ResponseHomes:
         """The region holding `response_id`, if `owner` made it through this router (or,
         sharing through Redis, through any)."""
         found = self._homes.get(response_id)
+        if found is None and self.shared is not None:
+            region = self.shared.home(response_id, owner)
+            if region is not None:
+                found = (region, owner)
+                self._remember(response_id, region, owner)
         if found is None and self._redis is not None:
             found = await self._read(self._redis, response_id)
             if found is not None:

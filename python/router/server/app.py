@@ -243,7 +243,7 @@ def build_app(
     if cache is not None:
         decorators.append(cache_headers)
 
-    homes = ResponseHomes(config.state)
+    homes = ResponseHomes(config.state, machine.pins if machine is not None else None)
     app.cleanup_ctx.append(homes.lifetime)
     features = Features(
         auth=auth,

@@ -4,6 +4,7 @@ worker's handles on them, and the client listener's operator routes answered for
     limits.table    rate-limit buckets, `max_concurrent` and admission counts (shared_buckets)
     health.table    region health from the one prober (routing.shared_health)
     health.sock     the workers' passive reports to that prober
+    pins.table      which region holds each stored Responses API response (routing.shared_pins)
     machine.sock    the supervisor's machine view: /metrics, /status*, /admin/* for every worker
     w<N>.sock       worker N's own operator routes, which the supervisor asks and merges
 """
@@ -19,6 +20,7 @@ from aiohttp import web
 
 from router.access.shared_buckets import SharedBucketTable
 from router.routing.shared_health import SharedHealth
+from router.routing.shared_pins import SharedPins
 
 # Client-listener paths that answer for the machine when there is no admin listener.
 MACHINE_PATHS = ("/metrics", "/status", "/status.json")
@@ -42,6 +44,10 @@ class MachineDir:
         return os.path.join(self.path, "health.table")
 
     @property
+    def pins(self) -> str:
+        return os.path.join(self.path, "pins.table")
+
+    @property
     def health_reports(self) -> str:
         return os.path.join(self.path, "health.sock")
 
@@ -60,16 +66,23 @@ class Machine:
     limits: SharedBucketTable
     health: SharedHealth
     socket: str
+    pins: SharedPins | None = None
 
     @classmethod
-    def open(cls, directory: MachineDir, worker: int) -> Machine:
+    def open(cls, directory: MachineDir, worker: int, regions: list[str] | None = None) -> Machine:
+        pins = None
+        if regions is not None and os.path.exists(directory.pins):
+            pins = SharedPins(directory.pins, regions)
         return cls(
             SharedBucketTable(directory.limits, worker),
             SharedHealth(directory.health_table, directory.health_reports),
             directory.socket,
+            pins,
         )
 
     def close(self) -> None:
+        if self.pins is not None:
+            self.pins.close()
         self.health.close()
         self.limits.close()
 

@@ -144,7 +144,8 @@ async def serve_async(
         listeners = Listeners(config)
         machine = None
         if worker is not None and worker.machine_dir is not None:
-            machine = Machine.open(MachineDir(worker.machine_dir), worker.index)
+            regions = [r.name for r in config.regions]
+            machine = Machine.open(MachineDir(worker.machine_dir), worker.index, regions)
         app = build_app(
             config,
             config_path,

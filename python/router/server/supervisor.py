@@ -40,6 +40,7 @@ from router.config import Config, load, parse_listen
 from router.core.admin import json_response
 from router.errors import ApiError, ConfigError, InvalidRequest, StartupError
 from router.observability.merge import merge_metrics, merge_status
+from router.routing import shared_pins
 from router.routing.admin import admin_change
 from router.routing.machine_prober import MachineProber
 from router.server.app import hide_versions
@@ -94,6 +95,8 @@ class Supervisor:
         # Rate-limit buckets, in-flight and admission counts every worker maps (exact across
         # workers).
         shared_buckets.create(self.dir.limits)
+        # Which region holds each stored Responses API response, noted by any worker.
+        shared_pins.create(self.dir.pins, max(1024, config.state.max_responses))
         # The one prober of the machine; the workers route from what it publishes.
         self.prober = MachineProber(
             config.health, config.regions, self.dir.health_table, self.dir.health_reports

@@ -1,0 +1,47 @@
+"""routing.shared_pins: the workers' table of which region holds each stored response."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from router.routing import shared_pins
+from router.routing.shared_pins import SLOT_BYTES, SharedPins
+
+
+def test_one_workers_note_is_read_by_another(tmp_path: Path) -> None:
+    path = str(tmp_path / "pins.table")
+    shared_pins.create(path, 64)
+    one, two = SharedPins(path, ["a", "b"]), SharedPins(path, ["a", "b"])
+    try:
+        one.record("resp_1", "b", "t1")
+        assert two.home("resp_1", "t1") == "b"
+        assert two.home("resp_1", "t2") is None  # another tenant's
+        assert two.home("resp_2", "t1") is None
+        one.record("resp_1", "a", "t1")  # the same id again: its note is replaced
+        assert two.home("resp_1", "t1") == "a"
+        one.record("resp_3", "nowhere", "t1")  # not a configured region: not noted
+        assert two.home("resp_3", "t1") is None
+    finally:
+        one.close()
+        two.close()
+
+
+def test_a_torn_slot_reads_as_empty_and_a_full_table_forgets(tmp_path: Path) -> None:
+    path = str(tmp_path / "pins.table")
+    shared_pins.create(path, 8)
+    pins = SharedPins(path, ["a"])
+    try:
+        pins.record("resp_1", "a", "t")
+        offset = next(
+            i * SLOT_BYTES
+            for i in range(8)
+            if any(pins._map[i * SLOT_BYTES : (i + 1) * SLOT_BYTES])
+        )
+        pins._map[offset + 20] ^= 0xFF  # half-written by another worker
+        assert pins.home("resp_1", "t") is None
+        for i in range(100):
+            pins.record(f"resp_{i}", "a", "t")
+        found = sum(pins.home(f"resp_{i}", "t") == "a" for i in range(100))
+        assert 0 < found <= 8
+    finally:
+        pins.close()
