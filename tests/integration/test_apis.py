@@ -463,6 +463,9 @@ def test_stored_responses_are_read_and_deleted_at_their_region_by_their_tenant(
     assert other.value.code == "response_not_found"
     with pytest.raises(openai.NotFoundError):
         one.responses.retrieve("resp_unknown")
+    with pytest.raises(openai.NotFoundError) as chained:
+        two.responses.create(model=MODEL, input="x", previous_response_id=made.id)
+    assert chained.value.code == "response_not_found"
     one.responses.delete(made.id)
     with pytest.raises(openai.NotFoundError):
         one.responses.retrieve(made.id)  # the region's own 404 now

@@ -186,7 +186,7 @@ class ResponseCache(Protocol):
 
 class StateHomes(Protocol):
     """Which region holds state a request refers to (Responses API stored responses), per
-    owning tenant."""
+    owning tenant: `home` raises NotFound for another tenant's."""
 
     def record(self, response_id: str, region: str, owner: str) -> None: ...
     async def home(self, response_id: str, owner: str) -> str | None: ...

@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from router.config import StateConfig
+from router.errors import NotFound
 from router.net.redis_client import OUTAGE, Client, hash_tagged, open_redis
 from router.routing.shared_pins import SharedPins
 
@@ -30,6 +31,13 @@ log = logging.getLogger("router")
 _WRITES: set[asyncio.Task[None]] = set()
 # An outage is logged once per this many failed calls.
 _LOG_EVERY = 1000
+
+
+def _foreign(response_id: str) -> NotFound:
+    # Worded as for an unknown id: another tenant's response does not exist for this one.
+    return NotFound(
+        f"Response `{response_id}` is not known to this router.", code="response_not_found"
+    )
 
 
 class ResponseHomes:
@@ -74,20 +82,25 @@ class ResponseHomes:
             task.add_done_callback(_WRITES.discard)
 
     async def home(self, response_id: str, owner: str) -> str | None:
-        """The region holding `response_id`, if `owner` made it through this router (or,
-        sharing through Redis, through any)."""
+        """The region holding `response_id`, if it was made through this router (or, sharing,
+        through any); NotFound when another tenant made it."""
         found = self._homes.get(response_id)
         if found is None and self.shared is not None:
-            region = self.shared.home(response_id, owner)
-            if region is not None:
+            noted = self.shared.home(response_id, owner)
+            if noted is not None:
+                region, own = noted
+                if not own:
+                    raise _foreign(response_id)
                 found = (region, owner)
                 self._remember(response_id, region, owner)
         if found is None and self._redis is not None:
             found = await self._read(self._redis, response_id)
             if found is not None:
                 self._remember(response_id, *found)
-        if found is None or found[1] != owner:
+        if found is None:
             return None
+        if found[1] != owner:
+            raise _foreign(response_id)
         self._homes.move_to_end(response_id)
         return found[0]
 

@@ -78,15 +78,13 @@ class SharedPins:
             target = next(iter(self._ways(key)))
         self._map[target : target + SLOT_BYTES] = body + _CHECK.pack(_check(body))
 
-    def home(self, response_id: str, owner: str) -> str | None:
-        """The region noted for `response_id` and `owner`, if any."""
+    def home(self, response_id: str, owner: str) -> tuple[str, bool] | None:
+        """The region noted for `response_id`, and whether `owner` made it; None if none is."""
         key = _digest(response_id, 16)
         for offset in self._ways(key):
             found = self._read(offset)
-            if found is not None and found[0] == key:
-                if found[1] != _digest(owner, 8) or found[2] >= len(self.regions):
-                    return None
-                return self.regions[found[2]]
+            if found is not None and found[0] == key and found[2] < len(self.regions):
+                return self.regions[found[2]], found[1] == _digest(owner, 8)
         return None
 
     def _ways(self, key: bytes) -> list[int]:

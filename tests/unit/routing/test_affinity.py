@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 from router.config import StateConfig
+from router.errors import NotFound
 from router.routing.affinity import ResponseHomes
 
 
@@ -15,5 +18,6 @@ async def test_homes_remember_the_most_recently_used_per_tenant() -> None:
     assert await homes.home("r2", "one") is None
     assert await homes.home("r1", "one") == "a"
     assert await homes.home("r3", "one") == "c"
-    assert await homes.home("r3", "two") is None  # another tenant's response
+    with pytest.raises(NotFound):
+        await homes.home("r3", "two")  # another tenant's response
     assert len(homes) == 2
