@@ -381,17 +381,31 @@ def test_a_slow_first_token_is_hedged_on_both_apis(
     assert whole.parse().stop_reason == "end_turn"
 
 
-@pytest.mark.parametrize("survivor", ["vllm", "llama-server"])
+@pytest.mark.parametrize(
+    ("survivor", "continuation"),
+    [("vllm", "continue"), ("llama-server", "continue"), ("vllm", "regenerate")],
+)
 def test_streams_cut_mid_way_are_continued_seamlessly(
-    survivor: str, sim_region: SimFactory, router_proc: RouterFactory, clients: list[Any]
+    survivor: str,
+    continuation: str,
+    sim_region: SimFactory,
+    router_proc: RouterFactory,
+    clients: list[Any],
 ) -> None:
     """The same guarantee as chat: one stream, one id, nothing duplicated or lost at the seam,
-    one end, the usage of the whole answer (llama-server answers the prefill back first)."""
+    one end, the usage of the whole answer (llama-server answers the prefill back first; a
+    regenerated answer must repeat what the client has)."""
     a = sim_region("a", fail_mode="die-mid-stream", after_tokens=3)
     b = sim_region("b", kind=survivor)
     config = '[routing]\nmidstream = "resume"\n[auth]\nenabled = false\n'
-    router = router_proc(config + region_toml(a) + region_toml(b, bias_ms=500))
-    asked: dict[str, Any] = {"model": MODEL, "input": "Tell me a story", "store": False}
+    survivor_toml = region_toml(b, bias_ms=500, continuation=continuation)
+    router = router_proc(config + region_toml(a) + survivor_toml)
+    asked: dict[str, Any] = {
+        "model": MODEL,
+        "input": "Tell me a story",
+        "store": False,
+        "temperature": 0,
+    }
     whole = _openai(b, clients).responses.create(**asked)
     raw = _openai(router, clients).responses.with_raw_response.create(**asked, stream=True)
     events = list(raw.parse())
@@ -413,6 +427,7 @@ def test_streams_cut_mid_way_are_continued_seamlessly(
         "model": MODEL,
         "max_tokens": 4096,
         "messages": [{"role": "user", "content": "Tell me a story"}],
+        "extra_body": {"temperature": 0},
     }
     direct = _anthropic(b, clients).messages.create(**anthropic_asked)
     with _anthropic(router, clients).messages.stream(**anthropic_asked) as stream:
