@@ -10,7 +10,6 @@ stream, and the event that ends a stream the router had to cut.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
 
 import msgspec
 
@@ -25,25 +24,8 @@ from router.core.request import (
 )
 from router.core.responses import stream_error_event
 from router.core.stream import EventState, StreamState
-from router.errors import ApiError, anthropic_error_body
+from router.errors import anthropic_error_body
 from router.net import sse
-
-
-class Tracker(Protocol):
-    """What the relay reads of a stream's state (core.stream's StreamState or EventState)."""
-
-    done: bool
-    held_done: bool
-    invalid: int
-    usage_only: bool
-
-    def note(self, payload: bytes) -> bool: ...
-    @property
-    def complete(self) -> bool: ...
-    @property
-    def owes_done(self) -> bool: ...
-    @property
-    def cut_reason(self) -> str: ...
 
 
 class _Typed(msgspec.Struct):
@@ -119,10 +101,6 @@ class Dialect:
         """A fresh stream state for one relayed stream."""
         return EventState(self.terminal) if self.events else StreamState()
 
-    def error_body(self, error: ApiError) -> bytes:
-        """An error the router answers, in this API's shape."""
-        return error.anthropic_body() if self.anthropic else error.body()
-
     def stream_failure(self, message: str, state: StreamState | EventState) -> bytes:
         """The event that ends a stream the router could not finish: one the API's clients
         treat as a failure, never as a complete answer."""
@@ -185,8 +163,6 @@ DIALECTS = {
         COUNT_TOKENS_API,
     )
 }
-# Config names of the endpoints (`[[regions]] endpoints`).
-BY_NAME = {d.name: d for d in DIALECTS.values()}
 
 
 def dialect_of(path: str) -> Dialect:
