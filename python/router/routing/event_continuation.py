@@ -118,6 +118,19 @@ def continuation_body(body: bytes, prefill: str, tokens_sent: int, anthropic: bo
     return encoded
 
 
+def _text_opening(obj: dict[str, Any]) -> bool:
+    """Whether an opening event opens the one text answer (not a tool call, a reasoning item,
+    a second block): only that can continue the text the client has."""
+    kind = obj.get("type")
+    if kind == "response.output_item.added":
+        item = obj.get("item")
+        return isinstance(item, dict) and item.get("type") == "message"
+    if kind == "content_block_start":
+        block = obj.get("content_block")
+        return obj.get("index", 0) == 0 and isinstance(block, dict) and block.get("type") == "text"
+    return True
+
+
 def _encode(obj: dict[str, Any]) -> bytes:
     name = obj.get("type")
     head = b"event: " + name.encode() + b"\n" if isinstance(name, str) else b""
@@ -155,6 +168,8 @@ class Stitcher:
             return None
         kind = obj.get("type")
         if kind in _OPENING:
+            if not _text_opening(obj):
+                raise Diverged(f"the continuation opened something other than text ({kind})")
             return None
         if kind == "response.output_text.delta":
             return self._text(obj, obj, "delta")

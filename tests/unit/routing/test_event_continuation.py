@@ -1,0 +1,132 @@
+"""routing.event_continuation: a Responses / Messages continuation stitched into the first
+stream (ids, numbering, whole text and usage), and what is never continued."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from router.net import sse
+from router.routing.event_continuation import EventTracker, Stitcher, continuation_body
+from router.routing.seam import Diverged
+
+
+def ev(name: str, **data: Any) -> bytes:
+    return f"event: {name}\ndata: {json.dumps({'type': name, **data})}\n\n".encode()
+
+
+def data(raw: bytes) -> dict[str, Any]:
+    payload = sse.data_of(raw.rstrip(b"\n"))
+    assert payload is not None
+    return json.loads(payload)  # type: ignore[no-any-return]
+
+
+def tracked(*events: bytes) -> EventTracker:
+    tracker = EventTracker()
+    tracker.feed(b"".join(events))
+    tracker.settle()
+    return tracker
+
+
+FIRST = (
+    ev("response.created", response={"id": "resp_1"}, sequence_number=0),
+    ev("response.output_item.added", item={"type": "message", "id": "msg_1"}, sequence_number=1),
+    ev("response.output_text.delta", item_id="msg_1", delta="Hel", sequence_number=2),
+    ev("response.output_text.delta", item_id="msg_1", delta="lo", sequence_number=3),
+)
+
+
+def test_a_responses_continuation_becomes_the_first_stream() -> None:
+    tracker = tracked(*FIRST)
+    assert (tracker.text, tracker.events, tracker.response_id) == ("Hello", 2, "resp_1")
+    stitcher = Stitcher(tracker, regenerate=False)
+    usage = {"input_tokens": 12, "output_tokens": 3, "total_tokens": 15}
+    text_part = {"type": "output_text", "text": "Hello world"}
+    item = {"type": "message", "id": "msg_2", "content": [text_part]}
+    continuation = [
+        ev("response.created", response={"id": "resp_2"}),
+        ev("response.output_item.added", item={"type": "message", "id": "msg_2"}),
+        ev("response.output_text.delta", item_id="msg_2", delta="Hello"),  # the echo
+        ev("response.output_text.delta", item_id="msg_2", delta=" world"),
+        ev("response.output_text.done", item_id="msg_2", text="Hello world"),
+        ev("response.output_item.done", item=item),
+        ev("response.completed", response={"id": "resp_2", "output": [item], "usage": usage}),
+    ]
+    out = []
+    for event in continuation:
+        stitched = stitcher.event(event)
+        if stitched is not None:
+            out.append(data(stitched))
+            tracker.feed(stitched)
+            tracker.settle()
+    assert [e["type"] for e in out] == [
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert out[0]["delta"] == " world"
+    assert out[0]["item_id"] == "msg_1"
+    assert [e["sequence_number"] for e in out] == [4, 5, 6, 7]
+    assert out[1]["text"] == "Hello world"
+    final = out[-1]["response"]
+    assert final["id"] == "resp_1"
+    assert final["output"][0]["id"] == "msg_1"
+    # The 2 tokens the client had were the continuation's prompt; they are the answer's.
+    assert final["usage"] == {"input_tokens": 10, "output_tokens": 5, "total_tokens": 15}
+    assert tracker.done
+
+
+def test_a_continuation_that_opens_a_tool_call_is_not_stitched() -> None:
+    stitcher = Stitcher(tracked(*FIRST), regenerate=False)
+    call = ev("response.output_item.added", item={"type": "function_call", "id": "fc_1"})
+    with pytest.raises(Diverged):
+        stitcher.event(call)
+    block = ev("content_block_start", index=0, content_block={"type": "tool_use"})
+    with pytest.raises(Diverged):
+        Stitcher(tracked(*FIRST), regenerate=False).event(block)
+
+
+def test_streams_that_left_the_text_are_never_continued() -> None:
+    reasoning = ev("response.output_item.added", item={"type": "reasoning", "id": "rs_1"})
+    assert tracked(FIRST[0], reasoning).unsupported
+    tool = ev("content_block_start", index=1, content_block={"type": "tool_use"})
+    assert tracked(ev("message_start", message={}), tool).unsupported
+    thinking = ev("content_block_delta", index=0, delta={"type": "thinking_delta"})
+    assert tracked(thinking).unsupported
+
+
+def test_a_regenerated_answer_must_repeat_the_text_exactly() -> None:
+    stitcher = Stitcher(tracked(*FIRST), regenerate=True)
+    with pytest.raises(Diverged):
+        stitcher.event(ev("response.output_text.delta", item_id="m", delta="Help"))
+
+
+def test_continuation_bodies() -> None:
+    messages = json.loads(
+        continuation_body(
+            json.dumps(
+                {"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "x"}]}
+            ).encode(),
+            "Hello",
+            2,
+            anthropic=True,
+        )
+    )
+    assert messages["messages"][-1] == {"role": "assistant", "content": "Hello"}
+    assert messages["max_tokens"] == 8
+    responses = json.loads(
+        continuation_body(
+            json.dumps({"model": "m", "input": "x", "max_output_tokens": 1}).encode(),
+            "Hello",
+            2,
+            anthropic=False,
+        )
+    )
+    assert responses["input"] == [
+        {"role": "user", "content": "x"},
+        {"type": "message", "role": "assistant", "content": "Hello"},
+    ]
+    assert responses["max_output_tokens"] == 1
