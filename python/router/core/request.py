@@ -144,6 +144,8 @@ class ParsedRequest(msgspec.Struct, frozen=True, kw_only=True):
     def with_model(self, upstream_model: str) -> ParsedRequest:
         """A copy whose forwarded body names `upstream_model`; other fields stay byte-identical."""
         if upstream_model == self.model:
+            if upstream_model == self.upstream_model:
+                return self  # frozen: nothing to copy
             return msgspec.structs.replace(self, upstream_model=upstream_model)
         fields = _RAW_OBJECT.decode(self.body)
         fields["model"] = msgspec.Raw(_ENCODER.encode(upstream_model))
