@@ -117,8 +117,8 @@ def select(
         if c.admin is not AdminState.ACTIVE or not (c.available or panic):
             return Selection(())
         rtt, ttft = c.ewma_rtt_s, c.ewma_ttft_s
-        score = (0.0 if rtt is None else rtt) + (0.0 if ttft is None else ttft) + c.bias_s
-        return Selection((Ranked(c.name, score),), panic=not c.available)
+        alone = (0.0 if rtt is None else rtt) + (0.0 if ttft is None else ttft) + c.bias_s
+        return Selection((Ranked(c.name, alone),), panic=not c.available)
     score = scores(candidates)
     active: list[tuple[float, Candidate]] = []
     usable: list[tuple[float, Candidate]] = []
