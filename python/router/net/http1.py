@@ -375,14 +375,27 @@ class Pool:
         """
         loop = asyncio.get_running_loop()
         deadline = None if self.total_timeout is None else loop.time() + self.total_timeout
-        head = [b"POST ", path.encode("utf-8", "surrogateescape"), b" HTTP/1.1\r\nHost: "]
-        head.append(self._host_header)
-        for name, value in headers:
-            head += (b"\r\n", name.encode("latin-1"), b": ")
-            head.append(value.encode("utf-8", "surrogateescape"))
-        head.append(b"\r\nContent-Length: %d\r\n\r\n" % len(body))
-        head.append(body)
-        data = b"".join(head)
+        pairs = list(headers)
+        fields = "".join([f"\r\n{name}: {value}" for name, value in pairs])
+        if fields.isascii():
+            block = fields.encode("ascii")  # the usual head: one encode, not two per field
+        else:
+            parts: list[bytes] = []
+            for name, value in pairs:
+                parts += (b"\r\n", name.encode("latin-1"), b": ")
+                parts.append(value.encode("utf-8", "surrogateescape"))
+            block = b"".join(parts)
+        data = b"".join(
+            (
+                b"POST ",
+                path.encode("utf-8", "surrogateescape"),
+                b" HTTP/1.1\r\nHost: ",
+                self._host_header,
+                block,
+                b"\r\nContent-Length: %d\r\n\r\n" % len(body),
+                body,
+            )
+        )
         conn = await self._acquire()
         while True:
             reused = conn.uses > 0
