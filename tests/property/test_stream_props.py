@@ -1,12 +1,16 @@
-"""Property: the chat stream's one-loop `passable` relays, drops and strips exactly what noting
-each event's payload one by one (StreamState.note, payload_of) does, and leaves the same state."""
+"""Properties of the chat stream's fast paths: the one-loop `passable` relays, drops and strips
+exactly what noting each event's payload one by one (StreamState.note, payload_of) does, and
+leaves the same state; the first-token check agrees with parsing every event."""
 
 from __future__ import annotations
 
+import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from router.core.attempt import _TOKEN, has_token
 from router.core.stream import StreamState, passable, payload_of
+from router.net import sse
 
 _PAYLOADS = st.sampled_from(
     [
@@ -65,3 +69,51 @@ def test_one_loop_equals_event_by_event(chunks: list[list[bytes]], strip_usage: 
         assert got == _reference(events, slow, strip_usage, slow_stripped)
         assert fast_stripped == slow_stripped
         assert _fields(fast) == _fields(slow)
+
+
+def _has_token_reference(data: bytes) -> bool:
+    if b'"role"' not in data and b'"content":""' not in data:
+        return True
+    for event in sse.split_events(data[: sse.last_boundary(data)]):
+        payload = sse.data_of(event)
+        if payload is None:
+            continue
+        if payload == sse.DONE:
+            return True
+        try:
+            chunk = _TOKEN.decode(payload)
+        except msgspec.MsgspecError:
+            return True
+        if chunk.choices is None:
+            return True
+        for choice in chunk.choices:
+            d = choice.delta
+            if choice.text or choice.finish_reason is not None:
+                return True
+            if d is not None and (d.content or d.tool_calls or d.reasoning_content or d.refusal):
+                return True
+    return False
+
+
+_ROLE = b'{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}'
+_FIRST = st.sampled_from(
+    [
+        b"data: " + _ROLE + b"\n\n",
+        b"data:" + _ROLE + b"\n\n",
+        b"data: " + _ROLE + b"\r\n\r\n",
+        b": keep-alive\n\n",
+        b"\n\n\n",
+        b"event: x\ndata: " + _ROLE + b"\n\n",
+        b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n',
+        b"data: [DONE]\n\n",
+        b"data: not json\n\n",
+        b"data: " + _ROLE[:20],
+    ]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(parts=st.lists(_FIRST, min_size=1, max_size=5))
+def test_first_token_check_equals_event_parsing(parts: list[bytes]) -> None:
+    data = b"".join(parts)
+    assert has_token(data) == _has_token_reference(data)
