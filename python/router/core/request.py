@@ -334,6 +334,11 @@ def _check_token_list(value: list[Any], param: str) -> None:
         )
 
 
+# Built once: a `X | Y` written in the isinstance call is a new union object per request.
+_TYPED_APIS = _Responses | _Messages
+_OPENAI_TEXT = _Chat | _Completion
+
+
 def parse_body(endpoint: str, body: bytes, *, max_items: int = 2048) -> ParsedRequest:
     """Decode and validate `body` for `endpoint`; 400 with the parameter named on any problem.
 
@@ -352,7 +357,7 @@ def parse_body(endpoint: str, body: bytes, *, max_items: int = 2048) -> ParsedRe
     include_usage = False
     stateful = False
     state_ref: str | None = None
-    if isinstance(decoded, _Responses | _Messages):
+    if isinstance(decoded, _TYPED_APIS):
         stream = bool(decoded.stream)
         # Their streams report usage themselves: nothing to ask for, nothing to strip.
         include_usage = stream
@@ -378,10 +383,13 @@ def parse_body(endpoint: str, body: bytes, *, max_items: int = 2048) -> ParsedRe
     elif isinstance(decoded.input, list):
         _check_count(len(decoded.input), max_items, "input")
         _check_token_list(decoded.input, "input")
-    if isinstance(decoded, _Chat | _Completion):
-        whole_number(decoded.max_tokens, "max_tokens")
-        whole_number(decoded.n, "n", minimum=1)
-        if isinstance(decoded, _Chat):
+    if isinstance(decoded, _OPENAI_TEXT):
+        # Checked only when given (the usual request gives none of them).
+        if decoded.max_tokens is not None:
+            whole_number(decoded.max_tokens, "max_tokens")
+        if decoded.n is not None:
+            whole_number(decoded.n, "n", minimum=1)
+        if isinstance(decoded, _Chat) and decoded.max_completion_tokens is not None:
             whole_number(decoded.max_completion_tokens, "max_completion_tokens")
         stream = bool(decoded.stream)
         options = decoded.stream_options
