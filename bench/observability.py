@@ -23,7 +23,7 @@ from pathlib import Path
 
 import aiohttp
 
-from router.core.timing import STAGES, StageTimer, server_timing, totals
+from router.core.timing import STAGES, StageTimer, server_timing
 from router.observability.access_log import AccessLog, AccessRecord
 from router.observability.metrics import RegionState, Telemetry
 
@@ -65,7 +65,7 @@ def instrumenter(
 
     def instrument(i: int, timer: StageTimer) -> None:
         region, model, cache, status, _ = inputs[i]
-        durations = totals(timer.stages)
+        durations = dict(timer.durations)
         header = server_timing(durations)
         assert header
         telemetry.finish(

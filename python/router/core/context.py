@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
 import os
-import random
 from typing import TYPE_CHECKING, Protocol
 
 from router.core.dialect import Dialect, dialect_of
@@ -19,12 +19,18 @@ if TYPE_CHECKING:
 # Request ids a client may choose: short, printable, no separators that would break a log line.
 _ID_MAX = 128
 _ID_OK = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:")
-# Ids correlate log lines, they guard nothing: a PRNG seeded from the OS saves a getrandom(2)
-# system call per request.
-_IDS = random.Random(os.urandom(16))
-# The version (4) and variant (RFC 4122) bits of a UUID.
-_UUID_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))
-_UUID_SET = (0x4000 << 64) | (0x8000 << 48)
+# Ids correlate log lines, they guard nothing: each process draws its random bits once (no
+# getrandbits or getrandom(2) per request) and then counts, each count scrambled by an odd
+# multiplier (a bijection mod 2^62): every id is a distinct version-4 UUID, none looks like the
+# one before, and ids of different processes do not meet.
+_SEED = int.from_bytes(os.urandom(16), "big")
+# Fixed per process: time_low, time_mid, the version (4) and time_hi.
+_HEAD = f"{_SEED >> 96:08x}-{(_SEED >> 80) & 0xFFFF:04x}-4{(_SEED >> 68) & 0xFFF:03x}-"
+_COUNT = itertools.count(_SEED & ((1 << 62) - 1))
+_SCRAMBLE = 0x9E3779B97F4A7C15 | 1
+_TAIL_MASK = (1 << 62) - 1
+# The variant bits (RFC 4122) above the 62 bits of the tail.
+_VARIANT = 0b10 << 62
 
 
 def request_id(header: str | None) -> str:
@@ -36,9 +42,8 @@ def request_id(header: str | None) -> str:
         and _ID_OK.issuperset(header.encode())
     ):
         return header
-    n = (_IDS.getrandbits(128) & _UUID_CLEAR) | _UUID_SET
-    h = f"{n:032x}"
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+    t = f"{(next(_COUNT) * _SCRAMBLE) & _TAIL_MASK | _VARIANT:016x}"
+    return f"{_HEAD}{t[:4]}-{t[4:]}"
 
 
 class Principal(Protocol):

@@ -146,6 +146,7 @@ async def relay_stream(
         if meter is not None:
             meter.feed(data)
 
+    plain = guard is None and tap is None and meter is None
     try:
         await resp.prepare(request)
         content = upstream.content
@@ -156,13 +157,16 @@ async def relay_stream(
                     size += len(chunk)
                     if size > max_bytes:
                         raise _TooLarge
-                    stripped: list[bytes] = []
+                    stripped: list[bytes] | None = [] if strip_usage else None
                     data = passable(splitter.feed(chunk), state, strip_usage, stripped)
                     if on_id is not None and isinstance(state, EventState) and state.response_id:
                         on_id(state.response_id)
                         on_id = None
                     if data:
-                        await send(data)
+                        if plain:
+                            await resp.write(data)  # no one else reads the bytes: no detour
+                        else:
+                            await send(data)
                     if stripped and meter is not None:
                         meter.feed(b"".join(stripped))
                     idle.waiting()

@@ -159,6 +159,8 @@ class ParsedRequest(msgspec.Struct, frozen=True, kw_only=True):
     def with_model(self, upstream_model: str) -> ParsedRequest:
         """A copy whose forwarded body names `upstream_model`; other fields stay byte-identical."""
         if upstream_model == self.model:
+            if upstream_model == self.upstream_model:
+                return self  # frozen: nothing to copy
             return msgspec.structs.replace(self, upstream_model=upstream_model)
         fields = _RAW_OBJECT.decode(self.body)
         fields["model"] = msgspec.Raw(_ENCODER.encode(upstream_model))
@@ -196,9 +198,13 @@ async def read_body(request: web.Request, max_bytes: int, within_s: float) -> by
         declared = None
     content = request.content
     try:
-        if declared is not None and content.is_eof():
-            # Already received whole (the usual small JSON body): no read timeout to arm.
-            return await content.readexactly(declared)
+        if declared and content.is_eof():
+            # Already received whole (the usual small JSON body): no read timeout to arm, and
+            # taken from the buffer as it is rather than through readexactly's read loop.
+            body = content.read_nowait()
+            if len(body) < declared:
+                raise asyncio.IncompleteReadError(body, declared)
+            return body[:declared] if len(body) > declared else body
         async with asyncio.timeout(within_s):
             if declared is not None:
                 return await content.readexactly(declared)
@@ -343,6 +349,11 @@ def _check_token_list(value: list[Any], param: str) -> None:
         )
 
 
+# Built once: a `X | Y` written in the isinstance call is a new union object per request.
+_TYPED_APIS = _Responses | _Messages
+_OPENAI_TEXT = _Chat | _Completion
+
+
 def parse_body(endpoint: str, body: bytes, *, max_items: int = 2048) -> ParsedRequest:
     """Decode and validate `body` for `endpoint`; 400 with the parameter named on any problem.
 
@@ -367,7 +378,7 @@ def parse_body(endpoint: str, body: bytes, *, max_items: int = 2048) -> ParsedRe
             _check_messages(decoded, max_items, budget=False)
         elif isinstance(decoded.input, list):
             _check_count(len(decoded.input), max_items, "input")
-    elif isinstance(decoded, _Responses | _Messages):
+    elif isinstance(decoded, _TYPED_APIS):
         stream = bool(decoded.stream)
         # Their streams report usage themselves: nothing to ask for, nothing to strip.
         include_usage = stream
@@ -393,10 +404,13 @@ def parse_body(endpoint: str, body: bytes, *, max_items: int = 2048) -> ParsedRe
     elif isinstance(decoded.input, list):
         _check_count(len(decoded.input), max_items, "input")
         _check_token_list(decoded.input, "input")
-    if isinstance(decoded, _Chat | _Completion):
-        whole_number(decoded.max_tokens, "max_tokens")
-        whole_number(decoded.n, "n", minimum=1)
-        if isinstance(decoded, _Chat):
+    if isinstance(decoded, _OPENAI_TEXT):
+        # Checked only when given (the usual request gives none of them).
+        if decoded.max_tokens is not None:
+            whole_number(decoded.max_tokens, "max_tokens")
+        if decoded.n is not None:
+            whole_number(decoded.n, "n", minimum=1)
+        if isinstance(decoded, _Chat) and decoded.max_completion_tokens is not None:
             whole_number(decoded.max_completion_tokens, "max_completion_tokens")
         stream = bool(decoded.stream)
         options = decoded.stream_options

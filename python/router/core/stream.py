@@ -75,6 +75,59 @@ class StreamState:
             self.usage_only = True
         return True
 
+    def passable(
+        self, events: list[bytes], strip_usage: bool, stripped: list[bytes] | None
+    ) -> bytes:
+        """`passable` for a chat stream: `note` and `payload_of` inlined, in one loop over the
+        events (per event, the calls cost more than decoding it), the events joined as they
+        came unless one is dropped."""
+        kept: list[bytes] | None = None  # None while every event so far passes
+        finishes = self.finishes
+        decode = _CHUNK.decode
+        for i, event in enumerate(events):
+            if event.startswith(b"data:") and event.endswith(b"\n\n") and event.count(b"\n") == 2:
+                payload: bytes | None = event[6:-2] if event[5:6] == b" " else event[5:-2]
+            else:
+                payload = sse.data_of(event)
+            keep = True
+            if payload is not None:
+                self.usage_only = False
+                if payload == DONE:
+                    self.done = True
+                    if not self.complete:
+                        self.held_done = True
+                        keep = False
+                else:
+                    try:
+                        chunk = decode(payload)
+                    except msgspec.ValidationError:
+                        pass  # valid JSON of another shape (an error event, say)
+                    except msgspec.DecodeError:
+                        try:
+                            _RAW.decode(payload)
+                        except msgspec.DecodeError:
+                            self.invalid += 1
+                            keep = False
+                    else:
+                        choices = chunk.choices
+                        if choices:
+                            for choice in choices:
+                                reason = choice.finish_reason
+                                if reason is not None or choice.index not in finishes:
+                                    finishes[choice.index] = reason
+                        elif chunk.usage is not None:
+                            self.usage_only = True
+                            if strip_usage:
+                                if stripped is not None:
+                                    stripped.append(event)
+                                keep = False
+            if keep:
+                if kept is not None:
+                    kept.append(event)
+            elif kept is None:
+                kept = events[:i]
+        return b"".join(events if kept is None else kept)
+
     @property
     def finished(self) -> bool:
         """Every choice seen got a finish_reason (and there was at least one)."""
@@ -199,6 +252,8 @@ def passable(
 ) -> bytes:
     """The events to relay: invalid ones dropped; a usage chunk nobody asked for too (into
     `stripped`: the router asked for it, to settle the request with the region's numbers)."""
+    if type(state) is StreamState:
+        return state.passable(events, strip_usage, stripped)
     out = []
     for event in events:
         payload = payload_of(event)

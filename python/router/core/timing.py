@@ -31,8 +31,9 @@ def totals(stages: Iterable[tuple[str, int]]) -> dict[str, int]:
 
 def server_timing(durations: Mapping[str, int], only: Iterable[str] | None = None) -> str:
     """The `Server-Timing` header value: `auth;dur=0.041, total;dur=12.500` (ms)."""
-    names = durations if only is None else [n for n in only if n in durations]
-    return ", ".join(["%s;dur=%.3f" % (n, durations[n] / 1e6) for n in names])  # noqa: UP031
+    if only is None:
+        return ", ".join([f"{n};dur={ns / 1e6:.3f}" for n, ns in durations.items()])
+    return ", ".join([f"{n};dur={durations[n] / 1e6:.3f}" for n in only if n in durations])
 
 
 def parse_server_timing(header: str) -> dict[str, float]:
@@ -48,13 +49,15 @@ def parse_server_timing(header: str) -> dict[str, float]:
 
 
 class StageTimer:
-    """Records named stage durations (ns) in order; observability renders Server-Timing."""
+    """Records named stage durations (ns), summed per name in the order first seen (what
+    `totals` makes of the pairs); observability renders Server-Timing."""
 
-    __slots__ = ("_open", "stages", "start_ns")
+    __slots__ = ("_open", "durations", "start_ns")
 
     def __init__(self) -> None:
         self.start_ns = time.perf_counter_ns()
-        self.stages: list[tuple[str, int]] = []
+        # Summed as recorded: the header and the access record read them as they are.
+        self.durations: dict[str, int] = {}
         self._open: dict[str, int] = {}
 
     def begin(self, name: str) -> None:
@@ -65,11 +68,13 @@ class StageTimer:
         """Stop timing stage `name` (a no-op if it was never begun)."""
         began = self._open.pop(name, None)
         if began is not None:
-            self.stages.append((name, time.perf_counter_ns() - began))
+            durations = self.durations
+            durations[name] = durations.get(name, 0) + time.perf_counter_ns() - began
 
     def record(self, name: str, duration_ns: int) -> None:
         """Add a stage measured elsewhere."""
-        self.stages.append((name, duration_ns))
+        durations = self.durations
+        durations[name] = durations.get(name, 0) + duration_ns
 
     def elapsed_ns(self) -> int:
         """Nanoseconds since the request arrived."""

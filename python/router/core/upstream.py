@@ -145,14 +145,16 @@ class Upstream:
 
     def request_headers(self, client: Mapping[str, str], request_id: str) -> CIMultiDict[str]:
         """Client headers minus hop-by-hop and client credentials, plus the region key and id."""
-        out: CIMultiDict[str] = CIMultiDict()
         # Headers the client's Connection header names are hop-by-hop too (RFC 9110 7.6.1).
         named = client.get("Connection")
         hop = {h.strip().lower() for h in named.split(",")} if named else ()
-        for key, value in client.items():
-            low = key.lower()
-            if low not in _REQUEST_DROP and low not in hop:
-                out.add(key, value)
+        out: CIMultiDict[str] = CIMultiDict(
+            [
+                (key, value)
+                for key, value in client.items()
+                if (low := key.lower()) not in _REQUEST_DROP and low not in hop
+            ]
+        )
         if self.auth is not None:
             out["Authorization"] = self.auth
         out["Accept-Encoding"] = "identity"

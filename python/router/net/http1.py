@@ -59,8 +59,8 @@ class _Connection(asyncio.Protocol):
         # The current answer's head: bytes seen before it completed, header fields so far.
         self._head_bytes = 0
         self._head_done = False
-        self._names: list[str] = []
-        self._values: list[str] = []
+        # Raw (name, value) pairs: decoded once the head is complete.
+        self._fields: list[tuple[bytes, bytes]] = []
 
     # -- asyncio.Protocol
 
@@ -104,23 +104,24 @@ class _Connection(asyncio.Protocol):
     # -- httptools callbacks
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if len(self._names) >= self._pool.max_headers:
+        fields = self._fields
+        if len(fields) >= self._pool.max_headers:
             limit = self._pool.max_headers
             raise HeadTooLarge(f"the region's response has more than {limit} header fields")
-        self._names.append(name.decode("latin-1"))
-        self._values.append(value.decode("latin-1"))
+        fields.append((name, value))
 
     def on_headers_complete(self) -> None:
         status = self._parser.get_status_code()
-        names, values = self._names, self._values
-        self._names, self._values = [], []
+        fields = self._fields
+        self._fields = []
         if status < 200:
             self._head_bytes = 0
             return  # 1xx: an interim answer; the real one follows
         self._head_done = True
         response = self.response
         if response is not None:
-            response.start(status, CIMultiDict(zip(names, values, strict=True)))
+            headers = CIMultiDict([(n.decode("latin-1"), v.decode("latin-1")) for n, v in fields])
+            response.start(status, headers)
 
     def on_body(self, body: bytes) -> None:
         if self.response is not None:
@@ -176,7 +177,10 @@ class Body:
         if self._size > _HIGH_WATER and not self._paused and self._conn.transport is not None:
             self._paused = True
             self._conn.transport.pause_reading()
-        self._wake()
+        # _wake(), inlined: this runs once per piece of a streamed body.
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def end(self, error: BaseException | None = None) -> None:
         if error is not None and self.error is None:
@@ -293,9 +297,6 @@ class Response:
             self._deadline.cancel()
             self._deadline = None
 
-    async def wait_head(self) -> None:
-        await self._head
-
     def release(self) -> None:
         """Done with it: the connection goes back to the pool if the answer ended cleanly."""
         self._cancel_deadline()
@@ -376,22 +377,36 @@ class Pool:
         """
         loop = asyncio.get_running_loop()
         deadline = None if self.total_timeout is None else loop.time() + self.total_timeout
-        # POST, or another method for the few calls that are not (a stored response's GET).
-        head = [method, b" ", path.encode("utf-8", "surrogateescape"), b" HTTP/1.1\r\nHost: "]
-        head.append(self._host_header)
-        for name, value in headers:
-            head += (b"\r\n", name.encode("latin-1"), b": ")
-            head.append(value.encode("utf-8", "surrogateescape"))
-        head.append(b"\r\nContent-Length: %d\r\n\r\n" % len(body))
-        head.append(body)
-        data = b"".join(head)
+        pairs = list(headers)
+        fields = "".join([f"\r\n{name}: {value}" for name, value in pairs])
+        if fields.isascii():
+            block = fields.encode("ascii")  # the usual head: one encode, not two per field
+        else:
+            parts: list[bytes] = []
+            for name, value in pairs:
+                parts += (b"\r\n", name.encode("latin-1"), b": ")
+                parts.append(value.encode("utf-8", "surrogateescape"))
+            block = b"".join(parts)
+        data = b"".join(
+            (
+                # POST, or another method for the few calls that are not (a stored response's GET).
+                method,
+                b" ",
+                path.encode("utf-8", "surrogateescape"),
+                b" HTTP/1.1\r\nHost: ",
+                self._host_header,
+                block,
+                b"\r\nContent-Length: %d\r\n\r\n" % len(body),
+                body,
+            )
+        )
         conn = await self._acquire()
         while True:
             reused = conn.uses > 0
             response = Response(self, conn, deadline)
             try:
                 conn.send(data, response)
-                await response.wait_head()
+                await response._head
             except ClientError:
                 response.close()
                 if not reused or conn.answered:

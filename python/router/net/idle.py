@@ -22,19 +22,25 @@ class IdleWatch:
                 watch.busy()
     """
 
-    __slots__ = ("_handle", "_limit", "_loop", "_since", "_timeout")
+    __slots__ = ("_cancelling", "_expired", "_handle", "_limit", "_loop", "_since", "_task")
 
     def __init__(self, limit: float) -> None:
         self._limit = limit
         self._since: float | None = None
         self._handle: asyncio.TimerHandle | None = None
-        self._timeout = asyncio.timeout(None)
+        # Whether this watch cancelled the task (asyncio.timeout's rule, without its Timeout
+        # object: entering and leaving one cost more than the rest of a stream's setup).
+        self._expired = False
 
     async def __aenter__(self) -> IdleWatch:
-        self._loop = asyncio.get_running_loop()
-        await self._timeout.__aenter__()
+        loop = self._loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("IdleWatch must be used inside a task")
+        self._task = task
+        self._cancelling = task.cancelling()
         if math.isfinite(self._limit):
-            self._handle = self._loop.call_at(self._loop.time() + self._limit, self._check)
+            self._handle = loop.call_at(loop.time() + self._limit, self._check)
         return self
 
     async def __aexit__(
@@ -45,8 +51,14 @@ class IdleWatch:
     ) -> None:
         if self._handle is not None:
             self._handle.cancel()
-        # Turns the cancel this watch caused into TimeoutError; other exceptions pass through.
-        await self._timeout.__aexit__(exc_type, exc, tb)
+            self._handle = None
+        # The cancel this watch caused becomes TimeoutError; other exceptions pass through.
+        if (
+            self._expired
+            and self._task.uncancel() <= self._cancelling
+            and exc_type is asyncio.CancelledError
+        ):
+            raise TimeoutError from exc
 
     def waiting(self) -> None:
         """A wait for bytes starts now."""
@@ -61,7 +73,8 @@ class IdleWatch:
         since = self._since
         if since is not None and now - since >= self._limit:
             self._handle = None
-            self._timeout.reschedule(now)  # due now: the task is cancelled, exits on TimeoutError
+            self._expired = True
+            self._task.cancel()  # the task leaves its wait; __aexit__ makes it TimeoutError
             return
         # Early (bytes came since it was set), or busy: the earliest this wait could expire.
         due = (now if since is None else since) + self._limit

@@ -12,7 +12,7 @@ from router.access.usage import reported_usage
 from router.config import ObservabilityConfig
 from router.core.context import RequestContext
 from router.core.failure import AttemptError, unreachable
-from router.core.timing import REGION_TTFT, TOTAL, TTFT, server_timing, totals
+from router.core.timing import REGION_TTFT, TOTAL, TTFT, server_timing
 from router.core.upstream import Upstream
 from router.observability import metrics, status
 from router.observability.access_log import AccessLog, AccessRecord, CacheResult
@@ -138,7 +138,7 @@ class Observer:
         if durations is None:
             # A whole body leaves with its headers, so first byte and total are now; a
             # stream's body follows, so its total is not known yet.
-            durations = totals(ctx.timer.stages)
+            durations = dict(ctx.timer.durations)
             durations[TTFT] = ctx.timer.elapsed_ns()
             if isinstance(response, web.Response):
                 durations[TOTAL] = durations[TTFT]
@@ -161,7 +161,7 @@ class Observer:
             durations = at_headers
         else:
             # A stream (or no answer): the body's stages have ended by now.
-            durations = totals(ctx.timer.stages)
+            durations = dict(ctx.timer.durations)
             if TTFT in at_headers:
                 durations[TTFT] = at_headers[TTFT]
             durations[TOTAL] = ctx.timer.elapsed_ns()

@@ -377,6 +377,10 @@ class Admission:
         self, region: str, *, priority: int = 0, deadline: float | None = None, last: bool = False
     ) -> Slot:
         """A slot of `region`; Spill to try the next region, or 503 when this is the `last`."""
+        gate = self._gates.get(region)
+        if gate is not None and gate.queue.try_acquire():
+            # A free slot (the usual case): taken here, without the gate's wait machinery.
+            return Slot(region, 0.0, 0, gate, time.monotonic())
         limit = self._clock() + self.max_wait_s
         deadline = limit if deadline is None else min(deadline, limit)
         try:

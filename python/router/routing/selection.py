@@ -111,6 +111,14 @@ def select(
     in panic mode, when no region is available, so a total outage still gets a try (bounded by the
     caller's attempt limit and retry budget) instead of an instant 503.
     """
+    if len(candidates) == 1:
+        # One region serves the model (the usual case): nothing to rank or spread.
+        c = candidates[0]
+        if c.admin is not AdminState.ACTIVE or not (c.available or panic):
+            return Selection(())
+        rtt, ttft = c.ewma_rtt_s, c.ewma_ttft_s
+        alone = (0.0 if rtt is None else rtt) + (0.0 if ttft is None else ttft) + c.bias_s
+        return Selection((Ranked(c.name, alone),), panic=not c.available)
     score = scores(candidates)
     active: list[tuple[float, Candidate]] = []
     usable: list[tuple[float, Candidate]] = []

@@ -1,0 +1,119 @@
+"""Properties of the chat stream's fast paths: the one-loop `passable` relays, drops and strips
+exactly what noting each event's payload one by one (StreamState.note, payload_of) does, and
+leaves the same state; the first-token check agrees with parsing every event."""
+
+from __future__ import annotations
+
+import msgspec
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from router.core.attempt import _TOKEN, has_token
+from router.core.stream import StreamState, passable, payload_of
+from router.net import sse
+
+_PAYLOADS = st.sampled_from(
+    [
+        b'{"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}',
+        b'{"choices":[{"index":1,"delta":{},"finish_reason":"stop"}]}',
+        b'{"choices":[{"index":0,"delta":{},"finish_reason":"length"}]}',
+        b'{"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2}}',
+        b'{"usage":{"total_tokens":3}}',
+        b'{"error":{"message":"overloaded"}}',
+        b'{"choices":"not a list"}',
+        b"[DONE]",
+        b"not json",
+        b'{"cut":',
+        b"",
+    ]
+)
+_EVENTS = st.one_of(
+    st.builds(lambda p: b"data: " + p + b"\n\n", _PAYLOADS),
+    st.builds(lambda p: b"data:" + p + b"\n\n", _PAYLOADS),
+    st.builds(lambda p: b"event: chunk\ndata: " + p + b"\r\n\r\n", _PAYLOADS),
+    st.just(b": keep-alive\n\n"),
+)
+
+
+def _reference(
+    events: list[bytes], state: StreamState, strip_usage: bool, stripped: list[bytes]
+) -> bytes:
+    out = []
+    for event in events:
+        payload = payload_of(event)
+        if payload is not None:
+            if not state.note(payload):
+                continue
+            if state.done and payload == b"[DONE]" and not state.complete:
+                state.held_done = True
+                continue
+            if strip_usage and state.usage_only:
+                stripped.append(event)
+                continue
+        out.append(event)
+    return b"".join(out)
+
+
+def _fields(state: StreamState) -> tuple[object, ...]:
+    return (state.done, state.held_done, state.finishes, state.invalid, state.usage_only)
+
+
+@settings(max_examples=300, deadline=None)
+@given(chunks=st.lists(st.lists(_EVENTS, max_size=6), max_size=5), strip_usage=st.booleans())
+def test_one_loop_equals_event_by_event(chunks: list[list[bytes]], strip_usage: bool) -> None:
+    fast, slow = StreamState(), StreamState()
+    for events in chunks:
+        fast_stripped: list[bytes] = []
+        slow_stripped: list[bytes] = []
+        got = passable(events, fast, strip_usage, fast_stripped)
+        assert got == _reference(events, slow, strip_usage, slow_stripped)
+        assert fast_stripped == slow_stripped
+        assert _fields(fast) == _fields(slow)
+
+
+def _has_token_reference(data: bytes) -> bool:
+    if b'"role"' not in data and b'"content":""' not in data:
+        return True
+    for event in sse.split_events(data[: sse.last_boundary(data)]):
+        payload = sse.data_of(event)
+        if payload is None:
+            continue
+        if payload == sse.DONE:
+            return True
+        try:
+            chunk = _TOKEN.decode(payload)
+        except msgspec.MsgspecError:
+            return True
+        if chunk.choices is None:
+            return True
+        for choice in chunk.choices:
+            d = choice.delta
+            if choice.text or choice.finish_reason is not None:
+                return True
+            if d is not None and (d.content or d.tool_calls or d.reasoning_content or d.refusal):
+                return True
+    return False
+
+
+_ROLE = b'{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}'
+_FIRST = st.sampled_from(
+    [
+        b"data: " + _ROLE + b"\n\n",
+        b"data:" + _ROLE + b"\n\n",
+        b"data: " + _ROLE + b"\r\n\r\n",
+        b": keep-alive\n\n",
+        b"\n\n\n",
+        b"event: x\ndata: " + _ROLE + b"\n\n",
+        b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n',
+        b"data: [DONE]\n\n",
+        b"data: not json\n\n",
+        b"data: " + _ROLE[:20],
+    ]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(parts=st.lists(_FIRST, min_size=1, max_size=5))
+def test_first_token_check_equals_event_parsing(parts: list[bytes]) -> None:
+    data = b"".join(parts)
+    assert has_token(data) == _has_token_reference(data)
