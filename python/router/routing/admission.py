@@ -378,8 +378,9 @@ class Admission:
     ) -> Slot:
         """A slot of `region`; Spill to try the next region, or 503 when this is the `last`."""
         gate = self._gates.get(region)
-        if gate is not None and gate.queue.try_acquire():
-            # A free slot (the usual case): taken here, without the gate's wait machinery.
+        if type(gate) is RegionGate and gate.queue.try_acquire():
+            # A free slot (the usual case): taken here, without the gate's wait machinery
+            # (not for a machine's gate: its slots are counted with the other workers').
             return Slot(region, 0.0, 0, gate, time.monotonic())
         limit = self._clock() + self.max_wait_s
         deadline = limit if deadline is None else min(deadline, limit)
