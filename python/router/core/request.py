@@ -234,7 +234,10 @@ def _invalid(exc: msgspec.MsgspecError) -> InvalidRequest:
         name = missing["name"]
         param = f"{param}.{name}" if param else name
     if isinstance(exc, msgspec.ValidationError):
-        message = f"Invalid request: {match['what']}" + (f" at `{param}`" if param else "")
+        if missing is not None:
+            message = f"Invalid request: `{param}` is required."
+        else:
+            message = f"Invalid request: {match['what']}" + (f" at `{param}`" if param else "")
     elif "UTF-8" in text:
         message = "Request body is not valid UTF-8."
     else:

@@ -194,3 +194,12 @@ def test_a_second_copy_of_an_acted_on_field_is_refused() -> None:
     with pytest.raises(InvalidRequest) as refused:
         parse_body(RESPONSES, body)
     assert refused.value.param == "max_output_tokens"
+
+
+def test_a_missing_field_is_named_once() -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        parse_body(MESSAGES, b'{"model": "m", "messages": [{"role": "user", "content": "x"}]}')
+    assert refused.value.message == "Invalid request: `max_tokens` is required."
+    with pytest.raises(InvalidRequest) as nested:
+        parse_body(MESSAGES, b'{"model": "m", "max_tokens": 1, "messages": [{"role": "user"}]}')
+    assert nested.value.message == "Invalid request: `messages[0].content` is required."
