@@ -91,18 +91,7 @@ def has_token(data: bytes) -> bool:
     preamble or keep-alive comments: what a stream's time to first token waits for."""
     if b'"role"' not in data and b'"content":""' not in data:
         return True  # the usual first chunk: a token
-    whole = data[: sse.last_boundary(data)]
-    # LF-only bytes (the usual): a plain split, and one-line events sliced, not parsed.
-    plain = b"\r" not in whole
-    for event in whole.split(b"\n\n") if plain else sse.split_events(whole):
-        if plain and event.startswith(b"data:") and b"\n" not in event:
-            payload: bytes | None = event[6:] if event[5:6] == b" " else event[5:]
-        elif not event.strip(b"\r\n"):
-            continue
-        else:
-            payload = sse.data_of(event)
-        if payload is None:
-            continue
+    for payload in sse.whole_payloads(data):
         if payload == sse.DONE:
             return True
         try:

@@ -38,10 +38,7 @@ _TYPED = msgspec.json.Decoder(_Typed)
 def _typed_has_token(preamble: frozenset[str]) -> Callable[[bytes], bool]:
     def has_token(data: bytes) -> bool:
         """Whether the stream's first bytes carry more than preamble events."""
-        for event in sse.split_events(data[: sse.last_boundary(data)]):
-            payload = sse.data_of(event)
-            if payload is None:
-                continue
+        for payload in sse.whole_payloads(data):
             if payload == sse.DONE:
                 return True
             try:
