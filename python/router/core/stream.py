@@ -30,6 +30,16 @@ DONE_EVENT = b"data: [DONE]\n\n"
 DEFAULT_MAX_EVENT_BYTES = 1 << 20
 
 
+def _not_json(payload: bytes) -> bool:
+    """Whether a payload a typed decoder could not read is not JSON at all (dropped), rather
+    than JSON of another shape (relayed)."""
+    try:
+        _RAW.decode(payload)
+    except msgspec.DecodeError:
+        return True
+    return False
+
+
 class StreamState:
     """Notes every payload the relay passes on; `complete` once the stream really finished."""
 
@@ -59,9 +69,7 @@ class StreamState:
             # Valid JSON of another shape (an error event, a field of an unexpected type).
             return True
         except msgspec.DecodeError:
-            try:
-                _RAW.decode(payload)
-            except msgspec.DecodeError:
+            if _not_json(payload):
                 self.invalid += 1
                 return False
             return True
@@ -103,9 +111,7 @@ class StreamState:
                     except msgspec.ValidationError:
                         pass  # valid JSON of another shape (an error event, say)
                     except msgspec.DecodeError:
-                        try:
-                            _RAW.decode(payload)
-                        except msgspec.DecodeError:
+                        if _not_json(payload):
                             self.invalid += 1
                             keep = False
                     else:
@@ -206,9 +212,7 @@ class EventState:
         except msgspec.ValidationError:
             return True
         except msgspec.DecodeError:
-            try:
-                _RAW.decode(payload)
-            except msgspec.DecodeError:
+            if _not_json(payload):
                 self.invalid += 1
                 return False
             return True
