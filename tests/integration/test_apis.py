@@ -222,7 +222,7 @@ def test_messages_whole_and_stream_with_the_anthropic_sdk(
 ) -> None:
     a = sim_region("a")
     router = router_proc(regions_toml(a))
-    client = _anthropic(router, clients)
+    client = _anthropic(router, clients, default_headers={"anthropic-beta": "test-2026-01-01"})
     asked: dict[str, Any] = {
         "model": MODEL,
         "max_tokens": 4096,
@@ -238,9 +238,10 @@ def test_messages_whole_and_stream_with_the_anthropic_sdk(
         final = stream.get_final_message()
     assert streamed == text
     assert final.usage.output_tokens == whole.usage.output_tokens
-    # The anthropic-version header reaches the region; the client's key does not.
+    # The anthropic-version and -beta headers reach the region; the client's key does not.
     seen = {k.lower(): v for k, v in sim_stats(a)["last_headers"].items()}
     assert "anthropic-version" in seen
+    assert seen["anthropic-beta"] == "test-2026-01-01"
     assert "x-api-key" not in seen
 
 

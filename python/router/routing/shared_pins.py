@@ -3,8 +3,8 @@
 One file (in the supervisor's private directory) every worker maps: a fixed number of slots,
 each a response id's digest, its owner's digest and its region's index in the config (regions
 cannot change while workers run), sealed with a checksum. A response id maps to 4 candidate
-slots; a note goes to the one already holding it, else an empty one, else the first (the table
-forgets the oldest-placed note of those 4). No lock: two workers writing one slot at the same
+slots; a note goes to the one already holding it, else an empty one, else over the first of
+the 4 (that note is forgotten). No lock: two workers writing one slot at the same
 instant leave it torn, and a torn slot fails its checksum and reads as empty, so a reader sees
 a note whole or not at all, never a wrong region.
 """
