@@ -439,6 +439,56 @@ def test_streams_cut_mid_way_are_continued_seamlessly(
     assert final_message.usage.output_tokens == direct.usage.output_tokens
 
 
+@pytest.mark.parametrize(
+    ("first", "survivor"),
+    [("vllm", "vllm"), ("vllm", "llama-server"), ("llama-server", "vllm")],
+)
+def test_a_clients_own_prefill_is_carried_on_not_repeated(
+    first: str,
+    survivor: str,
+    sim_region: SimFactory,
+    router_proc: RouterFactory,
+    clients: list[Any],
+) -> None:
+    """A stream that continues the client's prefill (a trailing assistant message), cut mid-way,
+    is continued as the same prefill extended, never as a second assistant turn: the client
+    gets exactly the answer the first region would have given (llama-server answers the
+    prefill back first, in the first stream as in the continuation)."""
+    a = sim_region("a", kind=first, fail_mode="die-mid-stream", after_tokens=3)
+    b = sim_region("b", kind=survivor)
+    config = '[routing]\nmidstream = "resume"\n[auth]\nenabled = false\n'
+    router = router_proc(config + region_toml(a) + region_toml(b, bias_ms=500))
+    user = {"role": "user", "content": "Tell me a story"}
+    told = _openai(sim_region("c"), clients).chat.completions.create(
+        model=MODEL, messages=[user], temperature=0
+    )
+    full = told.choices[0].message.content or ""
+    prefill = full[:9]
+    # What the first region says to this request when it is not cut.
+    expected = (prefill if first == "llama-server" else "") + full[len(prefill) :]
+
+    chat = _openai(router, clients).chat.completions.create(
+        model=MODEL,
+        messages=[user, {"role": "assistant", "content": prefill}],
+        temperature=0,
+        stream=True,
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in chat if c.choices) == expected
+
+    with _anthropic(router, clients).messages.stream(
+        model=MODEL,
+        max_tokens=4096,
+        messages=[user, {"role": "assistant", "content": [{"type": "text", "text": prefill}]}],
+        extra_body={"temperature": 0},
+    ) as stream:
+        text = "".join(stream.text_stream)
+        assert stream.get_final_message().stop_reason == "end_turn"
+    assert text == expected
+    # Each was cut on a and carried on by b.
+    assert sim_stats(a)["by_path"]["/v1/chat/completions"] == 1
+    assert sim_stats(b)["by_path"]["/v1/messages"] == 1
+
+
 def test_stored_responses_are_not_continued_elsewhere(
     sim_region: SimFactory, router_proc: RouterFactory, clients: list[Any]
 ) -> None:

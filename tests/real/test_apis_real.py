@@ -280,3 +280,51 @@ def test_sigkill_mid_stream_is_continued_on_a_surviving_llama_server(
     finally:
         for proc in started:
             proc.kill()
+
+
+@pytest.mark.timeout(300)
+def test_a_clients_prefill_cut_mid_stream_is_extended_on_a_surviving_llama_server(
+    start_real: RealFactory, tmp_path: Path
+) -> None:
+    """A Messages stream that continues the client's own prefill, SIGKILLed mid-answer: the
+    next llama-server gets that prefill extended by the text so far (one assistant turn, not
+    two), and its answer-back of it is held back: nothing the client had comes twice."""
+    started: list[Proc] = []
+    try:
+        first = start_real("llama-server")
+        rest = start_real("llama-server")
+        router = router_for(
+            tmp_path,
+            started,
+            region("first", first, "llama-server"),
+            region("rest", rest, "llama-server", bias_ms=1000.0),
+            extra='[routing]\nmidstream = "resume"\n',
+        )
+        wait_healthy(router, "first", "rest")
+        prefill = "The sea is"
+        pieces: list[str] = []
+        had = ""
+        with _anthropic(router).messages.stream(
+            model=MODEL_ALIAS,
+            max_tokens=120,
+            messages=[
+                {"role": "user", "content": "Tell me about the sea."},
+                {"role": "assistant", "content": prefill},
+            ],
+        ) as stream:
+            for piece in stream.text_stream:
+                pieces.append(piece)
+                if len(pieces) == 10:
+                    had = "".join(pieces)
+                    first.kill()
+            message = stream.get_final_message()
+        text = "".join(pieces)
+        assert message.content[0].text == text  # type: ignore[union-attr]
+        assert "resuming on rest" in router.output()  # it was cut, and continued
+        assert text.startswith(had)
+        assert len(text) > len(had)
+        assert text.count(had) == 1, text  # nothing the client had came again
+        assert text.count(prefill) <= 1, text
+    finally:
+        for proc in started:
+            proc.kill()

@@ -23,13 +23,23 @@ from router.core.upstream import Opened, Upstream
 from router.net import sse
 from router.routing import event_continuation
 from router.routing.event_continuation import EventTracker
-from router.routing.seam import Catchup, SentEvents, Stitch, carry_on, json_object
+from router.routing.seam import (
+    Catchup,
+    SentEvents,
+    Stitch,
+    carry_on,
+    json_object,
+    with_prefill,
+)
 
 log = logging.getLogger("router")
 
 _DECODE = msgspec.json.Decoder()
 _ENCODE = msgspec.json.Encoder()
 _DONE = b"[DONE]"
+# Kinds that may answer a prefill back before the new text (llama-server does; "sim" and
+# "generic" may stand for it). Whether one did is read from the text the client got.
+_MAY_ECHO = frozenset({"llama-server", "sim", "generic"})
 
 
 class StreamTracker(SentEvents):
@@ -59,12 +69,17 @@ class StreamTracker(SentEvents):
                     self.events += 1
 
 
-def continuation_body(body: bytes, prefill: str, tokens_sent: int, kind: str = "vllm") -> bytes:
-    """The chat request again, with `prefill` as a trailing assistant message to continue."""
+def continuation_body(
+    body: bytes, sent: str, tokens_sent: int, kind: str = "vllm", *, echoed: bool = False
+) -> tuple[bytes, str] | None:
+    """The chat request again, ending in an assistant message with the text the client has
+    (`sent`, after the client's own prefill if any: seam.with_prefill), and that message's
+    text; None if it cannot be continued."""
     fields = _DECODE.decode(body)
-    messages = list(fields.get("messages") or [])
-    messages.append({"role": "assistant", "content": prefill})
-    fields["messages"] = messages
+    prefilled = with_prefill(list(fields.get("messages") or []), sent, echoed=echoed)
+    if prefilled is None:
+        return None
+    fields["messages"], prefill = prefilled
     if kind != "llama-server":
         # vLLM continues the last assistant message instead of opening a new turn with these;
         # llama-server continues a trailing assistant message by itself.
@@ -74,8 +89,7 @@ def continuation_body(body: bytes, prefill: str, tokens_sent: int, kind: str = "
         limit = fields.get(key)
         if isinstance(limit, int):
             fields[key] = max(1, limit - tokens_sent)
-    encoded: bytes = _ENCODE.encode(fields)
-    return encoded
+    return _ENCODE.encode(fields), prefill
 
 
 def restamp(event: bytes, ident: dict[str, Any]) -> bytes | None:
@@ -212,6 +226,10 @@ class MidstreamPolicy:
         if tracker.done or (isinstance(tracker, EventTracker) and tracker.unsupported):
             return False
         again = deterministic(ctx.request.body)
+        if tracker.echoed is None:
+            streamed = next((u for u in ctx.candidates if u.name == ctx.region), None)
+            tracker.echoed = streamed is not None and streamed.config.kind in _MAY_ECHO
+        echoed = tracker.echoed
         tried = 0
         for upstream in ctx.candidates:
             if tried >= self.max_resumes or upstream.name == ctx.region:
@@ -228,23 +246,31 @@ class MidstreamPolicy:
                 tracker.events,
                 reason,
             )
-            regenerate = mode == "regenerate"
             body = ctx.request.body
+            # What the new region is asked to continue, and may answer back first.
+            prefill: str | None = None
+            if mode == "continue":
+                made = (
+                    event_continuation.continuation_body(
+                        body, tracker.text, tracker.events, ctx.dialect.anthropic, echoed=echoed
+                    )
+                    if isinstance(tracker, EventTracker)
+                    else continuation_body(
+                        body, tracker.text, tracker.events, upstream.config.kind, echoed=echoed
+                    )
+                )
+                if made is None:
+                    # The client's own prefill holds more than text: nothing to extend.
+                    continue
+                body, prefill = made
             state: StreamState | EventState
             stitch: Stitch
             if isinstance(tracker, EventTracker):
-                if not regenerate:
-                    body = event_continuation.continuation_body(
-                        body, tracker.text, tracker.events, ctx.dialect.anthropic
-                    )
                 state = EventState(ctx.dialect.terminal)
-                stitch = event_continuation.Stitcher(tracker, regenerate=regenerate)
+                stitch = event_continuation.Stitcher(tracker, prefill=prefill)
             else:
                 assert isinstance(tracker, StreamTracker)
-                if not regenerate:
-                    kind = upstream.config.kind
-                    body = continuation_body(body, tracker.text, tracker.events, kind)
-                state, stitch = StreamState(), ChatStitch(tracker, regenerate=regenerate)
+                state, stitch = StreamState(), ChatStitch(tracker, prefill=prefill)
             ok = await carry_on(
                 ctx, upstream, body, open_one, out, tracker, self.idle_s, state, stitch
             )
@@ -294,10 +320,12 @@ class ChatStitch:
 
     __slots__ = ("catchup", "sent", "tracker")
 
-    def __init__(self, tracker: StreamTracker, *, regenerate: bool) -> None:
+    def __init__(self, tracker: StreamTracker, *, prefill: str | None) -> None:
         self.tracker = tracker
-        # Regenerated: must repeat what the client has; continued: may echo it first.
-        self.catchup = _Catchup(tracker.text, echo=not regenerate)
+        # Regenerated (no prefill): must repeat what the client has; continued: may answer
+        # its prefill back first.
+        regenerate = prefill is None
+        self.catchup = _Catchup(tracker.text if prefill is None else prefill, echo=not regenerate)
         self.sent = 0 if regenerate else tracker.events
 
     @property

@@ -21,7 +21,7 @@ from typing import Any
 import msgspec
 
 from router.net import sse
-from router.routing.seam import Catchup, Diverged, SentEvents, json_object
+from router.routing.seam import Catchup, Diverged, SentEvents, json_object, with_prefill
 
 _DECODE = msgspec.json.Decoder()
 _ENCODE = msgspec.json.Encoder()
@@ -97,25 +97,30 @@ class EventTracker(SentEvents):
             self.events += 1
 
 
-def continuation_body(body: bytes, prefill: str, tokens_sent: int, anthropic: bool) -> bytes:
-    """The request again with `prefill` as a trailing assistant message, its limit lowered by
-    the tokens the client already has."""
+def continuation_body(
+    body: bytes, sent: str, tokens_sent: int, anthropic: bool, *, echoed: bool = False
+) -> tuple[bytes, str] | None:
+    """The request again ending in an assistant message with the text the client has (`sent`,
+    after the client's own prefill if any: seam.with_prefill), its limit lowered by the tokens
+    the client already has; and that message's text. None if it cannot be continued."""
     fields = _DECODE.decode(body)
+    shape: dict[str, Any] | None = None
     if anthropic:
-        fields["messages"] = [*fields["messages"], {"role": "assistant", "content": prefill}]
-        limit_key = "max_tokens"
+        key, limit_key = "messages", "max_tokens"
+        items = fields[key]
     else:
-        items = fields.get("input")
+        key, limit_key, shape = "input", "max_output_tokens", {"type": "message"}
+        items = fields.get(key)
         if isinstance(items, str):
             items = [{"role": "user", "content": items}]
-        assistant = {"type": "message", "role": "assistant", "content": prefill}
-        fields["input"] = [*(items or []), assistant]
-        limit_key = "max_output_tokens"
+    prefilled = with_prefill(list(items or []), sent, echoed=echoed, shape=shape)
+    if prefilled is None:
+        return None
+    fields[key], prefill = prefilled
     limit = fields.get(limit_key)
     if isinstance(limit, int):
         fields[limit_key] = max(1, limit - tokens_sent)
-    encoded: bytes = _ENCODE.encode(fields)
-    return encoded
+    return _ENCODE.encode(fields), prefill
 
 
 def _text_opening(obj: dict[str, Any]) -> bool:
@@ -140,12 +145,15 @@ def _encode(obj: dict[str, Any]) -> bytes:
 class Stitcher:
     """Rewrites a continuation's events into the first stream's (see the module docstring)."""
 
-    __slots__ = ("catchup", "emitted", "sent", "tracker")
+    __slots__ = ("catchup", "emitted", "had", "sent", "tracker")
 
-    def __init__(self, tracker: EventTracker, *, regenerate: bool) -> None:
+    def __init__(self, tracker: EventTracker, *, prefill: str | None) -> None:
         self.tracker = tracker
-        # Regenerated: must repeat what the client has; continued: may echo it first.
-        self.catchup = Catchup(tracker.text, echo=not regenerate)
+        # Regenerated (no prefill): must repeat what the client has; continued: may answer
+        # its prefill back first.
+        regenerate = prefill is None
+        self.had = tracker.text
+        self.catchup = Catchup(self.had if prefill is None else prefill, echo=not regenerate)
         self.emitted = ""
         # Tokens the client had that the continuation counted as prompt, not completion.
         self.sent = 0 if regenerate else tracker.events
@@ -158,7 +166,7 @@ class Stitcher:
     @property
     def whole(self) -> str:
         """The whole answer's text so far."""
-        return self.catchup.have + self.emitted
+        return self.had + self.emitted
 
     def event(self, event: bytes) -> bytes | None:
         """The event to relay, rewritten; None to drop it."""

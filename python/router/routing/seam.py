@@ -41,7 +41,7 @@ def json_object(payload: bytes) -> dict[str, Any] | None:
 class SentEvents:
     """Passes on whole SSE events only, and notes (`_note`) what each carried once sent."""
 
-    __slots__ = ("_decoder", "_sent", "done", "events", "pieces", "tail")
+    __slots__ = ("_decoder", "_sent", "done", "echoed", "events", "pieces", "tail")
 
     def __init__(self) -> None:
         self.tail = b""
@@ -49,6 +49,9 @@ class SentEvents:
         # Content events seen: how many tokens the client already has.
         self.events = 0
         self.done = False
+        # Whether the region that streamed may have answered the client's own prefill back
+        # first (llama-server does); decided at the first break.
+        self.echoed: bool | None = None
         self._decoder = sse.Decoder()
         self._sent = b""
 
@@ -85,6 +88,48 @@ class SentEvents:
 
     def _note(self, payload: bytes) -> None:
         raise NotImplementedError
+
+
+# Content parts that are plain text, in chat, Responses and Messages requests.
+_TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
+
+
+def _text_of(content: object) -> str | None:
+    """A message's content as one string; None if it holds anything but text."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return None
+    pieces = []
+    for part in content:
+        if not isinstance(part, dict) or part.get("type") not in _TEXT_PARTS:
+            return None
+        text = part.get("text")
+        if not isinstance(text, str):
+            return None
+        pieces.append(text)
+    return "".join(pieces)
+
+
+def with_prefill(
+    messages: list[Any], sent: str, *, echoed: bool, shape: dict[str, Any] | None = None
+) -> tuple[list[Any], str] | None:
+    """`messages` ending in the assistant text the client has (a prefill to continue), and that
+    message's whole text, which a region may answer back first.
+
+    A client's own prefill (a trailing assistant message) is extended, never followed by a
+    second assistant turn: its text comes first, unless the region that streamed answered it
+    back (`echoed`) so the client's text already begins with it. None when that message holds
+    anything but text (nothing to extend). A new message gets the fields of `shape` too.
+    """
+    last = messages[-1] if messages else None
+    if not isinstance(last, dict) or last.get("role") != "assistant":
+        return [*messages, {**(shape or {}), "role": "assistant", "content": sent}], sent
+    prior = _text_of(last.get("content"))
+    if prior is None:
+        return None
+    whole = sent if echoed and sent.startswith(prior) else prior + sent
+    return [*messages[:-1], {**last, "content": whole}], whole
 
 
 class Diverged(Exception):

@@ -41,7 +41,7 @@ FIRST = (
 def test_a_responses_continuation_becomes_the_first_stream() -> None:
     tracker = tracked(*FIRST)
     assert (tracker.text, tracker.events, tracker.response_id) == ("Hello", 2, "resp_1")
-    stitcher = Stitcher(tracker, regenerate=False)
+    stitcher = Stitcher(tracker, prefill=tracker.text)
     usage = {"input_tokens": 12, "output_tokens": 3, "total_tokens": 15}
     text_part = {"type": "output_text", "text": "Hello world"}
     item = {"type": "message", "id": "msg_2", "content": [text_part]}
@@ -80,13 +80,13 @@ def test_a_responses_continuation_becomes_the_first_stream() -> None:
 
 
 def test_a_continuation_that_opens_a_tool_call_is_not_stitched() -> None:
-    stitcher = Stitcher(tracked(*FIRST), regenerate=False)
+    stitcher = Stitcher(tracked(*FIRST), prefill="Hello")
     call = ev("response.output_item.added", item={"type": "function_call", "id": "fc_1"})
     with pytest.raises(Diverged):
         stitcher.event(call)
     block = ev("content_block_start", index=0, content_block={"type": "tool_use"})
     with pytest.raises(Diverged):
-        Stitcher(tracked(*FIRST), regenerate=False).event(block)
+        Stitcher(tracked(*FIRST), prefill="Hello").event(block)
 
 
 def test_streams_that_left_the_text_are_never_continued() -> None:
@@ -99,34 +99,68 @@ def test_streams_that_left_the_text_are_never_continued() -> None:
 
 
 def test_a_regenerated_answer_must_repeat_the_text_exactly() -> None:
-    stitcher = Stitcher(tracked(*FIRST), regenerate=True)
+    stitcher = Stitcher(tracked(*FIRST), prefill=None)
     with pytest.raises(Diverged):
         stitcher.event(ev("response.output_text.delta", item_id="m", delta="Help"))
 
 
+def _continued(fields: dict[str, Any], sent: str, tokens: int, **options: Any) -> Any:
+    made = continuation_body(json.dumps(fields).encode(), sent, tokens, **options)
+    assert made is not None
+    body, prefill = made
+    return json.loads(body), prefill
+
+
 def test_continuation_bodies() -> None:
-    messages = json.loads(
-        continuation_body(
-            json.dumps(
-                {"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "x"}]}
-            ).encode(),
-            "Hello",
-            2,
-            anthropic=True,
-        )
-    )
+    asked = {"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "x"}]}
+    messages, prefill = _continued(asked, "Hello", 2, anthropic=True)
     assert messages["messages"][-1] == {"role": "assistant", "content": "Hello"}
-    assert messages["max_tokens"] == 8
-    responses = json.loads(
-        continuation_body(
-            json.dumps({"model": "m", "input": "x", "max_output_tokens": 1}).encode(),
-            "Hello",
-            2,
-            anthropic=False,
-        )
-    )
+    assert (messages["max_tokens"], prefill) == (8, "Hello")
+    asked = {"model": "m", "input": "x", "max_output_tokens": 1}
+    responses, prefill = _continued(asked, "Hello", 2, anthropic=False)
     assert responses["input"] == [
         {"role": "user", "content": "x"},
         {"type": "message", "role": "assistant", "content": "Hello"},
     ]
-    assert responses["max_output_tokens"] == 1
+    assert (responses["max_output_tokens"], prefill) == (1, "Hello")
+
+
+@pytest.mark.parametrize("anthropic", [True, False])
+def test_a_clients_own_prefill_is_extended_not_followed_by_a_second_turn(
+    anthropic: bool,
+) -> None:
+    key = "messages" if anthropic else "input"
+    user = {"role": "user", "content": "Say hi"}
+    parts = [{"type": "text" if anthropic else "output_text", "text": "Well, "}]
+    asked = {"model": "m", "max_tokens": 10, key: [user, {"role": "assistant", "content": parts}]}
+    # The region did not answer the prefill back: the client has only the new text.
+    body, prefill = _continued(asked, "hel", 1, anthropic=anthropic)
+    assert body[key] == [user, {"role": "assistant", "content": "Well, hel"}]
+    assert prefill == "Well, hel"
+    # It did (llama-server): the client's text already begins with it.
+    body, prefill = _continued(asked, "Well, hel", 1, anthropic=anthropic, echoed=True)
+    assert body[key][-1]["content"] == prefill == "Well, hel"
+    # An echo is only believed when the text really begins with the prefill.
+    _, prefill = _continued(asked, "hel", 1, anthropic=anthropic, echoed=True)
+    assert prefill == "Well, hel"
+    # A prefill holding anything but text cannot be extended.
+    tool = {"type": "tool_use", "id": "t", "name": "f", "input": {}}
+    asked[key] = [user, {"role": "assistant", "content": [tool]}]
+    assert continuation_body(json.dumps(asked).encode(), "x", 1, anthropic) is None
+
+
+def test_the_echo_of_a_whole_prefill_is_held_back() -> None:
+    """The continuation answers the client's prefill and the text so far back first (the
+    client had only the text): only what follows reaches the client."""
+    tracker = tracked(*FIRST)
+    stitcher = Stitcher(tracker, prefill="Well, Hello")
+    out = [
+        stitcher.event(ev("response.output_text.delta", item_id="m", delta=piece))
+        for piece in ("Well, ", "Hel", "lo", " world")
+    ]
+    assert out[:3] == [None, None, None]
+    assert out[3] is not None
+    assert data(out[3])["delta"] == " world"
+    done = stitcher.event(ev("response.output_text.done", item_id="m", text="ignored"))
+    assert done is not None
+    assert data(done)["text"] == "Hello world"

@@ -48,14 +48,29 @@ def test_continuation_body_appends_prefill_and_shrinks_limits() -> None:
     body = json.dumps(
         {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10}
     ).encode()
-    out = json.loads(continuation_body(body, "Hello wor", 3))
+    made = continuation_body(body, "Hello wor", 3)
+    assert made is not None
+    assert made[1] == "Hello wor"
+    out = json.loads(made[0])
     assert out["messages"][-1] == {"role": "assistant", "content": "Hello wor"}
     assert out["messages"][0] == {"role": "user", "content": "hi"}
     assert out["max_tokens"] == 7
     assert out["continue_final_message"] is True
     assert out["add_generation_prompt"] is False
-    capped = json.loads(continuation_body(body.replace(b"10", b"2"), "x", 9))
-    assert capped["max_tokens"] == 1
+    capped = continuation_body(body.replace(b"10", b"2"), "x", 9)
+    assert capped is not None
+    assert json.loads(capped[0])["max_tokens"] == 1
+
+
+def test_a_chat_clients_own_prefill_is_extended() -> None:
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Well, "}]
+    body = json.dumps({"model": "m", "messages": messages}).encode()
+    for sent, echoed in (("hel", False), ("Well, hel", True)):
+        made = continuation_body(body, sent, 1, "llama-server", echoed=echoed)
+        assert made is not None
+        out = json.loads(made[0])
+        assert out["messages"] == [messages[0], {"role": "assistant", "content": "Well, hel"}]
+        assert made[1] == "Well, hel"
 
 
 def test_restamp_drops_the_role_preamble_and_keeps_the_first_identity() -> None:
