@@ -663,6 +663,40 @@ def _serving_pid(name: str, proc: Proc) -> int:
     raise RuntimeError(f"nginx (pid {pid}) started no worker")
 
 
+def _measure_all(
+    args: argparse.Namespace, procs: dict[str, Proc], pids: dict[str, int]
+) -> list[Cell]:
+    """Every cell of `args` against each process's chat endpoint; `pids`: whose CPU counts."""
+    path = "/v1/chat/completions"
+    targets = {name: proc.url + path for name, proc in procs.items()}
+    return uvloop.run(
+        measure(
+            targets,
+            pids,
+            args.concurrency,
+            args.duration,
+            args.warmup,
+            args.rate,
+            args.rounds,
+        )
+    )
+
+
+def _report(args: argparse.Namespace, placement: str, cells: Sequence[Cell], *sections: str) -> int:
+    """Print the cells (then `sections`), write --json; 1 if an answer did not match, else 0."""
+    print(f"placement: {placement}")
+    print(table(cells))
+    for section in sections:
+        print(section)
+    if args.json:
+        report = {"placement": placement, "cells": [asdict(c) for c in cells]}
+        args.json.write_text(json.dumps(report, indent=2))
+    bad = sum(c.errors for c in cells)
+    if bad:
+        print(f"{bad} responses did not match the region's own answer", file=sys.stderr)
+    return 1 if bad else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=2.0, help="seconds per cell")
@@ -735,33 +769,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             if place is not None:
                 # The load generator (this process) shares the region's CPUs.
                 os.sched_setaffinity(0, place.rest)
-            path = "/v1/chat/completions"
-            targets = {name: proc.url + path for name, proc in procs.items()}
             pids = {name: _serving_pid(name, proc) for name, proc in procs.items()}
-            cells = uvloop.run(
-                measure(
-                    targets,
-                    pids,
-                    args.concurrency,
-                    args.duration,
-                    args.warmup,
-                    args.rate,
-                    args.rounds,
-                )
-            )
+            cells = _measure_all(args, procs, pids)
         finally:
             for name, proc in procs.items():
                 # nginx's master stops its worker on SIGTERM; a SIGKILL would orphan it.
                 proc.kill(signal.SIGTERM if name == "nginx" else signal.SIGKILL)
-    print(f"placement: {placement}")
-    print(table(cells))
-    if args.json:
-        report = {"placement": placement, "cells": [asdict(c) for c in cells]}
-        args.json.write_text(json.dumps(report, indent=2))
-    bad = sum(c.errors for c in cells)
-    if bad:
-        print(f"{bad} responses did not match the region's own answer", file=sys.stderr)
-    return 1 if bad else 0
+    return _report(args, placement, cells)
 
 
 def _workers_main(args: argparse.Namespace) -> int:
@@ -772,34 +786,13 @@ def _workers_main(args: argparse.Namespace) -> int:
         procs: dict[str, Proc] = {}
         try:
             _start_workers(Path(tmp), args.workers, procs)
-            path = "/v1/chat/completions"
-            targets = {name: proc.url + path for name, proc in procs.items()}
             pids = {name: proc.popen.pid for name, proc in procs.items()}
-            cells = uvloop.run(
-                measure(
-                    targets,
-                    pids,
-                    args.concurrency,
-                    args.duration,
-                    args.warmup,
-                    args.rate,
-                    args.rounds,
-                )
-            )
+            cells = _measure_all(args, procs, pids)
         finally:
             for proc in procs.values():
                 # The supervisor drains and stops its workers on SIGTERM.
                 proc.kill(signal.SIGTERM)
-    print(f"placement: {placement}")
-    print(table(cells))
-    print(scaling(cells, args.workers))
-    if args.json:
-        report = {"placement": placement, "cells": [asdict(c) for c in cells]}
-        args.json.write_text(json.dumps(report, indent=2))
-    bad = sum(c.errors for c in cells)
-    if bad:
-        print(f"{bad} responses did not match the region's own answer", file=sys.stderr)
-    return 1 if bad else 0
+    return _report(args, placement, cells, scaling(cells, args.workers))
 
 
 if __name__ == "__main__":

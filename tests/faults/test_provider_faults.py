@@ -78,6 +78,72 @@ def _router(
     return router_proc(text + "".join(regions))
 
 
+Alone = Callable[..., tuple[Proc, Proc]]
+Backed = Callable[..., tuple[Proc, Proc, Proc]]
+Fallback = Callable[..., tuple[Proc, Proc, Proc]]
+Pair = Callable[..., tuple[Proc, Proc, Proc]]
+
+
+@pytest.fixture
+def alone(provider: ProviderFactory, router_proc: RouterFactory) -> Alone:
+    """Factory: alone(**_router's options) -> (router, provider), the provider its only region."""
+
+    def start(**options: str) -> tuple[Proc, Proc]:
+        bad = provider()
+        return _router(router_proc, _provider_toml(bad), **options), bad
+
+    return start
+
+
+@pytest.fixture
+def backed(provider: ProviderFactory, sim_region: SimFactory, router_proc: RouterFactory) -> Backed:
+    """Factory: backed(**_router's options) -> (router, provider, b), sim region b behind the
+    provider."""
+
+    def start(**options: str) -> tuple[Proc, Proc, Proc]:
+        bad, good = provider(), sim_region("b")
+        return _router(router_proc, _provider_toml(bad), _sim_toml(good), **options), bad, good
+
+    return start
+
+
+@pytest.fixture
+def fallback(
+    provider: ProviderFactory, sim_region: SimFactory, router_proc: RouterFactory
+) -> Fallback:
+    """Factory: fallback(b's models, **_router's options) -> (router, provider, b): the provider
+    serves "small", b the models given; "small" falls back to "large"."""
+
+    def start(
+        good_models: tuple[str, ...] = ("small", "large"), **options: str
+    ) -> tuple[Proc, Proc, Proc]:
+        bad, good = provider(), sim_region("b", models=",".join(good_models))
+        router = _router(
+            router_proc,
+            _provider_toml(bad, ("small",)),
+            _sim_toml(good, good_models),
+            sections='[models]\nfallbacks = { small = ["large"] }\n',
+            **options,
+        )
+        return router, bad, good
+
+    return start
+
+
+@pytest.fixture
+def pair(provider: ProviderFactory, router_proc: RouterFactory) -> Pair:
+    """Factory: pair(**_router's options) -> (router, p1, p2), two providers, p2 ranked behind."""
+
+    def start(**options: str) -> tuple[Proc, Proc, Proc]:
+        first, second = provider("p1"), provider("p2")
+        router = _router(
+            router_proc, _provider_toml(first), _provider_toml(second, bias_ms=200.0), **options
+        )
+        return router, first, second
+
+    return start
+
+
 def _client(router: Proc, key: str = "x", timeout: float = 30.0) -> OpenAI:
     return OpenAI(base_url=router.url + "/v1", api_key=key, max_retries=0, timeout=timeout)
 
@@ -191,22 +257,16 @@ def _drain(stream: Any) -> tuple[list[str], list[str], openai.APIError | None]:
 # 1. 429 with Retry-After
 
 
-def test_429_with_retry_after_fails_over_at_once_when_another_region_serves(
-    provider: ProviderFactory, sim_region: SimFactory, router_proc: RouterFactory
-) -> None:
-    bad, good = provider(), sim_region("b")
-    router = _router(router_proc, _provider_toml(bad), _sim_toml(good))
+def test_429_with_retry_after_fails_over_at_once_when_another_region_serves(backed: Backed) -> None:
+    router, bad, _ = backed()
     raw = _ask(router, "limits", _fault("429", "k1", retry_after=2))
     assert raw.headers["x-router-region"] == "b"
     assert raw.answer.choices[0].message.content == full_chat_text(MODEL, _messages("limits"))
     assert len(_attempts(bad, "k1")) == 1
 
 
-def test_429_with_retry_after_is_waited_for_on_the_only_region(
-    provider: ProviderFactory, router_proc: RouterFactory
-) -> None:
-    bad = provider()
-    router = _router(router_proc, _provider_toml(bad))
+def test_429_with_retry_after_is_waited_for_on_the_only_region(alone: Alone) -> None:
+    router, bad = alone()
     raw = _ask(router, "waiting", _fault("429", "k1", retry_after=1, times=1))
     assert raw.headers["x-router-region"] == "provider"
     assert raw.answer.choices[0].message.content == full_chat_text(MODEL, _messages("waiting"))
@@ -216,11 +276,8 @@ def test_429_with_retry_after_is_waited_for_on_the_only_region(
     assert second["t"] - first["t"] >= 1.0
 
 
-def test_429_with_retry_after_over_the_cap_returns_the_providers_429(
-    provider: ProviderFactory, router_proc: RouterFactory
-) -> None:
-    bad = provider()
-    router = _router(router_proc, _provider_toml(bad))  # max_retry_after_s = 5 (default)
+def test_429_with_retry_after_over_the_cap_returns_the_providers_429(alone: Alone) -> None:
+    router, bad = alone()  # max_retry_after_s = 5 (default)
     with pytest.raises(openai.RateLimitError) as caught:
         _ask(router, "patience", _fault("429", "k1", retry_after=30))
     assert caught.value.status_code == 429
@@ -228,11 +285,8 @@ def test_429_with_retry_after_over_the_cap_returns_the_providers_429(
     assert len(_attempts(bad, "k1")) == 1
 
 
-def test_429_with_retry_after_past_the_clients_deadline_is_not_waited_for(
-    provider: ProviderFactory, router_proc: RouterFactory
-) -> None:
-    bad = provider()
-    router = _router(router_proc, _provider_toml(bad))
+def test_429_with_retry_after_past_the_clients_deadline_is_not_waited_for(alone: Alone) -> None:
+    router, bad = alone()
     began = time.monotonic()
     with pytest.raises(openai.RateLimitError):
         _ask(
@@ -244,11 +298,8 @@ def test_429_with_retry_after_past_the_clients_deadline_is_not_waited_for(
     assert len(_attempts(bad, "k1")) == 1
 
 
-def test_429_with_retry_after_past_the_openai_sdk_timeout_is_not_waited_for(
-    provider: ProviderFactory, router_proc: RouterFactory
-) -> None:
-    bad = provider()
-    router = _router(router_proc, _provider_toml(bad))
+def test_429_with_retry_after_past_the_openai_sdk_timeout_is_not_waited_for(alone: Alone) -> None:
+    router, bad = alone()
     with _client(router, timeout=2.0) as client, pytest.raises(openai.RateLimitError):
         client.chat.completions.create(
             model=MODEL,
@@ -262,11 +313,8 @@ def test_429_with_retry_after_past_the_openai_sdk_timeout_is_not_waited_for(
 # 2. 429 without Retry-After, persistent
 
 
-def test_persistent_429_without_retry_after_backs_off_and_gives_up(
-    provider: ProviderFactory, router_proc: RouterFactory
-) -> None:
-    bad = provider()
-    router = _router(router_proc, _provider_toml(bad), routing="max_attempts = 10")
+def test_persistent_429_without_retry_after_backs_off_and_gives_up(alone: Alone) -> None:
+    router, bad = alone(routing="max_attempts = 10")
     with pytest.raises(openai.RateLimitError) as caught:
         _ask(router, "hammer", _fault("429", "k1"))
     assert _body(caught.value)["message"] == "Rate limit reached for requests"
@@ -275,11 +323,8 @@ def test_persistent_429_without_retry_after_backs_off_and_gives_up(
     assert second["t"] - first["t"] >= 0.12
 
 
-def test_persistent_429_asking_for_no_wait_is_never_hammered(
-    provider: ProviderFactory, router_proc: RouterFactory
-) -> None:
-    bad = provider()
-    router = _router(router_proc, _provider_toml(bad), routing="max_attempts = 10")
+def test_persistent_429_asking_for_no_wait_is_never_hammered(alone: Alone) -> None:
+    router, bad = alone(routing="max_attempts = 10")
     with pytest.raises(openai.RateLimitError):
         _ask(router, "zero", _fault("429", "k1", retry_after=0))
     # Never more than two attempts on a limited region within a second and a half.
@@ -287,11 +332,8 @@ def test_persistent_429_asking_for_no_wait_is_never_hammered(
     assert 1 <= len(times) <= 2, times
 
 
-def test_persistent_429_without_retry_after_fails_over(
-    provider: ProviderFactory, sim_region: SimFactory, router_proc: RouterFactory
-) -> None:
-    bad, good = provider(), sim_region("b")
-    router = _router(router_proc, _provider_toml(bad), _sim_toml(good))
+def test_persistent_429_without_retry_after_fails_over(backed: Backed) -> None:
+    router, bad, _ = backed()
     raw = _ask(router, "elsewhere", _fault("429", "k1"))
     assert raw.headers["x-router-region"] == "b"
     assert 1 <= len(_attempts(bad, "k1")) <= 2
@@ -300,21 +342,15 @@ def test_persistent_429_without_retry_after_fails_over(
 # 3. 500 once, then healthy
 
 
-def test_500_once_is_retried_on_the_only_region(
-    provider: ProviderFactory, router_proc: RouterFactory
-) -> None:
-    bad = provider()
-    router = _router(router_proc, _provider_toml(bad))
+def test_500_once_is_retried_on_the_only_region(alone: Alone) -> None:
+    router, bad = alone()
     raw = _ask(router, "once", _fault("500", "k1", times=1))
     assert (raw.headers["x-router-region"], raw.headers["x-router-attempts"]) == ("provider", "2")
     assert [a["hit"] for a in _attempts(bad, "k1")] == [True, False]
 
 
-def test_500_once_fails_over_when_another_region_serves(
-    provider: ProviderFactory, sim_region: SimFactory, router_proc: RouterFactory
-) -> None:
-    bad, good = provider(), sim_region("b")
-    router = _router(router_proc, _provider_toml(bad), _sim_toml(good))
+def test_500_once_fails_over_when_another_region_serves(backed: Backed) -> None:
+    router, bad, _ = backed()
     raw = _ask(router, "once", _fault("500", "k1", times=1))
     assert raw.headers["x-router-region"] == "b"
     assert len(_attempts(bad, "k1")) == 1
@@ -323,21 +359,15 @@ def test_500_once_fails_over_when_another_region_serves(
 # 4. 503 persistent
 
 
-def test_persistent_503_fails_over(
-    provider: ProviderFactory, sim_region: SimFactory, router_proc: RouterFactory
-) -> None:
-    bad, good = provider(), sim_region("b")
-    router = _router(router_proc, _provider_toml(bad), _sim_toml(good))
+def test_persistent_503_fails_over(backed: Backed) -> None:
+    router, bad, _ = backed()
     raw = _ask(router, "busy", _fault("503", "k1"))
     assert raw.headers["x-router-region"] == "b"
     assert 1 <= len(_attempts(bad, "k1")) <= 2
 
 
-def test_persistent_503_on_the_only_region_returns_the_providers_own_error(
-    provider: ProviderFactory, router_proc: RouterFactory
-) -> None:
-    bad = provider()
-    router = _router(router_proc, _provider_toml(bad))
+def test_persistent_503_on_the_only_region_returns_the_providers_own_error(alone: Alone) -> None:
+    router, bad = alone()
     with pytest.raises(openai.InternalServerError) as caught:
         _ask(router, "busy", _fault("503", "k1"))
     assert caught.value.status_code == 503
@@ -345,16 +375,8 @@ def test_persistent_503_on_the_only_region_returns_the_providers_own_error(
     assert len(_attempts(bad, "k1")) == 2
 
 
-def test_the_same_503_from_two_regions_is_returned_after_one_attempt_each(
-    provider: ProviderFactory, router_proc: RouterFactory
-) -> None:
-    first, second = provider("p1"), provider("p2")
-    router = _router(
-        router_proc,
-        _provider_toml(first),
-        _provider_toml(second, bias_ms=200.0),
-        routing="max_attempts = 5",
-    )
+def test_the_same_503_from_two_regions_is_returned_after_one_attempt_each(pair: Pair) -> None:
+    router, first, second = pair(routing="max_attempts = 5")
     with pytest.raises(openai.InternalServerError) as caught:
         _ask(router, "both", _fault("503", "k1"))
     assert caught.value.status_code == 503
@@ -366,11 +388,8 @@ def test_the_same_503_from_two_regions_is_returned_after_one_attempt_each(
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_a_reset_before_any_byte_is_retried_on_the_only_region(
-    stream: bool, provider: ProviderFactory, router_proc: RouterFactory
-) -> None:
-    bad = provider()
-    router = _router(router_proc, _provider_toml(bad))
+def test_a_reset_before_any_byte_is_retried_on_the_only_region(stream: bool, alone: Alone) -> None:
+    router, bad = alone()
     headers = _fault("reset", "k1", times=1)
     if stream:
         got = _stream(router, "reset", headers)
@@ -382,11 +401,8 @@ def test_a_reset_before_any_byte_is_retried_on_the_only_region(
     assert [a["hit"] for a in _attempts(bad, "k1")] == [True, False]
 
 
-def test_a_persistent_reset_fails_over_after_two_attempts_at_most(
-    provider: ProviderFactory, sim_region: SimFactory, router_proc: RouterFactory
-) -> None:
-    bad, good = provider(), sim_region("b")
-    router = _router(router_proc, _provider_toml(bad), _sim_toml(good))
+def test_a_persistent_reset_fails_over_after_two_attempts_at_most(backed: Backed) -> None:
+    router, bad, _ = backed()
     raw = _ask(router, "reset", _fault("reset", "k1"))
     assert raw.headers["x-router-region"] == "b"
     assert 1 <= len(_attempts(bad, "k1")) <= 2
@@ -417,18 +433,9 @@ def test_a_silent_provider_is_never_waited_on_twice(
 # 7. stream headers at once, first token late
 
 
-def test_a_stream_whose_first_token_is_late_fails_over(
-    provider: ProviderFactory, sim_region: SimFactory, router_proc: RouterFactory
-) -> None:
-    bad, good = provider(), sim_region("b")
+def test_a_stream_whose_first_token_is_late_fails_over(backed: Backed) -> None:
     # [timeouts] idle and first_byte far off: only the stream TTFT deadline can move it.
-    router = _router(
-        router_proc,
-        _provider_toml(bad),
-        _sim_toml(good),
-        routing="stream_ttft_timeout_s = 1.0",
-        timeouts=SLOW_TIMEOUTS,
-    )
+    router, bad, _ = backed(routing="stream_ttft_timeout_s = 1.0", timeouts=SLOW_TIMEOUTS)
     began = time.monotonic()
     got = _stream(router, "late", _fault("slow-first-token", "k1", delay=20))
     assert time.monotonic() - began < 15  # the issue's bound; the provider's token is 20 s away
@@ -437,18 +444,10 @@ def test_a_stream_whose_first_token_is_late_fails_over(
     assert len(_attempts(bad, "k1")) == 1
 
 
-def test_a_stream_whose_first_token_is_late_moves_to_a_fallback_model(
-    provider: ProviderFactory, sim_region: SimFactory, router_proc: RouterFactory
-) -> None:
+def test_a_stream_whose_first_token_is_late_moves_to_a_fallback_model(fallback: Fallback) -> None:
     # No other region serves "small"; a fallback model ("large", on b) can serve the request.
-    bad, good = provider(), sim_region("b", models="large")
-    router = _fallback_router(
-        router_proc,
-        bad,
-        good,
-        ("large",),
-        routing="stream_ttft_timeout_s = 1.0",
-        timeouts=SLOW_TIMEOUTS,
+    router, bad, _ = fallback(
+        ("large",), routing="stream_ttft_timeout_s = 1.0", timeouts=SLOW_TIMEOUTS
     )
     got = _stream(router, "late", _fault("slow-first-token", "k1", delay=3), model="small")
     assert got.headers.get("x-router-fallback-model") == "large"
@@ -476,12 +475,9 @@ BREAKS = [
 
 @pytest.mark.parametrize("fault", RESUMABLE)
 def test_a_broken_stream_is_resumed_elsewhere_into_the_whole_answer(
-    fault: str, provider: ProviderFactory, sim_region: SimFactory, router_proc: RouterFactory
+    fault: str, backed: Backed
 ) -> None:
-    bad, good = provider(), sim_region("b")
-    router = _router(
-        router_proc, _provider_toml(bad), _sim_toml(good), routing='midstream = "resume"'
-    )
+    router, bad, good = backed(routing='midstream = "resume"')
     headers = _fault(fault, "k1", after=5, delay=30)
     got = _stream(router, "resume", headers, usage=True)
     assert got.text == full_chat_text(MODEL, _messages("resume"))
@@ -502,10 +498,9 @@ def test_a_broken_stream_is_resumed_elsewhere_into_the_whole_answer(
 
 @pytest.mark.parametrize("fault", BREAKS)
 def test_a_broken_stream_without_resume_ends_with_one_error_never_complete(
-    fault: str, provider: ProviderFactory, router_proc: RouterFactory
+    fault: str, alone: Alone
 ) -> None:
-    bad = provider()
-    router = _router(router_proc, _provider_toml(bad))  # midstream = "error" (default)
+    router, bad = alone()  # midstream = "error" (default)
     began = time.monotonic()
     with _client(router) as client:
         stream = client.chat.completions.create(
@@ -525,19 +520,11 @@ def test_a_broken_stream_without_resume_ends_with_one_error_never_complete(
     assert _ask(router, "after", _fault("none", "k2")).headers["x-router-region"] == "provider"
 
 
-def _refused_continuation(
-    provider: ProviderFactory, router_proc: RouterFactory
-) -> tuple[Proc, list[Proc], list[str], openai.APIError | None]:
+def _refused_continuation(pair: Pair) -> tuple[Proc, list[Proc], list[str], openai.APIError | None]:
     """p1 cuts the stream after 5 tokens; every continuation (a prefill) is refused with a 400.
 
     The router, the providers, the finish reasons the client saw and the error it got."""
-    first, second = provider("p1"), provider("p2")
-    router = _router(
-        router_proc,
-        _provider_toml(first),
-        _provider_toml(second, bias_ms=200.0),
-        routing='midstream = "resume"',
-    )
+    router, first, second = pair(routing='midstream = "resume"')
     headers = {**_fault("cut", "k1", after=5), "x-fault-on-prefill": "reject"}
     with _client(router) as client:
         stream = client.chat.completions.create(
@@ -551,10 +538,8 @@ def _refused_continuation(
     return router, [first, second], finishes, error
 
 
-def test_a_continuation_the_next_region_refuses_ends_with_one_clean_error(
-    provider: ProviderFactory, router_proc: RouterFactory
-) -> None:
-    _, providers, finishes, error = _refused_continuation(provider, router_proc)
+def test_a_continuation_the_next_region_refuses_ends_with_one_clean_error(pair: Pair) -> None:
+    _, providers, finishes, error = _refused_continuation(pair)
     assert finishes == [], "a cut stream must never look complete"
     assert error is not None
     # Item 14: the prefill rejection is not what the client is left with.
@@ -564,10 +549,8 @@ def test_a_continuation_the_next_region_refuses_ends_with_one_clean_error(
     assert refused, "the continuation was never tried"
 
 
-def test_a_refused_continuation_is_logged_with_its_status_and_body(
-    provider: ProviderFactory, router_proc: RouterFactory
-) -> None:
-    router, _, _, _ = _refused_continuation(provider, router_proc)
+def test_a_refused_continuation_is_logged_with_its_status_and_body(pair: Pair) -> None:
+    router, _, _, _ = _refused_continuation(pair)
     out = router.wait_output("resume on p2 refused", timeout=5)
     line = next(ln for ln in out.splitlines() if "resume on p2 refused" in ln)
     assert "400" in line
@@ -577,11 +560,8 @@ def test_a_refused_continuation_is_logged_with_its_status_and_body(
 # 10. an invalid JSON event mid-stream
 
 
-def test_an_invalid_event_mid_stream_never_reaches_the_client(
-    provider: ProviderFactory, router_proc: RouterFactory
-) -> None:
-    bad = provider()
-    router = _router(router_proc, _provider_toml(bad))
+def test_an_invalid_event_mid_stream_never_reaches_the_client(alone: Alone) -> None:
+    router, bad = alone()
     with (
         _client(router) as client,
         client.chat.completions.with_streaming_response.create(
@@ -607,12 +587,9 @@ def test_an_invalid_event_mid_stream_never_reaches_the_client(
 
 @pytest.mark.parametrize("midstream", ["error", "resume"])
 def test_a_finished_stream_without_done_gets_done_and_keeps_its_usage(
-    midstream: str, provider: ProviderFactory, sim_region: SimFactory, router_proc: RouterFactory
+    midstream: str, backed: Backed
 ) -> None:
-    bad, good = provider(), sim_region("b")
-    router = _router(
-        router_proc, _provider_toml(bad), _sim_toml(good), routing=f'midstream = "{midstream}"'
-    )
+    router, bad, good = backed(routing=f'midstream = "{midstream}"')
     with (
         _client(router) as client,
         client.chat.completions.with_streaming_response.create(
@@ -638,32 +615,8 @@ def test_a_finished_stream_without_done_gets_done_and_keeps_its_usage(
 # 12. 400 context_length_exceeded, 13. 400 content policy
 
 
-def _fallback_router(
-    router_proc: RouterFactory,
-    bad: Proc,
-    good: Proc,
-    good_models: tuple[str, ...] = ("small", "large"),
-    auth: str = "",
-    routing: str = "",
-    timeouts: str = TIMEOUTS,
-) -> Proc:
-    """The provider serves "small"; b serves `good_models`; "small" falls back to "large"."""
-    return _router(
-        router_proc,
-        _provider_toml(bad, ("small",)),
-        _sim_toml(good, good_models),
-        routing=routing,
-        sections='[models]\nfallbacks = { small = ["large"] }\n',
-        timeouts=timeouts,
-        **({"auth": auth} if auth else {}),
-    )
-
-
-def test_too_long_a_prompt_moves_to_the_larger_fallback_model(
-    provider: ProviderFactory, sim_region: SimFactory, router_proc: RouterFactory
-) -> None:
-    bad, good = provider(), sim_region("b", models="small,large")
-    router = _fallback_router(router_proc, bad, good)
+def test_too_long_a_prompt_moves_to_the_larger_fallback_model(fallback: Fallback) -> None:
+    router, bad, good = fallback()
     raw = _ask(router, "long", _fault("context-length", "k1"), model="small")
     answer = raw.answer
     assert (raw.headers["x-router-fallback-model"], answer.model) == ("large", "large")
@@ -675,10 +628,9 @@ def test_too_long_a_prompt_moves_to_the_larger_fallback_model(
 
 
 def test_too_long_a_prompt_in_a_stream_moves_to_the_larger_fallback_model(
-    provider: ProviderFactory, sim_region: SimFactory, router_proc: RouterFactory
+    fallback: Fallback,
 ) -> None:
-    bad, good = provider(), sim_region("b", models="small,large")
-    router = _fallback_router(router_proc, bad, good)
+    router, bad, good = fallback()
     got = _stream(router, "long", _fault("context-length", "k1"), model="small", usage=True)
     assert got.headers["x-router-fallback-model"] == "large"
     assert (got.text, got.finish) == (full_chat_text("large", _messages("long")), "stop")
@@ -686,11 +638,8 @@ def test_too_long_a_prompt_in_a_stream_moves_to_the_larger_fallback_model(
     assert json.loads(sim_stats(good)["last_body"])["model"] == "large"
 
 
-def test_too_long_a_prompt_without_a_fallback_is_returned_as_it_is(
-    provider: ProviderFactory, sim_region: SimFactory, router_proc: RouterFactory
-) -> None:
-    bad, good = provider(), sim_region("b")
-    router = _router(router_proc, _provider_toml(bad), _sim_toml(good))
+def test_too_long_a_prompt_without_a_fallback_is_returned_as_it_is(backed: Backed) -> None:
+    router, bad, good = backed()
     with pytest.raises(openai.BadRequestError) as caught:
         _ask(router, "long", _fault("context-length", "k1"))
     assert caught.value.code == "context_length_exceeded"
@@ -701,11 +650,8 @@ def test_too_long_a_prompt_without_a_fallback_is_returned_as_it_is(
     assert (len(_attempts(bad, "k1")), _chats(good)) == (1, 0)
 
 
-def test_a_content_policy_refusal_reaches_the_client_untried_elsewhere(
-    provider: ProviderFactory, sim_region: SimFactory, router_proc: RouterFactory
-) -> None:
-    bad, good = provider(), sim_region("b", models="small,large")
-    router = _fallback_router(router_proc, bad, good)
+def test_a_content_policy_refusal_reaches_the_client_untried_elsewhere(fallback: Fallback) -> None:
+    router, bad, good = fallback()
     with pytest.raises(openai.BadRequestError) as caught:
         _ask(router, "policy", _fault("content-policy", "k1"), model="small")
     assert caught.value.code == "content_policy_violation"
@@ -722,18 +668,10 @@ def test_a_content_policy_refusal_reaches_the_client_untried_elsewhere(
 
 
 @pytest.mark.timeout(60)
-def test_a_primary_down_for_a_while_gets_few_attempts_then_its_traffic_back(
-    provider: ProviderFactory, sim_region: SimFactory, router_proc: RouterFactory
-) -> None:
-    bad, good = provider(), sim_region("b")
+def test_a_primary_down_for_a_while_gets_few_attempts_then_its_traffic_back(backed: Backed) -> None:
     # Scaled from 60 s down / a request every 4 s / back within 30 s: 3 s down, one every 0.25 s,
     # circuits of 0.5, 1, 1 s (circuit_max_s), so back within a second or so of recovery.
-    router = _router(
-        router_proc,
-        _provider_toml(bad),
-        _sim_toml(good),
-        routing="circuit_base_s = 0.5\ncircuit_max_s = 1.0",
-    )
+    router, bad, _ = backed(routing="circuit_base_s = 0.5\ncircuit_max_s = 1.0")
     down_s, every_s, count = 3.0, 0.25, 24
     armed = _post_arm(bad)
     regions: list[tuple[float, str]] = []
@@ -771,15 +709,14 @@ def _hash(key: str) -> str:
 
 
 def test_after_a_fallback_the_answering_model_is_named_and_only_its_answer_is_billed(
-    provider: ProviderFactory, sim_region: SimFactory, router_proc: RouterFactory
+    fallback: Fallback,
 ) -> None:
-    bad, good = provider(), sim_region("b", models="large")
     keys = "".join(
         f'[[auth.keys]]\nsha256 = "{_hash(name)}"\ntenant = "{name}"\n'
         "tokens_per_minute = 1\ntoken_burst = 100000\n"
         for name in ("failing", "direct")
     )
-    router = _fallback_router(router_proc, bad, good, ("large",), auth=f"[auth]\n{keys}")
+    router, bad, _ = fallback(("large",), auth=f"[auth]\n{keys}")
     # "failing" meets two 503s on small, then the fallback's answer; "direct" asks large.
     failed = _ask(router, "bill", _fault("503", "k1"), model="small", key="failing")
     direct = _ask(router, "bill", {}, model="large", key="direct")

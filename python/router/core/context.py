@@ -186,6 +186,11 @@ class RequestContext:
         return self.parsed
 
     @property
+    def owner(self) -> str:
+        """Whose stored responses these are (Responses API state): the tenant's name, or ""."""
+        return self.tenant.name if self.tenant is not None else ""
+
+    @property
     def failovers(self) -> int:
         """Attempts that moved to another region after a failure (a hedge is not one)."""
         tried = self.tried

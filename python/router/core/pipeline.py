@@ -262,7 +262,7 @@ class Pipeline:
             homes = features.homes if asked.stateful else None
             owner = ""
             if homes is not None:
-                owner = ctx.tenant.name if ctx.tenant is not None else ""
+                owner = ctx.owner
                 if asked.state_ref is not None:
                     candidates = await _pinned(homes, asked.state_ref, owner, upstreams, candidates)
             if not candidates:

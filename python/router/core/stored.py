@@ -36,8 +36,7 @@ async def forward_stored(
 ) -> web.StreamResponse:
     """Relay one stored-response call to the region holding the response."""
     response_id = request.match_info["id"]
-    owner = ctx.tenant.name if ctx.tenant is not None else ""
-    home = await homes.home(response_id, owner)
+    home = await homes.home(response_id, ctx.owner)
     upstream = upstreams.get(home) if home is not None else None
     if upstream is None:
         raise NotFound(

@@ -126,7 +126,7 @@ class Slot:
     region: str
     wait_s: float
     queue_depth: int
-    _gate: RegionGate | MachineGate | None
+    _gate: Gate | None
     _start: float
 
     def release(self) -> None:
@@ -136,37 +136,56 @@ class Slot:
             gate.release(time.monotonic() - self._start)
 
 
-class RegionGate:
-    """The asyncio side of one region's SlotQueue."""
+class Gate:
+    """What a region's gates share: a free slot taken at once, else a place in the wait queue
+    held until a slot is handed over, the deadline passes (Spill) or the waiter is cancelled."""
 
-    def __init__(self, region: str, max_in_flight: int, queue_size: int) -> None:
-        self.region = region
-        self.queue: SlotQueue[asyncio.Future[None]] = SlotQueue(max_in_flight, queue_size)
+    region: str
+    # This worker's waiters; queue.in_flight counts this worker's slots.
+    queue: SlotQueue[asyncio.Future[None]]
 
     def expected_wait(self, priority: int) -> float:
         """Estimated seconds until a newcomer with `priority` gets a slot."""
-        return self.queue.expected_wait(priority)
+        raise NotImplementedError
 
     def release(self, held_s: float | None) -> None:
         """Free a slot, waking the best waiter."""
-        # Waiters leave the queue (cancel) before their future is cancelled, so a popped
-        # waiter is always still pending.
-        waiter = self.queue.release(held_s)
-        if waiter is not None:
-            waiter.set_result(None)
+        raise NotImplementedError
+
+    def _take_free(self) -> bool:
+        """Take a slot that is free for a newcomer."""
+        raise NotImplementedError
+
+    def _depth(self) -> int:
+        """Waiters a newcomer finds (the slot's queue_depth)."""
+        raise NotImplementedError
+
+    def _hold_place(self) -> bool:
+        """Reserve a queue place beyond this worker's queue; False when none is left."""
+        return True
+
+    def _leave_place(self) -> None:
+        """Give back the place _hold_place reserved."""
+
+    def _enqueued(self) -> None:
+        """A waiter was just queued."""
 
     async def acquire(self, priority: int, deadline: float) -> Slot:
         """A slot now, or after a wait that ends by `deadline` (monotonic); else Spill."""
         start = time.monotonic()
-        if self.queue.try_acquire():
+        if self._take_free():
             return Slot(self.region, 0.0, 0, self, start)
-        depth = self.queue.depth
-        if start + self.queue.expected_wait(priority) > deadline:
+        depth = self._depth()
+        if start + self.expected_wait(priority) > deadline:
             raise Spill(self.region, "wait would pass the deadline")
+        if not self._hold_place():
+            raise Spill(self.region, "queue full")
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         ticket = self.queue.push(priority, future)
         if ticket is None:
+            self._leave_place()
             raise Spill(self.region, "queue full")
+        self._enqueued()
         try:
             # shield: only release() completes the future, so a cancel cannot race its set_result.
             async with asyncio.timeout(max(0.0, deadline - start)):
@@ -175,15 +194,44 @@ class RegionGate:
             if not self.queue.cancel(ticket):
                 # Woken in the same tick as the timeout: the slot is ours, use it.
                 return Slot(self.region, time.monotonic() - start, depth, self, time.monotonic())
+            self._leave_place()
             future.cancel()
             raise Spill(self.region, "deadline passed while queued") from None
         except asyncio.CancelledError:
             if not self.queue.cancel(ticket):
-                self.release(None)  # handed a slot while being cancelled: pass it on
+                self.release(None)  # handed a slot while being cancelled: give it back
+            else:
+                self._leave_place()
             future.cancel()
             raise
         now = time.monotonic()
         return Slot(self.region, now - start, depth, self, now)
+
+
+class RegionGate(Gate):
+    """The asyncio side of one region's SlotQueue."""
+
+    def __init__(self, region: str, max_in_flight: int, queue_size: int) -> None:
+        self.region = region
+        self.queue = SlotQueue(max_in_flight, queue_size)
+
+    def expected_wait(self, priority: int) -> float:
+        """Estimated seconds until a newcomer with `priority` gets a slot."""
+        return self.queue.expected_wait(priority)
+
+    def release(self, held_s: float | None) -> None:
+        """Free a slot, waking the best waiter (the slot passes to it)."""
+        # Waiters leave the queue (cancel) before their future is cancelled, so a popped
+        # waiter is always still pending.
+        waiter = self.queue.release(held_s)
+        if waiter is not None:
+            waiter.set_result(None)
+
+    def _take_free(self) -> bool:
+        return self.queue.try_acquire()
+
+    def _depth(self) -> int:
+        return self.queue.depth
 
 
 class MachineCounts(Protocol):
@@ -203,7 +251,7 @@ class MachineCounts(Protocol):
         ...
 
 
-class MachineGate:
+class MachineGate(Gate):
     """A region's gate whose cap and queue are the machine's. A slot is taken from the shared
     count; a waiter waits in this worker's priority queue (holding a place in the machine's),
     and is served when a slot frees: one this worker frees goes to its best waiter at once,
@@ -219,8 +267,7 @@ class MachineGate:
         poll_s: float = MACHINE_POLL_S,
     ) -> None:
         self.region = region
-        # This worker's waiters; queue.in_flight counts this worker's slots.
-        self.queue: SlotQueue[asyncio.Future[None]] = SlotQueue(max_in_flight, queue_size)
+        self.queue = SlotQueue(max_in_flight, queue_size)
         self._counts = counts
         self._slots = f"\x00admission:{region}"
         self._queued = f"\x00queue:{region}"
@@ -271,44 +318,24 @@ class MachineGate:
         self._counts.leave(self._slots)
         self._serve()
 
-    async def acquire(self, priority: int, deadline: float) -> Slot:
-        """A slot now, or after a wait that ends by `deadline` (monotonic); else Spill."""
-        start = time.monotonic()
+    def _take_free(self) -> bool:
         # A free slot is the newcomer's only while nobody on the machine waits for one.
-        if self.queue.depth == 0 and self.machine_depth() == 0 and self._take():
-            return Slot(self.region, 0.0, 0, self, start)
-        depth = self.machine_depth()
-        if start + self.expected_wait(priority) > deadline:
-            raise Spill(self.region, "wait would pass the deadline")
-        if not self._counts.enter(self._queued, self.queue.capacity):
-            raise Spill(self.region, "queue full")
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        ticket = self.queue.push(priority, future)
-        if ticket is None:
-            self._counts.leave(self._queued)
-            raise Spill(self.region, "queue full")
-        # A slot may have freed between the check above and the queueing.
+        return self.queue.depth == 0 and self.machine_depth() == 0 and self._take()
+
+    def _depth(self) -> int:
+        return self.machine_depth()
+
+    def _hold_place(self) -> bool:
+        return self._counts.enter(self._queued, self.queue.capacity)
+
+    def _leave_place(self) -> None:
+        self._counts.leave(self._queued)
+
+    def _enqueued(self) -> None:
+        # A slot may have freed between the check for one and the queueing.
         self._serve()
         if self._poller is None or self._poller.done():
             self._poller = asyncio.create_task(self._poll(), name=f"router.admission.{self.region}")
-        try:
-            async with asyncio.timeout(max(0.0, deadline - start)):
-                await asyncio.shield(future)
-        except TimeoutError:
-            if not self.queue.cancel(ticket):
-                return Slot(self.region, time.monotonic() - start, depth, self, time.monotonic())
-            self._counts.leave(self._queued)
-            future.cancel()
-            raise Spill(self.region, "deadline passed while queued") from None
-        except asyncio.CancelledError:
-            if not self.queue.cancel(ticket):
-                self.release(None)  # served while being cancelled: give the slot back
-            else:
-                self._counts.leave(self._queued)
-            future.cancel()
-            raise
-        now = time.monotonic()
-        return Slot(self.region, now - start, depth, self, now)
 
 
 class Admission:
