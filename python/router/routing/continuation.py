@@ -237,15 +237,6 @@ class MidstreamPolicy:
             mode = mode_of(upstream.config, events=isinstance(tracker, EventTracker))
             if mode == "none" or (mode == "regenerate" and not again):
                 continue
-            tried += 1
-            log.warning(
-                "request %s: %s on %s after %d tokens (%s)",
-                ctx.request_id,
-                "resuming" if mode == "continue" else "regenerating",
-                upstream.name,
-                tracker.events,
-                reason,
-            )
             body = ctx.request.body
             # What the new region is asked to continue, and may answer back first.
             prefill: str | None = None
@@ -263,6 +254,15 @@ class MidstreamPolicy:
                     # The client's own prefill holds more than text: nothing to extend.
                     continue
                 body, prefill = made
+            tried += 1
+            log.warning(
+                "request %s: %s on %s after %d tokens (%s)",
+                ctx.request_id,
+                "resuming" if mode == "continue" else "regenerating",
+                upstream.name,
+                tracker.events,
+                reason,
+            )
             state: StreamState | EventState
             stitch: Stitch
             if isinstance(tracker, EventTracker):
