@@ -216,6 +216,19 @@ def _read_killing_after(client: anthropic.Anthropic, server: Proc, deltas: int) 
     raise AssertionError(f"the stream ended cleanly after {got} deltas")
 
 
+def _resuming(tmp_path: Path, started: list[Proc], first: Proc, rest: Proc) -> Proc:
+    """A router that carries cut streams on: llama-servers `first`, then `rest`."""
+    router = router_for(
+        tmp_path,
+        started,
+        region("first", first, "llama-server"),
+        region("rest", rest, "llama-server", bias_ms=1000.0),
+        extra='[routing]\nmidstream = "resume"\n',
+    )
+    wait_healthy(router, "first", "rest")
+    return router
+
+
 @pytest.mark.timeout(300)
 def test_sigkill_mid_stream_is_continued_on_a_surviving_llama_server(
     start_real: RealFactory, tmp_path: Path
@@ -227,14 +240,7 @@ def test_sigkill_mid_stream_is_continued_on_a_surviving_llama_server(
     try:
         first = start_real("llama-server")
         rest = start_real("llama-server")
-        router = router_for(
-            tmp_path,
-            started,
-            region("first", first, "llama-server"),
-            region("rest", rest, "llama-server", bias_ms=1000.0),
-            extra='[routing]\nmidstream = "resume"\n',
-        )
-        wait_healthy(router, "first", "rest")
+        router = _resuming(tmp_path, started, first, rest)
         asked = {**ASK, "input": "Tell me about the sea.", "max_output_tokens": 120, "store": False}
         events = []
         for event in _openai(router).responses.create(**asked, stream=True):
@@ -254,14 +260,7 @@ def test_sigkill_mid_stream_is_continued_on_a_surviving_llama_server(
         assert "resuming on rest" in router.output()  # it was cut, and continued
 
         first = start_real("llama-server")
-        router = router_for(
-            tmp_path,
-            started,
-            region("first", first, "llama-server"),
-            region("rest", rest, "llama-server", bias_ms=1000.0),
-            extra='[routing]\nmidstream = "resume"\n',
-        )
-        wait_healthy(router, "first", "rest")
+        router = _resuming(tmp_path, started, first, rest)
         pieces = []
         with _anthropic(router).messages.stream(
             model=MODEL_ALIAS,
@@ -293,14 +292,7 @@ def test_a_clients_prefill_cut_mid_stream_is_extended_on_a_surviving_llama_serve
     try:
         first = start_real("llama-server")
         rest = start_real("llama-server")
-        router = router_for(
-            tmp_path,
-            started,
-            region("first", first, "llama-server"),
-            region("rest", rest, "llama-server", bias_ms=1000.0),
-            extra='[routing]\nmidstream = "resume"\n',
-        )
-        wait_healthy(router, "first", "rest")
+        router = _resuming(tmp_path, started, first, rest)
         prefill = "The sea is"
         pieces: list[str] = []
         had = ""
