@@ -538,6 +538,52 @@ def test_stored_responses_are_read_and_deleted_at_their_region_by_their_tenant(
     assert "/v1/responses/" + made.id not in sim_stats(a)["by_path"]
 
 
+def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            return resp.status, dict(resp.headers), resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def test_stored_responses_read_again_are_checked_like_new_ones(
+    sim_region: SimFactory, router_proc: RouterFactory, clients: list[Any]
+) -> None:
+    """GET /v1/responses/{id}, whole or as its stream (?stream=true): relayed whole and equal to
+    the region's; a region that breaks off the whole one is a clean 502, never a truncated body
+    that looks complete; a stream it cuts ends with `response.failed`, never looking complete."""
+    a = sim_region("a")
+    router = router_proc(regions_toml(a))
+    made = _openai(router, clients).responses.create(model=MODEL, input="keep me")
+    url = f"{router.url}/v1/responses/{made.id}"
+
+    status, _, body = _get(url)
+    assert status == 200
+    assert json.loads(body)["output"][0]["content"][0]["text"] == made.output_text
+    status, headers, raw = _get(url + "?stream=true")
+    assert status == 200
+    assert headers["Content-Type"].startswith("text/event-stream")
+    events = _events(raw)
+    assert events[-1][0] == "response.completed"
+    text = "".join(e["delta"] for name, e in events if name == "response.output_text.delta")
+    assert text == made.output_text
+
+    cut = {"x-sim-fail": "die-mid-stream", "x-sim-after-tokens": "2"}
+    status, _, body = _get(url, cut)
+    assert status == 502
+    assert json.loads(body)["error"]["code"] == "upstream_error"
+    status, _, raw = _get(url + "?stream=true", cut)
+    assert status == 200
+    events = _events(raw)
+    name, failed = events[-1]
+    assert name == "response.failed"
+    assert failed["response"]["id"] == made.id
+    assert failed["response"]["status"] == "failed"
+    assert failed["sequence_number"] == events[-2][1]["sequence_number"] + 1
+    assert [n for n, _ in events].count("response.output_text.delta") == 2
+
+
 def test_routers_sharing_redis_pin_each_others_responses(
     sim_region: SimFactory, tmp_path: Path, clients: list[Any]
 ) -> None:

@@ -156,7 +156,8 @@ def retry_after(headers: CIMultiDict[str]) -> float | None:
     return None
 
 
-def _media(headers: CIMultiDict[str]) -> str:
+def media_type(headers: CIMultiDict[str]) -> str:
+    """An answer's media type, lowercase, without parameters."""
     return headers.get("Content-Type", "").partition(";")[0].strip().lower()
 
 
@@ -164,7 +165,7 @@ def _is_json(media: str) -> bool:
     return media == "application/json" or media.endswith("+json")
 
 
-async def _read_capped(resp: UpstreamResponse, region: str, max_bytes: int) -> bytes:
+async def read_capped(resp: UpstreamResponse, region: str, max_bytes: int) -> bytes:
     """The whole body, or an AttemptError once it passes `max_bytes`."""
     declared = resp.content_length
     if declared is not None and declared > max_bytes:
@@ -183,7 +184,7 @@ def _check_success(region: str, status: int, headers: CIMultiDict[str], body: by
     """A 2xx whole-body answer must be JSON: an HTML error page or a cut body is a failure."""
     if not 200 <= status < 300 or status == 204:
         return
-    media = _media(headers)
+    media = media_type(headers)
     if not _is_json(media):
         detail = f"HTTP {status} with content type {media!r}"
         raise AttemptError(region, FailureKind.INVALID, detail)
@@ -197,7 +198,7 @@ def _check_success(region: str, status: int, headers: CIMultiDict[str], body: by
 
 def _check_stream_start(region: str, headers: CIMultiDict[str], first: bytes) -> None:
     """A stream must be SSE from its first byte, or it is a failure of the region."""
-    media = _media(headers)
+    media = media_type(headers)
     if media != "text/event-stream":
         raise AttemptError(
             region, FailureKind.INVALID, f"stream answered with content type {media!r}"
@@ -262,7 +263,7 @@ async def open_attempt(
             # Nothing is sent to the client until the whole body is read, so a failure reading
             # it can still go to another region; the pool's total timeout bounds it.
             deadline.reschedule(None)
-            whole = await _read_capped(resp, name, max_bytes)
+            whole = await read_capped(resp, name, max_bytes)
             headers_out = response_headers(resp.headers)
             if status >= 300:
                 whole = upstream.scrub(whole)

@@ -1,10 +1,13 @@
 """A stored Responses API response, asked for again: retrieved, deleted, cancelled, its input
 items listed, each at the one region that holds it.
 
-`GET /v1/responses/{id}` (with `?stream=true`: the background stream, relayed as it comes),
-`DELETE /v1/responses/{id}`, `POST /v1/responses/{id}/cancel` and
-`GET /v1/responses/{id}/input_items` go to the region the router saw make the response, for the
-tenant that made it; any other id is a 404 (no other region has it to ask).
+`GET /v1/responses/{id}` (with `?stream=true`: the background stream), `DELETE
+/v1/responses/{id}`, `POST /v1/responses/{id}/cancel` and `GET /v1/responses/{id}/input_items`
+go to the region the router saw make the response, for the tenant that made it; any other id is
+a 404 (no other region has it to ask). Answers are checked as a new response's are: a whole one
+is read whole (within the size limit) before it is sent, so a region that breaks off is a clean
+502; an event stream is relayed whole event by event (core.relay), and one the region cuts,
+stalls or overgrows ends with `response.failed`, never looking complete.
 """
 
 from __future__ import annotations
@@ -15,15 +18,19 @@ import logging
 from aiohttp import web
 
 from router.config import Config
+from router.core.attempt import media_type, read_capped
 from router.core.context import RequestContext
+from router.core.failure import AttemptError
+from router.core.relay import relay_stream
+from router.core.request import read_body
 from router.core.stages import StateHomes
-from router.core.upstream import Upstreams, response_headers
+from router.core.transport import UpstreamResponse
+from router.core.upstream import Opened, Upstreams, response_headers
 from router.errors import NotFound, UpstreamError
 from router.net import http1
-from router.net.stream_response import StreamResponse
 
 log = logging.getLogger("router")
-# A cancel's body is empty or tiny; anything bigger is not one.
+# A cancel's body is empty or tiny; anything bigger is not one (413).
 _MAX_BODY = 64 << 10
 
 
@@ -48,37 +55,50 @@ async def forward_stored(
     ctx.attempts = 1
     body = b""
     if request.method == "POST":
-        body = await request.content.read(_MAX_BODY)
+        body = await read_body(request, _MAX_BODY, config.server.body_timeout_s)
     path = upstream.path(request.path)
     if request.query_string:
         path += "?" + request.query_string
     headers = upstream.request_headers(request.headers, ctx.request_id)
+    max_bytes = config.server.max_response_bytes
+    answer: UpstreamResponse | None = None
     try:
         async with asyncio.timeout(config.timeouts.first_byte):
             answer = await upstream.pool.post(path, body, headers.items(), request.method.encode())
-    except (TimeoutError, http1.ClientError) as exc:
+            headers_out = response_headers(answer.headers)
+            streamed = answer.status == 200 and media_type(headers_out) == "text/event-stream"
+            first = await answer.content.readany() if streamed else b""
+        if not streamed:
+            async with asyncio.timeout(config.timeouts.total):
+                whole = await read_capped(answer, upstream.name, max_bytes)
+    except (TimeoutError, http1.ClientError, AttemptError) as exc:
         # The detail (it may name the region's host) stays in the log.
         log.warning("request %s: stored response at %s: %r", ctx.request_id, upstream.name, exc)
+        if answer is not None:
+            answer.close()
         timeout = isinstance(exc, TimeoutError)
+        how = (
+            "did not answer in time"
+            if timeout
+            else f"answered with more than {max_bytes} bytes"
+            if isinstance(exc, AttemptError)
+            else "did not answer"
+        )
         raise UpstreamError(
-            f"Region `{upstream.name}`, which holds the response, did not answer.",
+            f"Region `{upstream.name}`, which holds the response, {how}.",
             status=504 if timeout else 502,
             code="upstream_timeout" if timeout else "upstream_error",
         ) from None
-    out = StreamResponse(status=answer.status, headers=response_headers(answer.headers))
-    out.headers["X-Request-Id"] = ctx.request_id
-    complete = False
-    try:
-        await out.prepare(request)
-        while chunk := await answer.content.readany():
-            await out.write(chunk)
-        complete = True
-    except (http1.ClientError, ConnectionResetError):
-        pass  # either side left: what was relayed stands, the connection is not reused
-    finally:
-        if complete:
-            answer.release()
-        else:
-            answer.close()
-    await out.write_eof()
-    return out
+    if streamed:
+        opened = Opened(upstream, answer.status, headers_out, response=answer, first=first)
+        return await relay_stream(
+            request,
+            ctx,
+            opened,
+            config.timeouts.idle,
+            max_bytes=max_bytes,
+            max_event_bytes=config.server.max_event_bytes,
+        )
+    answer.release()
+    headers_out["X-Request-Id"] = ctx.request_id
+    return web.Response(status=answer.status, body=whole, headers=headers_out)

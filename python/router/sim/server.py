@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import hashlib
 import re
 import struct
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgspec
@@ -87,6 +88,26 @@ class _Plan(msgspec.Struct, kw_only=True):
     pad: int = 0
 
 
+class _Stored:
+    """A response the sim keeps (as vLLM does): itself, its input, and how to stream it again."""
+
+    __slots__ = ("finish", "given", "replay", "response", "tokens")
+
+    def __init__(
+        self,
+        response: dict[str, Any],
+        given: Any,
+        replay: Callable[[], apis.Responses],
+        tokens: list[str],
+        finish: str,
+    ) -> None:
+        self.response = response
+        self.given = given
+        self.replay = replay
+        self.tokens = tokens
+        self.finish = finish
+
+
 def _plan(options: SimOptions, headers: Mapping[str, str]) -> _Plan:
     """Options overridden by x-sim-* headers; faults only if x-sim-only (if present) names us."""
     only = headers.get("x-sim-only")
@@ -140,7 +161,8 @@ class SimRegion:
         # llama-cpp-python: the running stream a new request interrupts.
         self._running: asyncio.Event | None = None
         # Responses stored for later reads (the vllm kind), least recently made first out.
-        self._stored: OrderedDict[str, tuple[dict[str, Any], Any]] = OrderedDict()
+        # id -> (the response, its input, a replay of its stream: GET ...?stream=true)
+        self._stored: OrderedDict[str, _Stored] = OrderedDict()
 
     # ---- fault injection shared by every generating endpoint ----
 
@@ -312,7 +334,11 @@ class SimRegion:
             and kind != ("llama-server")
         ):
             # vLLM keeps the response for GET /v1/responses/{id} and previous_response_id.
-            self._store(render.id, render.body("".join(tokens), finish), body.get("input"))
+            replay = functools.partial(
+                apis.Responses, seed, model, self.created, usage, numbered=kind == "vllm"
+            )
+            made = render.body("".join(tokens), finish)
+            self._store(render.id, _Stored(made, body.get("input"), replay, tokens, finish))
         if stream:
             return await self._stream(request, plan, render, tokens, finish)
         await _pause(plan.ttft_s + plan.token_s * len(tokens))
@@ -411,9 +437,9 @@ class SimRegion:
         stats.completed += 1
         return web.Response(body=_ENCODE.encode(counted), content_type="application/json")
 
-    def _store(self, response_id: str, response: dict[str, Any], given: Any) -> None:
+    def _store(self, response_id: str, made: _Stored) -> None:
         stored = self._stored
-        stored[response_id] = (response, given)
+        stored[response_id] = made
         while len(stored) > _STORED:
             stored.popitem(last=False)
 
@@ -424,7 +450,7 @@ class SimRegion:
         found = self._stored.get(request.match_info["id"])
         if found is None:
             return _error(404, "Response not found.", "invalid_request_error")
-        response, given = found
+        response, given = found.response, found.given
         if request.method == "DELETE":
             del self._stored[response["id"]]
             payload: Any = {"id": response["id"], "object": "response", "deleted": True}
@@ -432,6 +458,12 @@ class SimRegion:
             items = [{"role": "user", "content": given}] if isinstance(given, str) else given
             payload = {"object": "list", "data": items or []}
         else:
+            # The response again, whole or (?stream=true) as its stream; faults apply to both.
+            plan = _plan(self.options, request.headers)
+            if request.query.get("stream") == "true":
+                return await self._stream(request, plan, found.replay(), found.tokens, found.finish)
+            if plan.fail in ("die-mid-stream", "drip"):
+                return await self._broken_body(request, plan, _ENCODE.encode(response))
             payload = response
         return web.Response(body=_ENCODE.encode(payload), content_type="application/json")
 
