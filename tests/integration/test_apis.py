@@ -582,6 +582,9 @@ def test_stored_responses_read_again_are_checked_like_new_ones(
     assert failed["response"]["status"] == "failed"
     assert failed["sequence_number"] == events[-2][1]["sequence_number"] + 1
     assert [n for n, _ in events].count("response.output_text.delta") == 2
+    status, _, body = _post(url + "/cancel", {"pad": "x" * (70 << 10)})
+    assert status == 413
+    assert json.loads(body)["error"]["type"] == "invalid_request_error"
 
 
 def test_routers_sharing_redis_pin_each_others_responses(
