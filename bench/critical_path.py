@@ -15,6 +15,7 @@ next to the direct and routed latency the load generator saw.
     python -m bench.critical_path                  # 300 requests/s, about 30 s
     python -m bench.critical_path --stream --json out.json
     python -m bench.critical_path --baseline ../old-checkout   # old and new, interleaved
+    python -m bench.critical_path --baseline . --baseline-python python3.12   # two Pythons
 
 The stamps cost about 1 us each.
 """
@@ -254,10 +255,16 @@ async def _drive(
 
 
 def measure(
-    stream: bool, rate: float, duration: float, rounds: int, tmp: Path, baseline: Path | None = None
+    stream: bool,
+    rate: float,
+    duration: float,
+    rounds: int,
+    tmp: Path,
+    baseline: Path | None = None,
+    baseline_python: str = sys.executable,
 ) -> Report:
-    """Start the region and the stamped hops (and the baseline tree's, `@base`), drive them all
-    in rotating rounds, stop the hops, read the stamps."""
+    """Start the region and the stamped hops (and the baseline tree's, `@base`, run by
+    `baseline_python`), drive them all in rotating rounds, stop the hops, read the stamps."""
     place = split_here()
     hops, others = (place.proxies, place.rest) if place is not None else (None, None)
     procs: dict[str, Proc] = {}
@@ -269,7 +276,8 @@ def measure(
             config = tmp / f"{name}.toml"
             port = router_config(config, procs["direct"].port)
             out = tmp / f"{name}.json"
-            cmd = [sys.executable, "-m", "bench.critical_path", "--serve", str(config), str(out)]
+            python = baseline_python if base else sys.executable
+            cmd = [python, "-m", "bench.critical_path", "--serve", str(config), str(out)]
             cmd += ["--stream"] if stream else []
             cmd += ["--core"] if hop == "router-core" else []
             env, cwd = None, None
@@ -307,6 +315,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="TREE",
         help="also stamp another checkout's router and router-core (`@base`), same run",
     )
+    parser.add_argument(
+        "--baseline-python",
+        default=sys.executable,
+        metavar="PYTHON",
+        help="the interpreter of the `@base` hops (e.g. `--baseline . --baseline-python "
+        "python3.12`: this tree on two Pythons)",
+    )
     args = parser.parse_args(argv)
     if args.serve:
         serve(args.serve[0], Path(args.serve[1]), args.stream, args.core)
@@ -314,7 +329,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     check_paced(parser, args, max_rate=2000)
     with tempfile.TemporaryDirectory(prefix="router-critical-path-") as tmp:
         report = measure(
-            args.stream, args.rate, args.duration, args.rounds, Path(tmp), args.baseline
+            args.stream,
+            args.rate,
+            args.duration,
+            args.rounds,
+            Path(tmp),
+            args.baseline,
+            args.baseline_python,
         )
     print(table(report))
     if args.json:
