@@ -7,6 +7,7 @@ import json
 import socket
 import time
 
+import pytest
 import requests
 
 from tests.integration.conftest import (
@@ -27,9 +28,11 @@ def _raw(router: Proc, data: bytes) -> socket.socket:
     return sock
 
 
-def _request_bytes(body: bytes, headers: dict[str, str] | None = None) -> bytes:
+def _request_bytes(
+    body: bytes, headers: dict[str, str] | None = None, path: str = "/v1/chat/completions"
+) -> bytes:
     head = [
-        "POST /v1/chat/completions HTTP/1.1",
+        f"POST {path} HTTP/1.1",
         "Host: 127.0.0.1",
         "Content-Type: application/json",
         f"Content-Length: {len(body)}",
@@ -87,13 +90,27 @@ def test_disconnect_before_first_byte_cancels_upstream(
     _serves(router)
 
 
+STREAMS = {
+    "/v1/chat/completions": {**CHAT, "stream": True, "max_tokens": 400},
+    "/v1/responses": {
+        "model": MODEL,
+        "input": "tell me a story",
+        "stream": True,
+        "store": False,
+        "max_output_tokens": 400,
+    },
+    "/v1/messages": {**CHAT, "stream": True, "max_tokens": 400},
+}
+
+
+@pytest.mark.parametrize("path", list(STREAMS))
 def test_disconnect_mid_stream_cancels_upstream(
-    sim_region: SimFactory, router_proc: RouterFactory
+    path: str, sim_region: SimFactory, router_proc: RouterFactory
 ) -> None:
     sim = sim_region("a", tokens_per_s=20)
     router = router_proc(regions_toml(sim))
-    body = json.dumps({**CHAT, "stream": True, "max_tokens": 400}).encode()
-    sock = _raw(router, _request_bytes(body))
+    body = json.dumps(STREAMS[path]).encode()
+    sock = _raw(router, _request_bytes(body, path=path))
     received = b""
     while received.count(b"data: ") < 3:
         received += sock.recv(4096)
