@@ -4,6 +4,7 @@ segment of real requests through a real router."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -72,3 +73,22 @@ def test_a_short_run_stamps_every_segment_of_both_hops(tmp_path: Path, stream: b
         assert hop["p50_ms"] > 0
     for name in names:
         assert f"| {name} |" in text
+
+
+@pytest.mark.timeout(120)
+def test_the_baseline_hops_run_on_the_interpreter_given(tmp_path: Path) -> None:
+    """`--baseline TREE --baseline-python PY`: the `@base` hops are TREE's, started by PY."""
+    marks = tmp_path / "started"
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\necho "$@" >> {marks}\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    out = tmp_path / "report.json"
+    tree = Path(__file__).resolve().parents[2]
+    args = ["--rate", "50", "--duration", "1", "--rounds", "1", "--json", str(out)]
+    run_bench("critical_path", *args, "--baseline", str(tree), "--baseline-python", str(python))
+    report = json.loads(out.read_text())
+    assert list(report["hops"]) == [*HOPS, *(f"{hop}@base" for hop in HOPS)]
+    started = marks.read_text().splitlines()
+    assert len(started) == 2  # router@base and router-core@base, nothing else
+    assert all("--serve" in line for line in started)
+    assert sum("--core" in line for line in started) == 1
