@@ -4,10 +4,10 @@ items listed, each at the one region that holds it.
 `GET /v1/responses/{id}` (with `?stream=true`: the background stream), `DELETE
 /v1/responses/{id}`, `POST /v1/responses/{id}/cancel` and `GET /v1/responses/{id}/input_items`
 go to the region the router saw make the response, for the tenant that made it; any other id is
-a 404 (no other region has it to ask). Answers are checked as a new response's are: a whole one
-is read whole (within the size limit) before it is sent, so a region that breaks off is a clean
-502; an event stream is relayed whole event by event (core.relay), and one the region cuts,
-stalls or overgrows ends with `response.failed`, never looking complete.
+a 404 (no other region has it to ask). A whole answer is read whole (identity-encoded, within the
+size limit, the region's key blanked from error bodies) before it is sent, so a region that
+breaks off is a clean 502; an event stream is relayed whole event by event (core.relay), and one
+the region cuts, stalls or overgrows ends with `response.failed`, never looking complete.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from aiohttp import web
 from router.config import Config
 from router.core.attempt import media_type, read_capped
 from router.core.context import RequestContext
-from router.core.failure import AttemptError
+from router.core.failure import AttemptError, FailureKind
 from router.core.relay import relay_stream
 from router.core.request import read_body
 from router.core.stages import StateHomes
@@ -68,6 +68,10 @@ async def forward_stored(
             headers_out = response_headers(answer.headers)
             streamed = answer.status == 200 and media_type(headers_out) == "text/event-stream"
             first = await answer.content.readany() if streamed else b""
+            encoding = headers_out.get("Content-Encoding", "identity").strip().lower()
+            if encoding != "identity":
+                # Asked for identity bytes: anything else cannot be checked or scrubbed.
+                raise AttemptError(upstream.name, FailureKind.INVALID, f"encoding {encoding!r}")
         if not streamed:
             async with asyncio.timeout(config.timeouts.total):
                 whole = await read_capped(answer, upstream.name, max_bytes)
@@ -80,7 +84,7 @@ async def forward_stored(
         how = (
             "did not answer in time"
             if timeout
-            else f"answered with more than {max_bytes} bytes"
+            else "answered with an unusable body"
             if isinstance(exc, AttemptError)
             else "did not answer"
         )
@@ -89,6 +93,11 @@ async def forward_stored(
             status=504 if timeout else 502,
             code="upstream_timeout" if timeout else "upstream_error",
         ) from None
+    except BaseException:
+        # The client left (or anything else): the region's connection is not reused.
+        if answer is not None:
+            answer.close()
+        raise
     if streamed:
         opened = Opened(upstream, answer.status, headers_out, response=answer, first=first)
         return await relay_stream(
@@ -100,5 +109,7 @@ async def forward_stored(
             max_event_bytes=config.server.max_event_bytes,
         )
     answer.release()
+    if answer.status >= 300:
+        whole = upstream.scrub(whole)
     headers_out["X-Request-Id"] = ctx.request_id
     return web.Response(status=answer.status, body=whole, headers=headers_out)
