@@ -178,6 +178,8 @@ def test_prefill_continues_the_same_sequence(env: Env) -> None:
     out = env.client.chat.completions.create(
         model=MODEL,
         messages=[*MESSAGES, {"role": "assistant", "content": prefix}],  # type: ignore[list-item]
+        # vLLM (the sim's kind here) continues the last message only when asked to.
+        extra_body={"continue_final_message": True, "add_generation_prompt": False},
     )
     assert prefix + (out.choices[0].message.content or "") == full
 

@@ -17,14 +17,16 @@ from aiohttp import web
 
 from router.config import RegionConfig, RoutingConfig
 from router.core.context import RequestContext
-from router.core.request import CHAT
+from router.core.request import CHAT, MESSAGES
 from router.core.stream import EventState, StreamState
 from router.core.upstream import Opened, Upstream
 from router.net import sse
 from router.routing import event_continuation
 from router.routing.event_continuation import EventTracker
 from router.routing.seam import (
+    NEW_TURN,
     Catchup,
+    FirstStream,
     SentEvents,
     Stitch,
     carry_on,
@@ -37,6 +39,10 @@ log = logging.getLogger("router")
 _DECODE = msgspec.json.Decoder()
 _ENCODE = msgspec.json.Encoder()
 _DONE = b"[DONE]"
+# Kinds that continue a trailing assistant message on every API (llama-server; the sim stands
+# for it); others only on the Messages API (Anthropic's semantics) or a chat request with
+# `continue_final_message` (vLLM's switch), and answer it with a new turn otherwise.
+_CONTINUES_PREFILL = frozenset({"llama-server", "sim"})
 # Kinds that may answer a prefill back before the new text (llama-server does; "sim" and
 # "generic" may stand for it). Whether one did is read from the text the client got.
 _MAY_ECHO = frozenset({"llama-server", "sim", "generic"})
@@ -70,13 +76,17 @@ class StreamTracker(SentEvents):
 
 
 def continuation_body(
-    body: bytes, sent: str, tokens_sent: int, kind: str = "vllm", *, echoed: bool = False
+    body: bytes,
+    sent: str,
+    tokens_sent: int,
+    kind: str = "vllm",
+    first: FirstStream = NEW_TURN,
 ) -> tuple[bytes, str] | None:
     """The chat request again, ending in an assistant message with the text the client has
     (`sent`, after the client's own prefill if any: seam.with_prefill), and that message's
     text; None if it cannot be continued."""
     fields = _DECODE.decode(body)
-    prefilled = with_prefill(list(fields.get("messages") or []), sent, echoed=echoed)
+    prefilled = with_prefill(list(fields.get("messages") or []), sent, first)
     if prefilled is None:
         return None
     fields["messages"], prefill = prefilled
@@ -128,6 +138,30 @@ def mode_of(config: RegionConfig, *, events: bool = False) -> str:
     return (
         "continue" if config.kind in (_CONTINUES_EVENTS if events else _CONTINUES) else "regenerate"
     )
+
+
+class _Flags(msgspec.Struct):
+    continue_final_message: Any = None
+
+
+_FLAGS = msgspec.json.Decoder(_Flags)
+
+
+def first_stream(kind: str, endpoint: str, body: bytes) -> FirstStream:
+    """How a region of `kind` treats the request's trailing assistant message, if it has one:
+    continues it, or answers it with a turn of its own; and whether it may send it back first
+    (vLLM's Messages API is said to, like llama-server)."""
+    if endpoint == MESSAGES or kind in _CONTINUES_PREFILL:
+        extends = True
+    elif endpoint == CHAT:
+        try:
+            extends = _FLAGS.decode(body).continue_final_message is True
+        except msgspec.MsgspecError:
+            extends = False
+    else:
+        extends = False
+    echoed = kind in _MAY_ECHO or (endpoint == MESSAGES and kind == "vllm")
+    return FirstStream(extends, echoed)
 
 
 class _Sampling(msgspec.Struct):
@@ -226,10 +260,11 @@ class MidstreamPolicy:
         if tracker.done or (isinstance(tracker, EventTracker) and tracker.unsupported):
             return False
         again = deterministic(ctx.request.body)
-        if tracker.echoed is None:
+        if tracker.first is None:
             streamed = next((u for u in ctx.candidates if u.name == ctx.region), None)
-            tracker.echoed = streamed is not None and streamed.config.kind in _MAY_ECHO
-        echoed = tracker.echoed
+            kind = streamed.config.kind if streamed is not None else "generic"
+            tracker.first = first_stream(kind, ctx.endpoint, ctx.request.body)
+        first = tracker.first
         tried = 0
         for upstream in ctx.candidates:
             if tried >= self.max_resumes or upstream.name == ctx.region:
@@ -243,11 +278,11 @@ class MidstreamPolicy:
             if mode == "continue":
                 made = (
                     event_continuation.continuation_body(
-                        body, tracker.text, tracker.events, ctx.dialect.anthropic, echoed=echoed
+                        body, tracker.text, tracker.events, ctx.dialect.anthropic, first
                     )
                     if isinstance(tracker, EventTracker)
                     else continuation_body(
-                        body, tracker.text, tracker.events, upstream.config.kind, echoed=echoed
+                        body, tracker.text, tracker.events, upstream.config.kind, first
                     )
                 )
                 if made is None:

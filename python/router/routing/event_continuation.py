@@ -21,7 +21,15 @@ from typing import Any
 import msgspec
 
 from router.net import sse
-from router.routing.seam import Catchup, Diverged, SentEvents, json_object, with_prefill
+from router.routing.seam import (
+    NEW_TURN,
+    Catchup,
+    Diverged,
+    FirstStream,
+    SentEvents,
+    json_object,
+    with_prefill,
+)
 
 _DECODE = msgspec.json.Decoder()
 _ENCODE = msgspec.json.Encoder()
@@ -98,7 +106,7 @@ class EventTracker(SentEvents):
 
 
 def continuation_body(
-    body: bytes, sent: str, tokens_sent: int, anthropic: bool, *, echoed: bool = False
+    body: bytes, sent: str, tokens_sent: int, anthropic: bool, first: FirstStream = NEW_TURN
 ) -> tuple[bytes, str] | None:
     """The request again ending in an assistant message with the text the client has (`sent`,
     after the client's own prefill if any: seam.with_prefill), its limit lowered by the tokens
@@ -113,7 +121,7 @@ def continuation_body(
         items = fields.get(key)
         if isinstance(items, str):
             items = [{"role": "user", "content": items}]
-    prefilled = with_prefill(list(items or []), sent, echoed=echoed, shape=shape)
+    prefilled = with_prefill(list(items or []), sent, first, shape)
     if prefilled is None:
         return None
     fields[key], prefill = prefilled

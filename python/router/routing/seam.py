@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import msgspec
@@ -41,7 +42,7 @@ def json_object(payload: bytes) -> dict[str, Any] | None:
 class SentEvents:
     """Passes on whole SSE events only, and notes (`_note`) what each carried once sent."""
 
-    __slots__ = ("_decoder", "_sent", "done", "echoed", "events", "pieces", "tail")
+    __slots__ = ("_decoder", "_sent", "done", "events", "first", "pieces", "tail")
 
     def __init__(self) -> None:
         self.tail = b""
@@ -49,9 +50,9 @@ class SentEvents:
         # Content events seen: how many tokens the client already has.
         self.events = 0
         self.done = False
-        # Whether the region that streamed may have answered the client's own prefill back
-        # first (llama-server does); decided at the first break.
-        self.echoed: bool | None = None
+        # How the region that streamed treated the client's own prefill; decided at the first
+        # break.
+        self.first: FirstStream | None = None
         self._decoder = sse.Decoder()
         self._sent = b""
 
@@ -111,24 +112,49 @@ def _text_of(content: object) -> str | None:
     return "".join(pieces)
 
 
+@dataclass(frozen=True, slots=True)
+class FirstStream:
+    """How the region that streamed treated the request's trailing assistant message (the
+    client's own prefill), if there was one: continued it (`extends`), or answered it with a
+    turn of its own; and whether it may have sent it back first (`echoed`, llama-server)."""
+
+    extends: bool = False
+    echoed: bool = False
+
+
+# A region that answers a trailing assistant message with a turn of its own.
+NEW_TURN = FirstStream()
+
+
 def with_prefill(
-    messages: list[Any], sent: str, *, echoed: bool, shape: dict[str, Any] | None = None
+    messages: list[Any],
+    sent: str,
+    first: FirstStream,
+    shape: dict[str, Any] | None = None,
 ) -> tuple[list[Any], str] | None:
     """`messages` ending in the assistant text the client has (a prefill to continue), and that
     message's whole text, which a region may answer back first.
 
-    A client's own prefill (a trailing assistant message) is extended, never followed by a
-    second assistant turn: its text comes first, unless the region that streamed answered it
-    back (`echoed`) so the client's text already begins with it. None when that message holds
-    anything but text (nothing to extend). A new message gets the fields of `shape` too.
+    A client's prefill that the first region continued is extended, never followed by a second
+    assistant turn: its text comes first, unless that region sent it back (`echoed`, believed
+    only when the client's text begins with it). One the region answered with a turn of its own
+    stays a turn of its own. None when the stream cannot be carried on: the prefill holds
+    anything but text (or tool calls), or the stream broke inside the prefill's echo. A new
+    message gets the fields of `shape` too.
     """
     last = messages[-1] if messages else None
-    if not isinstance(last, dict) or last.get("role") != "assistant":
+    if not first.extends or not isinstance(last, dict) or last.get("role") != "assistant":
         return [*messages, {**(shape or {}), "role": "assistant", "content": sent}], sent
-    prior = _text_of(last.get("content"))
-    if prior is None:
+    content = last.get("content")
+    prior = "" if content is None else _text_of(content)
+    if prior is None or last.get("tool_calls"):
         return None
-    whole = sent if echoed and sent.startswith(prior) else prior + sent
+    if first.echoed and sent.startswith(prior):
+        whole = sent
+    elif first.echoed and prior.startswith(sent):
+        return None  # cut inside the echo: the client lacks part of a prefill it never asked for
+    else:
+        whole = prior + sent
     return [*messages[:-1], {**last, "content": whole}], whole
 
 

@@ -20,7 +20,8 @@ from router.sim import apis, text
 
 FAIL_MODES = ("none", "refuse", "500", "503", "429", "hang", "die-mid-stream", "drip")
 # Server kinds the sim can behave like, with the quirks of the real ones (tests/real pins them):
-# vllm      continues a trailing assistant message; honours stream_options.include_usage.
+# vllm      continues a trailing assistant message (chat: only with continue_final_message, else
+#           it opens a new turn after it); honours stream_options.include_usage.
 # llama-server  the same, but answers the prefill back first, then the new text.
 # llama-cpp-python  refuses a non-UUID X-Request-Id with an empty 400; opens a new turn after a
 #           trailing assistant message; ignores include_usage; a new request interrupts a running
@@ -285,7 +286,12 @@ class SimRegion:
             if lcp and messages and messages[-1].get("role") == "assistant":
                 # It closes the prefill and opens a new turn: no continuation.
                 messages = [*messages, {"role": "assistant", "content": "(new turn)"}]
-            tokens, prefill = text.chat_tokens(model, messages)
+            # vLLM's chat continues a trailing assistant message only when asked to
+            # (continue_final_message); otherwise it opens a new turn after it.
+            new_turn = (
+                api == "chat" and kind == "vllm" and body.get("continue_final_message") is not True
+            )
+            tokens, prefill = text.chat_tokens(model, messages, continues=not new_turn)
             if prefill and kind == "llama-server":
                 echo = messages[-1]["content"]  # the prefill, answered back first
             prompt_tokens = text.count_prompt_tokens(messages)

@@ -44,10 +44,13 @@ def _message_key(message: Any) -> list[Any]:
     return [None, message]
 
 
-def chat_tokens(model: str, messages: Sequence[Any]) -> tuple[list[str], int]:
+def chat_tokens(
+    model: str, messages: Sequence[Any], *, continues: bool = True
+) -> tuple[list[str], int]:
     """(tokens to emit, prefill length): a trailing assistant prefill that is a prefix of the
-    sequence for the earlier messages continues that sequence instead of starting a new one."""
-    if messages:
+    sequence for the earlier messages continues that sequence instead of starting a new one
+    (unless not `continues`: then every message is a turn, and a new one follows)."""
+    if messages and continues:
         last = messages[-1]
         if isinstance(last, dict) and last.get("role") == "assistant":
             prefill = last.get("content")

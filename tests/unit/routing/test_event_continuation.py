@@ -10,7 +10,7 @@ import pytest
 
 from router.net import sse
 from router.routing.event_continuation import EventTracker, Stitcher, continuation_body
-from router.routing.seam import Diverged
+from router.routing.seam import Diverged, FirstStream
 
 
 def ev(name: str, **data: Any) -> bytes:
@@ -133,20 +133,30 @@ def test_a_clients_own_prefill_is_extended_not_followed_by_a_second_turn(
     user = {"role": "user", "content": "Say hi"}
     parts = [{"type": "text" if anthropic else "output_text", "text": "Well, "}]
     asked = {"model": "m", "max_tokens": 10, key: [user, {"role": "assistant", "content": parts}]}
+    continued, echoing = FirstStream(extends=True), FirstStream(extends=True, echoed=True)
     # The region did not answer the prefill back: the client has only the new text.
-    body, prefill = _continued(asked, "hel", 1, anthropic=anthropic)
+    body, prefill = _continued(asked, "hel", 1, anthropic=anthropic, first=continued)
     assert body[key] == [user, {"role": "assistant", "content": "Well, hel"}]
     assert prefill == "Well, hel"
     # It did (llama-server): the client's text already begins with it.
-    body, prefill = _continued(asked, "Well, hel", 1, anthropic=anthropic, echoed=True)
+    body, prefill = _continued(asked, "Well, hel", 1, anthropic=anthropic, first=echoing)
     assert body[key][-1]["content"] == prefill == "Well, hel"
     # An echo is only believed when the text really begins with the prefill.
-    _, prefill = _continued(asked, "hel", 1, anthropic=anthropic, echoed=True)
-    assert prefill == "Well, hel"
+    _, prefill = _continued(asked, "Oh, hel", 1, anthropic=anthropic, first=echoing)
+    assert prefill == "Well, Oh, hel"
+    # Cut inside the echo: the client lacks part of the prefill; not carried on.
+    assert continuation_body(json.dumps(asked).encode(), "Wel", 1, anthropic, echoing) is None
+    # A region that answered the prefill with a turn of its own: the text is a turn of its own.
+    body, prefill = _continued(asked, "hel", 1, anthropic=anthropic)
+    assert body[key][-2:] == [
+        {"role": "assistant", "content": parts},
+        {**({} if anthropic else {"type": "message"}), "role": "assistant", "content": "hel"},
+    ]
+    assert prefill == "hel"
     # A prefill holding anything but text cannot be extended.
     tool = {"type": "tool_use", "id": "t", "name": "f", "input": {}}
     asked[key] = [user, {"role": "assistant", "content": [tool]}]
-    assert continuation_body(json.dumps(asked).encode(), "x", 1, anthropic) is None
+    assert continuation_body(json.dumps(asked).encode(), "x", 1, anthropic, continued) is None
 
 
 def test_the_echo_of_a_whole_prefill_is_held_back() -> None:

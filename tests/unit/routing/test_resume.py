@@ -3,8 +3,17 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
-from router.routing.continuation import StreamTracker, continuation_body, restamp
+import pytest
+
+from router.routing.continuation import (
+    StreamTracker,
+    continuation_body,
+    first_stream,
+    restamp,
+)
+from router.routing.seam import FirstStream
 
 
 def ev(obj: object) -> bytes:
@@ -66,11 +75,36 @@ def test_a_chat_clients_own_prefill_is_extended() -> None:
     messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Well, "}]
     body = json.dumps({"model": "m", "messages": messages}).encode()
     for sent, echoed in (("hel", False), ("Well, hel", True)):
-        made = continuation_body(body, sent, 1, "llama-server", echoed=echoed)
+        made = continuation_body(body, sent, 1, "llama-server", FirstStream(True, echoed))
         assert made is not None
         out = json.loads(made[0])
         assert out["messages"] == [messages[0], {"role": "assistant", "content": "Well, hel"}]
         assert made[1] == "Well, hel"
+    calls = [*messages[:1], {"role": "assistant", "content": None, "tool_calls": [{"id": "c"}]}]
+    called = json.dumps({"model": "m", "messages": calls}).encode()
+    assert continuation_body(called, "x", 1, "vllm", FirstStream(extends=True)) is None
+
+
+@pytest.mark.parametrize(
+    ("kind", "endpoint", "fields", "extends", "echoed"),
+    [
+        ("llama-server", "/v1/chat/completions", {}, True, True),
+        ("llama-server", "/v1/responses", {}, True, True),
+        ("sim", "/v1/responses", {}, True, True),
+        ("vllm", "/v1/chat/completions", {}, False, False),
+        ("vllm", "/v1/chat/completions", {"continue_final_message": True}, True, False),
+        ("openai", "/v1/chat/completions", {}, False, False),
+        ("llama-cpp-python", "/v1/chat/completions", {}, False, False),
+        ("vllm", "/v1/responses", {}, False, False),
+        ("vllm", "/v1/messages", {}, True, True),
+        ("generic", "/v1/messages", {}, True, True),
+    ],
+)
+def test_how_each_kind_treats_a_trailing_assistant_message(
+    kind: str, endpoint: str, fields: dict[str, Any], extends: bool, echoed: bool
+) -> None:
+    body = json.dumps({"model": "m", **fields}).encode()
+    assert first_stream(kind, endpoint, body) == FirstStream(extends, echoed)
 
 
 def test_restamp_drops_the_role_preamble_and_keeps_the_first_identity() -> None:
