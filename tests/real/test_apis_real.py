@@ -316,7 +316,6 @@ def test_a_clients_prefill_cut_mid_stream_is_extended_on_a_surviving_llama_serve
         assert text.startswith(had)
         assert len(text) > len(had)
         assert text.count(had) == 1, text  # nothing the client had came again
-        assert text.count(prefill) <= 1, text
     finally:
         for proc in started:
             proc.kill()
