@@ -62,6 +62,8 @@ async def forward_stored(
     headers = upstream.request_headers(request.headers, ctx.request_id)
     max_bytes = config.server.max_response_bytes
     answer: UpstreamResponse | None = None
+    # One deadline for the whole read of a whole answer, counted from the send.
+    total = asyncio.get_running_loop().time() + config.timeouts.total
     try:
         async with asyncio.timeout(config.timeouts.first_byte):
             answer = await upstream.pool.post(path, body, headers.items(), request.method.encode())
@@ -73,7 +75,7 @@ async def forward_stored(
                 # Asked for identity bytes: anything else cannot be checked or scrubbed.
                 raise AttemptError(upstream.name, FailureKind.INVALID, f"encoding {encoding!r}")
         if not streamed:
-            async with asyncio.timeout(config.timeouts.total):
+            async with asyncio.timeout_at(total):
                 whole = await read_capped(answer, upstream.name, max_bytes)
     except (TimeoutError, http1.ClientError, AttemptError) as exc:
         # The detail (it may name the region's host) stays in the log.
