@@ -133,6 +133,37 @@ def test_prefill_llama_server_continues_llama_cpp_python_starts_a_new_turn(
     assert done["usage"]["prompt_tokens"] == 34
 
 
+def test_llama_server_streams_its_prefill_echo_with_the_first_new_token(
+    llama_server: Proc,
+) -> None:
+    """The answer-back of a prefill is not an event of its own: it comes with the first new
+    token (the router counts the tokens a client had by their events; the sim does the same)."""
+    messages = [
+        {"role": "user", "content": "Tell me about the sea."},
+        {"role": "assistant", "content": "The sea is a big"},
+    ]
+    for path, body in (
+        ("/v1/chat/completions", {"messages": messages}),
+        ("/v1/messages", {"messages": messages}),
+    ):
+        asked = {"model": MODEL_ALIAS, "stream": True, "max_tokens": 3, "temperature": 0, **body}
+        _, _, payload = post(llama_server, path, asked)
+        texts = []
+        for line in payload.decode().splitlines():
+            if not line.startswith("data: {"):
+                continue
+            event = json.loads(line[6:])
+            if "choices" in event:
+                piece = event["choices"][0]["delta"].get("content")
+            else:
+                piece = (event.get("delta") or {}).get("text")
+            if piece:
+                texts.append(piece)
+        assert len(texts) == 3, texts  # one event per token, the echo included in the first
+        assert texts[0].startswith("The sea is a big")
+        assert len(texts[0]) > len("The sea is a big")
+
+
 @pytest.mark.timeout(300)
 def test_llama_cpp_python_interrupted_stream_ends_with_done_and_no_finish_reason(
     start_real: RealFactory,

@@ -22,7 +22,8 @@ FAIL_MODES = ("none", "refuse", "500", "503", "429", "hang", "die-mid-stream", "
 # Server kinds the sim can behave like, with the quirks of the real ones (tests/real pins them):
 # vllm      continues a trailing assistant message (chat: only with continue_final_message, else
 #           it opens a new turn after it); honours stream_options.include_usage.
-# llama-server  the same, but answers the prefill back first, then the new text.
+# llama-server  the same, but answers the prefill back first, in one event with the first new
+#           token.
 # llama-cpp-python  refuses a non-UUID X-Request-Id with an empty 400; opens a new turn after a
 #           trailing assistant message; ignores include_usage; a new request interrupts a running
 #           stream (ended with [DONE] and no finish_reason); request errors are 500s; a streamed
@@ -315,7 +316,8 @@ class SimRegion:
             finish = "length"
         generated = len(tokens)
         if echo:
-            tokens = [echo, *tokens]
+            # As llama-server does: the echo and the first new token in one event.
+            tokens = [echo + tokens[0], *tokens[1:]] if tokens else [echo]
         seed = hashlib.sha256(raw).hexdigest()[:24]
         usage = {
             "prompt_tokens": prompt_tokens,
