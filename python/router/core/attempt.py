@@ -91,21 +91,25 @@ def has_token(data: bytes) -> bool:
     preamble or keep-alive comments: what a stream's time to first token waits for."""
     if b'"role"' not in data and b'"content":""' not in data:
         return True  # the usual first chunk: a token
-    for payload in sse.whole_payloads(data):
-        if payload == sse.DONE:
+    return any(carries_token(payload) for payload in sse.whole_payloads(data))
+
+
+def carries_token(payload: bytes) -> bool:
+    """Whether one event's data is a token (or the stream's end), not a role preamble."""
+    if payload == sse.DONE:
+        return True
+    try:
+        chunk = _TOKEN.decode(payload)
+    except msgspec.MsgspecError:
+        return True  # not a chat chunk this check understands: do not hold it back
+    if chunk.choices is None:
+        return True
+    for choice in chunk.choices:
+        d = choice.delta
+        if choice.text or choice.finish_reason is not None:
             return True
-        try:
-            chunk = _TOKEN.decode(payload)
-        except msgspec.MsgspecError:
-            return True  # not a chat chunk this check understands: do not hold it back
-        if chunk.choices is None:
+        if d is not None and (d.content or d.tool_calls or d.reasoning_content or d.refusal):
             return True
-        for choice in chunk.choices:
-            d = choice.delta
-            if choice.text or choice.finish_reason is not None:
-                return True
-            if d is not None and (d.content or d.tool_calls or d.reasoning_content or d.refusal):
-                return True
     return False
 
 

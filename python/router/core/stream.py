@@ -258,6 +258,16 @@ def passable(
     `stripped`: the router asked for it, to settle the request with the region's numbers)."""
     if type(state) is StreamState:
         return state.passable(events, strip_usage, stripped)
+    return passable_each(events, state, strip_usage, stripped)
+
+
+def passable_each(
+    events: list[bytes],
+    state: StreamState | EventState,
+    strip_usage: bool,
+    stripped: list[bytes] | None = None,
+) -> bytes:
+    """`passable` event by event, for any stream state (StreamState's one loop must equal it)."""
     out = []
     for event in events:
         payload = payload_of(event)
