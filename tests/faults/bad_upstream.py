@@ -13,7 +13,9 @@ Hostile modes (an attacker's region, issue 24): hugeheaders (64 MiB of response 
 manyheaders (200,000 small headers), redirect (307 to another host), cookies (a good answer
 with Set-Cookie, a CORS grant and a false Content-Encoding: gzip), echo (500 whose body echoes
 the request's headers, the router's key for the region included), longline (a stream whose
-second event is one 8 MiB line that never ends).
+second event is one 8 MiB line that never ends), stored (makes Responses API responses, id
+`resp_<input>`, then reads `resp_echo` back as the echo mode's 500 and `resp_gzip` as a 200 whose
+Content-Encoding is a false gzip).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ MODES = (
     "cookies",
     "echo",
     "longline",
+    "stored",
 )
 _MAX_HEAD = 64 * 1024
 # Stops a forgotten server by itself: the suite never needs it this long.
@@ -107,14 +110,7 @@ async def _answer(mode: str, writer: asyncio.StreamWriter, body: bytes, head: by
         )
         writer.write(_head("200 OK", "application/json", extra) + answer)
     elif mode == "echo":
-        echoed = json.dumps({"error": {"message": head.decode("latin-1"), "type": "server"}})
-        data = echoed.encode()
-        writer.write(
-            _head(
-                "500 Internal Server Error", "application/json", f"Content-Length: {len(data)}\r\n"
-            )
-            + data
-        )
+        writer.write(_echo(head))
     elif mode == "longline":
         writer.write(_head("200 OK", "text/event-stream", "Transfer-Encoding: chunked\r\n"))
         writer.write(_chunk(_sse_event("Hello")))
@@ -160,6 +156,28 @@ async def _answer(mode: str, writer: asyncio.StreamWriter, body: bytes, head: by
     await writer.drain()
 
 
+def _echo(head: bytes) -> bytes:
+    echoed = json.dumps({"error": {"message": head.decode("latin-1"), "type": "server"}})
+    data = echoed.encode()
+    return (
+        _head("500 Internal Server Error", "application/json", f"Content-Length: {len(data)}\r\n")
+        + data
+    )
+
+
+def _stored(path: str, body: bytes, head: bytes) -> bytes:
+    """The stored mode's answer: a made response, or a hostile read of one."""
+    if path.endswith("/responses"):
+        made = {"id": f"resp_{json.loads(body)['input']}", "object": "response"}
+        data = json.dumps({**made, "status": "completed", "output": []}).encode()
+        return _head("200 OK", "application/json", f"Content-Length: {len(data)}\r\n") + data
+    if path.endswith("/resp_echo"):
+        return _echo(head)
+    data = b'{"id": "resp_gzip", "object": "response"}'
+    extra = f"Content-Encoding: gzip\r\nContent-Length: {len(data)}\r\n"
+    return _head("200 OK", "application/json", extra) + data
+
+
 async def _serve_one(mode: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     try:
         request = await _read_request(reader)
@@ -171,7 +189,11 @@ async def _serve_one(mode: str, reader: asyncio.StreamReader, writer: asyncio.St
             writer.write(_head("200 OK", "application/json", f"Content-Length: {len(ok)}\r\n") + ok)
             await writer.drain()
             return
-        await _answer(mode, writer, body, head)
+        if mode == "stored":
+            writer.write(_stored(path, body, head))
+            await writer.drain()
+        else:
+            await _answer(mode, writer, body, head)
     except (ConnectionError, asyncio.IncompleteReadError):
         pass
     finally:

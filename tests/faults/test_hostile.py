@@ -129,6 +129,29 @@ def test_item_15_a_region_echoing_its_key_never_shows_it_to_clients(
     assert secret not in resp.text
 
 
+def test_item_15_a_stored_response_read_back_never_shows_the_key_or_false_encodings(
+    bad_upstream: BadFactory, router_proc: RouterFactory
+) -> None:
+    """GET /v1/responses/{id} at the region holding it: an error echoing the router's key for
+    the region is relayed with the key blanked; a body in an encoding it was not asked for is a
+    clean 502 (docs/APIS.md)."""
+    secret = "sk-region-secret-0123456789"
+    router = _router(router_proc, bad_upstream("stored"), env={"REGION_KEY": secret})
+    for name in ("echo", "gzip"):
+        made = requests.post(
+            router.url + "/v1/responses", json={"model": MODEL, "input": name}, timeout=30
+        )
+        assert made.json()["id"] == f"resp_{name}"
+    echoed = requests.get(router.url + "/v1/responses/resp_echo", timeout=30)
+    assert echoed.status_code == 500
+    assert "Bearer ***" in echoed.text  # the echoed header is there, the key is not
+    assert secret not in echoed.text
+    encoded = requests.get(router.url + "/v1/responses/resp_gzip", timeout=30)
+    assert encoded.status_code == 502
+    assert encoded.json()["error"]["code"] == "upstream_error"
+    assert "Content-Encoding" not in encoded.headers
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [("max_tokens", 5000.0), ("max_tokens", "5000"), ("max_completion_tokens", 5e3)],
