@@ -93,7 +93,8 @@ def _add_core(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         help='worker processes sharing the listeners ("auto": one per usable CPU); '
         "overrides [server] workers",
     )
-    # Set by the supervisor on the workers it starts: INDEX:GENERATION, and its private directory.
+    # Set by the supervisor on the workers it starts: INDEX:GENERATION:PID (its own), and its
+    # private directory.
     serve.add_argument("--worker", help=argparse.SUPPRESS)
     serve.add_argument("--machine-dir", help=argparse.SUPPRESS)
     serve.set_defaults(handler=_serve)
@@ -140,6 +141,7 @@ def _serve(args: argparse.Namespace) -> int:
     stderr, no traceback: a port in use, a certificate that will not load)."""
     from router.errors import StartupError
     from router.observability import logs
+    from router.server import parent
     from router.server.run import Worker, serve
     from router.server.supervisor import cpu_count, supervise
 
@@ -160,8 +162,11 @@ def _serve(args: argparse.Namespace) -> int:
     logs.configure(config.observability.log_level, config.observability.log_format)
     try:
         if args.worker is not None:
-            index, _, generation = args.worker.partition(":")
-            worker = Worker(int(index), int(generation or 0), args.machine_dir)
+            # INDEX:GENERATION:SUPERVISOR_PID
+            index, generation, supervisor = (args.worker.split(":") + ["0", "0"])[:3]
+            if int(supervisor):
+                parent.follow(int(supervisor))
+            worker = Worker(int(index), int(generation), args.machine_dir)
             serve(config, Path(args.config), worker)
         elif workers > 1:
             return supervise(config, Path(args.config), workers)

@@ -1,13 +1,15 @@
 """`router serve --workers N` as real processes: the workers serve one port, a killed worker
 is restarted at its siblings' config generation, SIGHUP reloads all, the admin listener and the
 client listener's /metrics show the whole machine, one prober probes for the machine, limits
-and admission caps hold for the machine, SIGTERM stops everything."""
+and admission caps hold for the machine, SIGTERM stops everything, and workers whose supervisor
+was killed outright leave too."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -62,6 +64,38 @@ def _until(check: object, what: str, timeout: float = 20.0) -> None:
     while not check():  # type: ignore[operator]
         assert time.monotonic() < deadline, what
         time.sleep(0.1)
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` is a live process (not gone, not a zombie waiting to be reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _accepts(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.timeout(60)
+def test_workers_leave_when_their_supervisor_is_killed(
+    sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    router = router_proc(regions_toml(sim_region("a"), header="[server]\nworkers = 2\n"))
+    _until(lambda: len(_children(router.popen.pid)) == 2, "two workers")
+    _all_serving(router, 2)
+    workers = _children(router.popen.pid)
+    # SIGKILL: no drain, no signal to the workers from the supervisor itself.
+    router.kill(signal.SIGKILL)
+    # They drain (nothing in flight) and exit, and the port is free for the next supervisor.
+    _until(lambda: not any(_running(pid) for pid in workers), "the workers gone")
+    assert not _accepts(router.port)
 
 
 @pytest.mark.timeout(120)

@@ -114,7 +114,7 @@ class Supervisor:
             "--config",
             str(self.path),
             "--worker",
-            f"{slot.index}:{self.generation}",
+            f"{slot.index}:{self.generation}:{os.getpid()}",
             "--machine-dir",
             self.dir.path,
         ]

@@ -1,0 +1,26 @@
+"""A worker's tie to its supervisor: when the supervisor dies, the worker drains and exits."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+
+from router.errors import StartupError
+
+_PR_SET_PDEATHSIG = 1
+
+
+def follow(supervisor: int) -> None:
+    """Have the kernel send this process SIGTERM when its parent dies (Linux), so a worker whose
+    supervisor was killed outright drains and exits instead of serving on, orphaned, on the
+    listener it shares with the next supervisor's workers. StartupError if `supervisor` is
+    already gone (it died while this worker was starting)."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+            raise StartupError(f"prctl(PR_SET_PDEATHSIG) failed: {os.strerror(ctypes.get_errno())}")
+    # Checked after the tie is made: a supervisor that died before it would send nothing.
+    if os.getppid() != supervisor:
+        raise StartupError(f"the supervisor (pid {supervisor}) exited before this worker started")
