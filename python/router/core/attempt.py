@@ -25,6 +25,7 @@ from router.core.transport import UpstreamResponse
 from router.core.upstream import Opened, Upstream, response_headers
 from router.errors import UpstreamError
 from router.net import http1, sse
+from router.net.idle import Deadline
 
 log = logging.getLogger("router")
 
@@ -224,7 +225,7 @@ async def open_attempt(
     resp: UpstreamResponse | None = None
     name = upstream.name
     try:
-        async with asyncio.timeout(first_byte_s) as deadline:
+        async with Deadline(first_byte_s) as deadline:
             resp = await upstream.pool.post(upstream.path(ctx.endpoint), body, headers.items())
             status = resp.status
             if stream and status == 200:
@@ -266,7 +267,7 @@ async def open_attempt(
                 return Opened(upstream, status, headers_out, response=resp, first=first)
             # Nothing is sent to the client until the whole body is read, so a failure reading
             # it can still go to another region; the pool's total timeout bounds it.
-            deadline.reschedule(None)
+            deadline.lift()
             whole = await read_capped(resp, name, max_bytes)
             headers_out = response_headers(resp.headers)
             if status >= 300:

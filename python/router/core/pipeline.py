@@ -52,6 +52,7 @@ from router.core.stages import (
 from router.core.stored import forward_stored
 from router.core.upstream import CURRENT, Upstream, Upstreams
 from router.errors import ApiError, NotFound, Unavailable
+from router.net.whole import send_whole
 
 log = logging.getLogger("router")
 
@@ -405,7 +406,10 @@ async def _send_whole(request: web.Request, answer: web.StreamResponse) -> None:
     if answer.prepared:
         return
     try:
-        await answer.prepare(request)
-        await answer.write_eof()
+        if isinstance(answer, web.Response):
+            await send_whole(request, answer)
+        else:
+            await answer.prepare(request)
+            await answer.write_eof()
     except ConnectionError:
         pass  # the client left; aiohttp's own send of the answer finds that out too

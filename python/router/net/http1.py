@@ -44,8 +44,10 @@ class HeadTooLarge(ClientError):
 class _Connection(asyncio.Protocol):
     """One keep-alive connection; carries at most one exchange at a time."""
 
-    def __init__(self, pool: Pool) -> None:
+    def __init__(self, pool: Pool, loop: asyncio.AbstractEventLoop) -> None:
         self._pool = pool
+        # The loop it runs on, kept: asyncio.get_running_loop() costs a getpid() call each time.
+        self.loop = loop
         self._parser = httptools.HttpResponseParser(self)
         self.transport: asyncio.Transport | None = None
         self.response: Response | None = None
@@ -217,7 +219,7 @@ class Body:
             if self.complete:
                 self._on_end()
                 return b""
-            self._waiter = asyncio.get_running_loop().create_future()
+            self._waiter = self._conn.loop.create_future()
             try:
                 await self._waiter
             finally:
@@ -246,10 +248,9 @@ class Response:
         self.status = 0
         self.headers: CIMultiDictProxy[str] = _NO_HEADERS
         self.content = Body(conn, self.release)
-        self._head: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._deadline = (
-            None if deadline is None else asyncio.get_running_loop().call_at(deadline, self._expire)
-        )
+        loop = conn.loop
+        self._head: asyncio.Future[None] = loop.create_future()
+        self._deadline = None if deadline is None else loop.call_at(deadline, self._expire)
 
     @property
     def complete(self) -> bool:
@@ -453,7 +454,7 @@ class Pool:
         try:
             async with asyncio.timeout(self.connect_timeout):
                 _, conn = await loop.create_connection(
-                    lambda: _Connection(self),
+                    lambda: _Connection(self, loop),
                     self.host,
                     self.port,
                     ssl=self._ssl,

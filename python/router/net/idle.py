@@ -1,4 +1,5 @@
-"""IdleWatch: a stream's idle timeout at the cost of a clock read per chunk, not a timer each."""
+"""Timeouts for one task lighter than asyncio.timeout: a fixed deadline (Deadline) and a
+stream's idle timeout at the cost of a clock read per chunk, not a timer each (IdleWatch)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,73 @@ import math
 from types import TracebackType
 
 
-class IdleWatch:
+class _TaskTimer:
+    """asyncio.timeout's rule without its Timeout object: the timer cancels the task, and the
+    cancel it caused leaves the block as TimeoutError (other exceptions pass through)."""
+
+    __slots__ = ("_cancelling", "_expired", "_handle", "_loop", "_task")
+
+    def _enter(self) -> asyncio.AbstractEventLoop:
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError(f"{type(self).__name__} must be used inside a task")
+        self._task = task
+        self._cancelling = task.cancelling()
+        self._expired = False
+        self._handle: asyncio.TimerHandle | None = None
+        loop = self._loop = task.get_loop()
+        return loop
+
+    def _expire(self) -> None:
+        self._handle = None
+        self._expired = True
+        self._task.cancel()  # the task leaves its wait; __aexit__ makes it TimeoutError
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        if (
+            self._expired
+            and self._task.uncancel() <= self._cancelling
+            and exc_type is asyncio.CancelledError
+        ):
+            raise TimeoutError from exc
+
+
+class Deadline(_TaskTimer):
+    """Raises TimeoutError in the task once `delay` seconds passed, unless lifted first.
+
+    async with Deadline(5.0) as deadline:
+        head = await send()
+        deadline.lift()  # what follows has bounds of its own
+        body = await read()
+    """
+
+    __slots__ = ("_delay",)
+
+    def __init__(self, delay: float) -> None:
+        self._delay = delay
+
+    async def __aenter__(self) -> Deadline:
+        loop = self._enter()
+        if math.isfinite(self._delay):
+            self._handle = loop.call_at(loop.time() + self._delay, self._expire)
+        return self
+
+    def lift(self) -> None:
+        """No deadline from now on."""
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+
+class IdleWatch(_TaskTimer):
     """Raises TimeoutError in the task once one wait for bytes lasts `limit` seconds.
 
     Only the spans between `waiting()` and `busy()` count: time spent writing to a slow client
@@ -22,43 +89,17 @@ class IdleWatch:
                 watch.busy()
     """
 
-    __slots__ = ("_cancelling", "_expired", "_handle", "_limit", "_loop", "_since", "_task")
+    __slots__ = ("_limit", "_since")
 
     def __init__(self, limit: float) -> None:
         self._limit = limit
         self._since: float | None = None
-        self._handle: asyncio.TimerHandle | None = None
-        # Whether this watch cancelled the task (asyncio.timeout's rule, without its Timeout
-        # object: entering and leaving one cost more than the rest of a stream's setup).
-        self._expired = False
 
     async def __aenter__(self) -> IdleWatch:
-        loop = self._loop = asyncio.get_running_loop()
-        task = asyncio.current_task()
-        if task is None:
-            raise RuntimeError("IdleWatch must be used inside a task")
-        self._task = task
-        self._cancelling = task.cancelling()
+        loop = self._enter()
         if math.isfinite(self._limit):
             self._handle = loop.call_at(loop.time() + self._limit, self._check)
         return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-        # The cancel this watch caused becomes TimeoutError; other exceptions pass through.
-        if (
-            self._expired
-            and self._task.uncancel() <= self._cancelling
-            and exc_type is asyncio.CancelledError
-        ):
-            raise TimeoutError from exc
 
     def waiting(self) -> None:
         """A wait for bytes starts now."""
@@ -72,9 +113,7 @@ class IdleWatch:
         now = self._loop.time()
         since = self._since
         if since is not None and now - since >= self._limit:
-            self._handle = None
-            self._expired = True
-            self._task.cancel()  # the task leaves its wait; __aexit__ makes it TimeoutError
+            self._expire()
             return
         # Early (bytes came since it was set), or busy: the earliest this wait could expire.
         due = (now if since is None else since) + self._limit

@@ -1,4 +1,5 @@
-"""IdleWatch: one wait longer than the limit times out; busy time and many short waits do not."""
+"""IdleWatch: one wait longer than the limit times out; busy time and many short waits do not.
+Deadline: asyncio.timeout's rule for one fixed deadline, which lift() removes."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import asyncio
 
 import pytest
 
-from router.net.idle import IdleWatch
+from router.net.idle import Deadline, IdleWatch
 
 LIMIT = 0.05
 
@@ -74,4 +75,48 @@ async def test_an_outside_cancel_stays_a_cancel() -> None:
 async def test_no_limit_never_times_out() -> None:
     async with IdleWatch(float("inf")) as watch:
         watch.waiting()
+        await asyncio.sleep(LIMIT)
+
+
+async def test_a_deadline_times_out_the_wait_it_covers() -> None:
+    with pytest.raises(TimeoutError):
+        async with Deadline(LIMIT):
+            await asyncio.sleep(10)
+
+
+async def test_a_lifted_deadline_never_fires() -> None:
+    async with Deadline(LIMIT) as deadline:
+        deadline.lift()
+        await asyncio.sleep(3 * LIMIT)
+
+
+async def test_a_deadline_outside_cancel_stays_a_cancel() -> None:
+    async def wait() -> None:
+        async with Deadline(10.0):
+            await asyncio.sleep(10)
+
+    task = asyncio.create_task(wait())
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_other_errors_pass_a_deadline_unchanged() -> None:
+    with pytest.raises(KeyError):
+        async with Deadline(10.0):
+            raise KeyError("x")
+
+
+async def test_an_inner_deadline_is_the_one_that_fires() -> None:
+    # Inside a longer asyncio.timeout the outer block sees no timeout of its own.
+    async with asyncio.timeout(10.0):
+        with pytest.raises(TimeoutError):
+            async with Deadline(LIMIT):
+                await asyncio.sleep(10)
+        await asyncio.sleep(0)
+
+
+async def test_no_deadline_never_fires() -> None:
+    async with Deadline(float("inf")):
         await asyncio.sleep(LIMIT)
