@@ -91,11 +91,16 @@ def test_workers_leave_when_their_supervisor_is_killed(
     _until(lambda: len(_children(router.popen.pid)) == 2, "two workers")
     _all_serving(router, 2)
     workers = _children(router.popen.pid)
+    args = Path(f"/proc/{workers[0]}/cmdline").read_bytes().split(b"\0")
+    machine_dir = Path(args[args.index(b"--machine-dir") + 1].decode())
+    assert machine_dir.is_dir()
     # SIGKILL: no drain, no signal to the workers from the supervisor itself.
     router.kill(signal.SIGKILL)
-    # They drain (nothing in flight) and exit, and the port is free for the next supervisor.
+    # They drain (nothing in flight) and exit, and the port is free for the next supervisor;
+    # the supervisor's private directory does not pile up in /tmp either.
     _until(lambda: not any(_running(pid) for pid in workers), "the workers gone")
     assert not _accepts(router.port)
+    assert not machine_dir.exists()
 
 
 @pytest.mark.timeout(120)

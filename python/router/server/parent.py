@@ -1,9 +1,11 @@
-"""A worker's tie to its supervisor: when the supervisor dies, the worker drains and exits."""
+"""A worker's tie to its supervisor: when the supervisor dies, the worker drains and exits, and
+the last one out removes the supervisor's private directory."""
 
 from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import signal
 import sys
 
@@ -24,3 +26,15 @@ def follow(supervisor: int) -> None:
     # Checked after the tie is made: a supervisor that died before it would send nothing.
     if os.getppid() != supervisor:
         raise StartupError(f"the supervisor (pid {supervisor}) exited before this worker started")
+
+
+def orphaned(supervisor: int) -> bool:
+    """Whether the supervisor that started this worker is gone."""
+    return os.getppid() != supervisor
+
+
+def clean_up(machine_dir: str) -> None:
+    """Remove a dead supervisor's private directory (its tables and sockets), which it had no
+    chance to: each orphaned worker tries as it exits; the files others still map stay valid
+    until they exit too."""
+    shutil.rmtree(machine_dir, ignore_errors=True)
