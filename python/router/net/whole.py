@@ -90,5 +90,5 @@ async def send_whole(request: web.Request, answer: web.Response) -> None:
     answer._eof_sent = True
     answer._req = None
     answer._payload_writer = None
-    answer._body_length = len(body)
+    answer._body_length = writer.output_size  # as aiohttp counts it: head and body
     await writer.drain()
