@@ -17,6 +17,7 @@ _LEAN = all(
         (web.Request, "_prepare_hook"),
         (web.Request, "writer"),
         (StreamWriter, "_writelines"),
+        (StreamWriter, "_eof"),
         (web.Response, "_eof_sent"),
         (web.Response, "_body_length"),
         (web.Response, "_compression"),
@@ -28,12 +29,13 @@ _LEAN = all(
 
 def leanable(request: web.BaseRequest, answer: web.StreamResponse) -> bool:
     """Whether `answer` is the usual one, whose headers follow the rules of `start`: HTTP/1.1,
-    a status with a body, no Content-Length, cookies, compression or chunking of its own."""
+    a method and status with a body, no Content-Length, cookies, compression or chunking of its
+    own."""
     status = answer.status
     return (
         _LEAN
         and request.version == HttpVersion11
-        and request.method != "HEAD"
+        and request.method not in ("HEAD", "CONNECT")
         and status >= 200
         and status not in (204, 304)
         and not answer._chunked
@@ -87,8 +89,11 @@ async def send_whole(request: web.Request, answer: web.Response) -> None:
     head = _serialize_headers(f"HTTP/1.1 {answer.status} {answer.reason}", headers)
     # A closed connection raises here; aiohttp's own write_eof() then finds that out too.
     writer._writelines((head, body))  # type: ignore[attr-defined]
+    await writer.drain()
+    # Ended as aiohttp's write_eof() leaves them: an answer the app produces after this one
+    # (a middleware's error answer, say) is not written behind it on the connection.
+    writer._eof = True  # type: ignore[attr-defined]
     answer._eof_sent = True
     answer._req = None
     answer._payload_writer = None
     answer._body_length = writer.output_size  # as aiohttp counts it: head and body
-    await writer.drain()

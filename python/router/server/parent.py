@@ -1,5 +1,5 @@
 """A worker's tie to its supervisor: when the supervisor dies, the worker drains and exits, and
-the last one out removes the supervisor's private directory."""
+removes the supervisor's private directory on its way out."""
 
 from __future__ import annotations
 
@@ -35,6 +35,6 @@ def orphaned(supervisor: int) -> bool:
 
 def clean_up(machine_dir: str) -> None:
     """Remove a dead supervisor's private directory (its tables and sockets), which it had no
-    chance to: each orphaned worker tries as it exits; the files others still map stay valid
-    until they exit too."""
+    chance to: the first orphaned worker out does; its siblings, draining too, keep the tables
+    they opened (the sockets only served the dead supervisor)."""
     shutil.rmtree(machine_dir, ignore_errors=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 from aiohttp import web
@@ -139,3 +139,46 @@ async def test_a_stream_has_the_same_bytes_as_aiohttps_own(
     assert started == (
         [web.StreamResponse] if version == "1.1" else [web.StreamResponse, StreamResponse]
     )
+
+
+async def test_an_answer_after_a_sent_one_never_follows_it_on_the_connection() -> None:
+    # Bookkeeping that fails after the send (the pipeline's _finish, say) makes a middleware
+    # answer 500: as after aiohttp's own write_eof(), that answer goes nowhere, and the next
+    # request on the connection gets its own answer, not the stale 500.
+    @web.middleware
+    async def errors(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except RuntimeError:
+            return web.json_response({"error": "internal"}, status=500)
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        answer = web.json_response({"ok": True})
+        await send_whole(request, answer)
+        if request.headers.get("X-Fail"):
+            raise RuntimeError("after the send")
+        return answer
+
+    app = web.Application(middlewares=[errors])
+    app.router.add_post("/", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        heads = []
+        for fail in ("X-Fail: 1\r\n", ""):
+            writer.write(f"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n{fail}\r\n".encode())
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            length = re.search(rb"Content-Length: (\d+)", head)
+            assert length is not None
+            await reader.readexactly(int(length.group(1)))
+            heads.append(head.split(b"\r\n")[0])
+        writer.close()
+    finally:
+        await runner.cleanup()
+    assert heads == [b"HTTP/1.1 200 OK"] * 2
