@@ -163,12 +163,11 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         if args.worker is not None:
             # INDEX:GENERATION:SUPERVISOR_PID
-            index, generation, supervisor = [*args.worker.split(":"), "0", "0"][:3]
-            if int(supervisor):
-                parent.follow(int(supervisor))
-            worker = Worker(int(index), int(generation), args.machine_dir)
-            serve(config, Path(args.config), worker)
-            if int(supervisor) and parent.orphaned(int(supervisor)) and args.machine_dir:
+            index, generation, supervisor = map(int, [*args.worker.split(":"), 0, 0][:3])
+            if supervisor:
+                parent.follow(supervisor)
+            serve(config, Path(args.config), Worker(index, generation, args.machine_dir))
+            if supervisor and parent.orphaned(supervisor) and args.machine_dir:
                 parent.clean_up(args.machine_dir)
         elif workers > 1:
             return supervise(config, Path(args.config), workers)

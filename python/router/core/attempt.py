@@ -166,6 +166,14 @@ def media_type(headers: CIMultiDict[str]) -> str:
     return headers.get("Content-Type", "").partition(";")[0].strip().lower()
 
 
+def check_identity(region: str, headers: CIMultiDict[str]) -> None:
+    """An answer asked for in identity bytes must come so: anything else cannot be checked,
+    cached, scrubbed or trusted."""
+    encoding = headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding != "identity":
+        raise AttemptError(region, FailureKind.INVALID, f"content encoding {encoding!r}")
+
+
 def _is_json(media: str) -> bool:
     return media == "application/json" or media.endswith("+json")
 
@@ -259,10 +267,7 @@ async def open_attempt(
                         body=error.body(),
                     )
                 headers_out = response_headers(resp.headers)
-                encoding = headers_out.get("Content-Encoding", "identity").strip().lower()
-                if encoding != "identity":
-                    detail = f"content encoding {encoding!r}"
-                    raise AttemptError(name, FailureKind.INVALID, detail)
+                check_identity(name, headers_out)
                 _check_stream_start(name, headers_out, first)
                 return Opened(upstream, status, headers_out, response=resp, first=first)
             # Nothing is sent to the client until the whole body is read, so a failure reading
@@ -272,10 +277,7 @@ async def open_attempt(
             headers_out = response_headers(resp.headers)
             if status >= 300:
                 whole = upstream.scrub(whole)
-            encoding = headers_out.get("Content-Encoding", "identity").strip().lower()
-            if encoding != "identity":
-                # Asked for identity bytes: anything else cannot be checked, cached or trusted.
-                raise AttemptError(name, FailureKind.INVALID, f"content encoding {encoding!r}")
+            check_identity(name, headers_out)
             if 300 <= status < 400:
                 # Relayed, a redirect would send the client (and its prompt) somewhere else.
                 raise AttemptError(name, FailureKind.INVALID, f"HTTP {status} redirect")

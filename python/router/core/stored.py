@@ -18,9 +18,9 @@ import logging
 from aiohttp import web
 
 from router.config import Config
-from router.core.attempt import media_type, read_capped
+from router.core.attempt import check_identity, media_type, read_capped
 from router.core.context import RequestContext
-from router.core.failure import AttemptError, FailureKind
+from router.core.failure import AttemptError
 from router.core.relay import relay_stream
 from router.core.request import read_body
 from router.core.stages import StateHomes
@@ -70,10 +70,7 @@ async def forward_stored(
             headers_out = response_headers(answer.headers)
             streamed = answer.status == 200 and media_type(headers_out) == "text/event-stream"
             first = await answer.content.readany() if streamed else b""
-            encoding = headers_out.get("Content-Encoding", "identity").strip().lower()
-            if encoding != "identity":
-                # Asked for identity bytes: anything else cannot be checked or scrubbed.
-                raise AttemptError(upstream.name, FailureKind.INVALID, f"encoding {encoding!r}")
+            check_identity(upstream.name, headers_out)
         if not streamed:
             async with asyncio.timeout_at(total):
                 whole = await read_capped(answer, upstream.name, max_bytes)

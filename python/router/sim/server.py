@@ -11,6 +11,7 @@ import struct
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -90,24 +91,15 @@ class _Plan(msgspec.Struct, kw_only=True):
     pad: int = 0
 
 
+@dataclass(slots=True)
 class _Stored:
     """A response the sim keeps (as vLLM does): itself, its input, and how to stream it again."""
 
-    __slots__ = ("finish", "given", "replay", "response", "tokens")
-
-    def __init__(
-        self,
-        response: dict[str, Any],
-        given: Any,
-        replay: Callable[[], apis.Responses],
-        tokens: list[str],
-        finish: str,
-    ) -> None:
-        self.response = response
-        self.given = given
-        self.replay = replay
-        self.tokens = tokens
-        self.finish = finish
+    response: dict[str, Any]
+    given: Any
+    replay: Callable[[], apis.Responses]
+    tokens: list[str]
+    finish: str
 
 
 def _plan(options: SimOptions, headers: Mapping[str, str]) -> _Plan:
