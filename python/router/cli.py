@@ -166,8 +166,8 @@ def _serve(args: argparse.Namespace) -> int:
             index, generation, supervisor = map(int, [*args.worker.split(":"), 0, 0][:3])
             if supervisor:
                 parent.follow(supervisor)
-            serve(config, Path(args.config), Worker(index, generation, args.machine_dir))
-            if supervisor and parent.orphaned(supervisor) and args.machine_dir:
+            worker = Worker(index, generation, args.machine_dir, supervisor)
+            if serve(config, Path(args.config), worker) == parent.GONE and args.machine_dir:
                 parent.clean_up(args.machine_dir)
         elif workers > 1:
             return supervise(config, Path(args.config), workers)

@@ -1,5 +1,5 @@
-"""A worker's tie to its supervisor: when the supervisor dies, the worker drains and exits, and
-removes the supervisor's private directory on its way out."""
+"""A worker's tie to its supervisor: when the supervisor dies, the kernel signals the worker,
+which drains, exits and removes the supervisor's private directory on its way out."""
 
 from __future__ import annotations
 
@@ -13,24 +13,26 @@ from router.errors import StartupError
 
 _PR_SET_PDEATHSIG = 1
 
+# What the kernel sends a worker when its supervisor dies: a signal of its own, so the worker
+# knows why it stops. getppid() cannot tell: the kernel signals when the supervisor's main thread
+# exits, and until its other threads have exited too, the worker's parent is still that process.
+# It signals again as each of those threads exits (the worker passes from one to the next), so a
+# worker ignores GONE once it is stopping.
+GONE = signal.SIGUSR2
+
 
 def follow(supervisor: int) -> None:
-    """Have the kernel send this process SIGTERM when its parent dies (Linux), so a worker whose
+    """Have the kernel send this process GONE when its parent dies (Linux), so a worker whose
     supervisor was killed outright drains and exits instead of serving on, orphaned, on the
     listener it shares with the next supervisor's workers. StartupError if `supervisor` is
     already gone (it died while this worker was starting)."""
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+        if libc.prctl(_PR_SET_PDEATHSIG, GONE, 0, 0, 0) != 0:
             raise StartupError(f"prctl(PR_SET_PDEATHSIG) failed: {os.strerror(ctypes.get_errno())}")
     # Checked after the tie is made: a supervisor that died before it would send nothing.
     if os.getppid() != supervisor:
         raise StartupError(f"the supervisor (pid {supervisor}) exited before this worker started")
-
-
-def orphaned(supervisor: int) -> bool:
-    """Whether the supervisor that started this worker is gone."""
-    return os.getppid() != supervisor
 
 
 def clean_up(machine_dir: str) -> None:

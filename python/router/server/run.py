@@ -1,4 +1,4 @@
-"""Running an aiohttp app on uvloop until SIGTERM/SIGINT, then draining in-flight requests."""
+"""Running an aiohttp app on uvloop until a stop signal, then draining in-flight requests."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from aiohttp import web
 
 from router.config import Config, parse_listen
 from router.errors import ConfigError, StartupError
-from router.server import gctune
+from router.server import gctune, parent
 from router.server.app import ADMIN_APP, STATE, build_app
 from router.server.machine import Machine, MachineDir
 from router.server.reload import RELOADER
@@ -52,6 +52,8 @@ class Worker:
     generation: int = 0
     # server.machine.MachineDir: limits table, health table and reports, sockets.
     machine_dir: str | None = None
+    # The supervisor's pid; when set, parent.GONE (its death) stops this worker too.
+    supervisor: int = 0
 
     @property
     def ops_socket(self) -> str | None:
@@ -105,8 +107,12 @@ async def run_until_signal(
     extra: Callable[[], Awaitable[None]] | None = None,
     ssl_context: ssl.SSLContext | None = None,
     reuse_port: bool = False,
-) -> None:
-    """Serve on `listen` until SIGTERM/SIGINT; `runner.cleanup()` then drains in-flight work."""
+    stop_signals: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT),
+    repeated: tuple[signal.Signals, ...] = (),
+) -> signal.Signals:
+    """Serve on `listen` until one of `stop_signals`; `runner.cleanup()` then drains in-flight
+    work. The signal that stopped it. The `repeated` ones among them are ignored once it stops
+    (the others get their default action back: a second SIGTERM ends the drain)."""
     await runner.setup()
     try:
         url = await start_site(runner, listen, ssl_context, "listen", reuse_port)
@@ -115,17 +121,24 @@ async def run_until_signal(
     except BaseException:
         await runner.cleanup()
         raise
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop: asyncio.Future[signal.Signals] = loop.create_future()
+
+    def stopped(sig: signal.Signals) -> None:
+        if not stop.done():
+            stop.set_result(sig)
+
+    for sig in stop_signals:
+        loop.add_signal_handler(sig, stopped, sig)
     if on_ready is not None:
         on_ready(url)
     try:
-        await stop.wait()
+        return await stop
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in stop_signals:
             loop.remove_signal_handler(sig)
+            if sig in repeated:
+                signal.signal(sig, signal.SIG_IGN)
         if on_stop is not None:
             on_stop()
         # Closes the listening socket first, then waits up to shutdown_timeout for handlers.
@@ -137,9 +150,10 @@ async def serve_async(
     on_ready: Callable[[str], None] | None = None,
     config_path: Path | None = None,
     worker: Worker | None = None,
-) -> None:
-    """Serve the router for `config` until a stop signal; SIGHUP reloads `config_path` (and the
-    certificate files). StartupError when a listener or certificate cannot be set up."""
+) -> signal.Signals:
+    """Serve the router for `config` until a stop signal (which it returns); SIGHUP reloads
+    `config_path` (and the certificate files). StartupError when a listener or certificate cannot
+    be set up."""
     try:
         listeners = Listeners(config)
         machine = None
@@ -184,8 +198,11 @@ async def serve_async(
         )
         log.info("admin listener on %s (/metrics, /status, /admin)", url)
 
+    stop_signals: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT)
+    if worker is not None and worker.supervisor:
+        stop_signals += (parent.GONE,)
     try:
-        await run_until_signal(
+        return await run_until_signal(
             runner,
             config.server.listen,
             on_ready,
@@ -193,6 +210,8 @@ async def serve_async(
             started,
             listeners.client,
             reuse_port=worker is not None,
+            stop_signals=stop_signals,
+            repeated=(parent.GONE,),
         )
     finally:
         if admin_runner is not None:
@@ -201,8 +220,11 @@ async def serve_async(
             machine.close()
 
 
-def serve(config: Config, config_path: Path | None = None, worker: Worker | None = None) -> None:
-    """Blocking entry point of `router serve` (and of each worker of `--workers N`)."""
+def serve(
+    config: Config, config_path: Path | None = None, worker: Worker | None = None
+) -> signal.Signals:
+    """Blocking entry point of `router serve` (and of each worker of `--workers N`); the signal
+    that stopped it."""
 
     def ready(url: str) -> None:
         if worker is None:
@@ -210,4 +232,4 @@ def serve(config: Config, config_path: Path | None = None, worker: Worker | None
         else:
             log.info("worker %d listening on %s", worker.index, url)
 
-    uvloop.run(serve_async(config, ready, config_path, worker))
+    return uvloop.run(serve_async(config, ready, config_path, worker))
