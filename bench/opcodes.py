@@ -12,6 +12,7 @@ where the timed benches' noise (about +-15 us between runs) hides it; they count
 
     python -m bench.opcodes                          # 200 requests after 30 warm-up ones
     python -m bench.opcodes --stream --baseline ../old-checkout --json out.json
+    python -m bench.opcodes --by function --top 40
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ class HopCounts:
     requests: int
     total: dict[str, float]
     modules: dict[str, dict[str, float]]
+    # Per function, `module:name` (every code object of that name in the module together).
+    functions: dict[str, dict[str, float]]
 
 
 def summarize(data: dict[str, object]) -> HopCounts:
@@ -62,17 +65,22 @@ def summarize(data: dict[str, object]) -> HopCounts:
     n = int(data["requests"])  # type: ignore[call-overload]
     total: dict[str, float] = {}
     modules: dict[str, dict[str, float]] = {}
+    functions: dict[str, dict[str, float]] = {}
     for phase in PHASES:
         per: Counter[str] = Counter()
-        for filename, _, count in data[phase]:  # type: ignore[attr-defined]
+        per_function: Counter[str] = Counter()
+        for filename, name, count in data[phase]:  # type: ignore[attr-defined]
             per[module_of(filename)] += count
+            per_function[f"{module_of(filename)}:{name}"] += count
         total[phase] = sum(per.values()) / n
         modules[phase] = {m: c / n for m, c in per.most_common()}
-    return HopCounts(n, total, modules)
+        functions[phase] = {f: c / n for f, c in per_function.most_common()}
+    return HopCounts(n, total, modules, functions)
 
 
-def table(counts: dict[str, HopCounts], stream: bool, top: int) -> str:
-    """Markdown: per-request totals of each hop, then the modules that run the most."""
+def table(counts: dict[str, HopCounts], stream: bool, top: int, by: str = "module") -> str:
+    """Markdown: per-request totals of each hop, then the modules (or functions, `by`) that run
+    the most on the critical path."""
     names = list(counts)
     mode = "stream" if stream else "non-stream"
     lines = [
@@ -82,12 +90,12 @@ def table(counts: dict[str, HopCounts], stream: bool, top: int) -> str:
     for phase in PHASES:
         cells = [f"{counts[name].total[phase]:,.0f}" for name in names]
         lines.append(f"| {phase} | " + " | ".join(cells) + " |")
-    first = counts[names[0]].modules["critical"]
-    lines += ["", "| module (critical) | " + " | ".join(names) + " |"]
+    rows = {name: getattr(counts[name], f"{by}s")["critical"] for name in names}
+    lines += ["", f"| {by} (critical) | " + " | ".join(names) + " |"]
     lines.append("|---|" + "---|" * len(names))
-    for module in list(first)[:top]:
-        cells = [f"{counts[name].modules['critical'].get(module, 0):,.0f}" for name in names]
-        lines.append(f"| {module} | " + " | ".join(cells) + " |")
+    for key in list(rows[names[0]])[:top]:
+        cells = [f"{rows[name].get(key, 0):,.0f}" for name in names]
+        lines.append(f"| {key} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -150,7 +158,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--stream", action="store_true", help="streamed chat requests")
     parser.add_argument("--requests", type=int, default=200, help="requests counted per hop")
     parser.add_argument("--warmup", type=int, default=30, help="requests before counting")
-    parser.add_argument("--top", type=int, default=25, help="modules listed")
+    parser.add_argument("--top", type=int, default=25, help="modules (or functions) listed")
+    parser.add_argument(
+        "--by", choices=("module", "function"), default="module", help="what the rows count"
+    )
     parser.add_argument(
         "--baseline", type=Path, metavar="TREE", help="also count another checkout's hops"
     )
@@ -161,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     baseline = args.baseline.resolve() if args.baseline is not None else None
     with tempfile.TemporaryDirectory(prefix="router-opcodes-") as tmp:
         counts = measure(args.stream, args.warmup, args.requests, Path(tmp), baseline)
-    print(table(counts, args.stream, args.top))
+    print(table(counts, args.stream, args.top, args.by))
     if args.json:
         args.json.write_text(json.dumps({k: asdict(v) for k, v in counts.items()}, indent=2))
     return 0
