@@ -5,7 +5,8 @@ and not) with the deterministic text of `router sim-region` (router.sim.text), s
 router continues on a sim region reads as one answer. The request's headers pick the fault:
 
     x-fault          none | 429 | 500 | 503 | reset | blackhole | slow-first-token | cut | drop |
-                     done-early | stall | bad-event | no-done | context-length | content-policy |
+                     done-early | stall | bad-event | deep-event | no-done | context-length |
+                     content-policy |
                      down  (cut: a clean HTTP end after K tokens, no finish, no [DONE]; drop: the
                      connection closed after K tokens, no terminating chunk; done-early: [DONE]
                      after K tokens, no finish)
@@ -52,6 +53,7 @@ FAULTS = (
     "done-early",
     "stall",
     "bad-event",
+    "deep-event",
     "no-done",
     "context-length",
     "content-policy",
@@ -197,6 +199,10 @@ async def _stream(
             await asyncio.sleep(delay)
         if i == after and fault == "bad-event":
             writer.write(_chunk(b'data: {"id": "chatcmpl-provider", "choices": [{"delta": \n\n'))
+        if i == after and fault == "deep-event":
+            # Valid JSON, nested past what JSON decoders in Python reach (theirs and the SDK's).
+            deep = b"[" * 5000 + b"]" * 5000
+            writer.write(_chunk(b'data: {"id": "chatcmpl-provider", "x": ' + deep + b"}\n\n"))
         writer.write(_event(answer.chunk({"content": token})))
         await writer.drain()
     writer.write(_event(answer.chunk({}, "stop")))

@@ -92,7 +92,7 @@ def reported_usage(payload: bytes) -> Used | None:
         return None
     try:
         doc = _USAGE.decode(payload)
-    except msgspec.MsgspecError:
+    except (msgspec.MsgspecError, RecursionError):
         return None
     usage = doc.usage
     if usage is None:
@@ -185,7 +185,7 @@ class StreamUsage:
     def _collect(self, payload: bytes) -> None:
         try:
             choices = _CHUNK.decode(payload).choices
-        except msgspec.MsgspecError:
+        except (msgspec.MsgspecError, RecursionError):
             return
         for choice in choices:
             text = choice.delta.content if choice.delta is not None else choice.text

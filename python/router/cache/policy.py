@@ -274,7 +274,7 @@ def complete_body(body: bytes) -> bool:
     Responses API answer completed, a Messages answer stopped by its turn, limit or stop)."""
     try:
         doc = msgspec.json.decode(body)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         return False
     if not isinstance(doc, dict) or doc.get("error") is not None:
         return False
@@ -340,7 +340,7 @@ class StreamRecorder:
         self.chunks.append(payload)
         try:
             doc = msgspec.json.decode(payload)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):
             self._failed = True
             return
         if not isinstance(doc, dict) or "error" in doc:
@@ -364,7 +364,7 @@ class StreamRecorder:
             return
         try:
             doc = msgspec.json.decode(payload)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):
             self._failed = True
             return
         kind = doc.get("type") if isinstance(doc, dict) else None

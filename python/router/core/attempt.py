@@ -101,7 +101,7 @@ def carries_token(payload: bytes) -> bool:
         return True
     try:
         chunk = _TOKEN.decode(payload)
-    except msgspec.MsgspecError:
+    except (msgspec.MsgspecError, RecursionError):
         return True  # not a chat chunk this check understands: do not hold it back
     if chunk.choices is None:
         return True
@@ -137,7 +137,7 @@ def caused_by_request(body: bytes) -> bool:
         return False
     try:
         error = _ERROR.decode(body).error
-    except msgspec.MsgspecError:
+    except (msgspec.MsgspecError, RecursionError):
         return False
     if not isinstance(error, _ErrorDetail):
         return False
@@ -203,7 +203,7 @@ def _check_success(region: str, status: int, headers: CIMultiDict[str], body: by
         raise AttemptError(region, FailureKind.INVALID, detail)
     try:
         _RAW.decode(body)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, RecursionError) as exc:
         raise AttemptError(
             region, FailureKind.INVALID, f"HTTP {status} body is not JSON ({exc})"
         ) from None

@@ -43,7 +43,7 @@ def _typed_has_token(preamble: frozenset[str]) -> Callable[[bytes], bool]:
                 return True
             try:
                 kind = _TYPED.decode(payload).type
-            except msgspec.MsgspecError:
+            except (msgspec.MsgspecError, RecursionError):
                 return True  # not an event this check understands: do not hold it back
             if kind not in preamble:
                 return True
@@ -64,7 +64,7 @@ def response_id(body: bytes) -> str | None:
     """The id of a whole Responses API answer (`"object": "response"`), else None."""
     try:
         made = _MADE.decode(body)
-    except msgspec.MsgspecError:
+    except (msgspec.MsgspecError, RecursionError):
         return None
     return made.id if made.object == "response" else None
 

@@ -23,7 +23,7 @@ def anthropic_relayed(status: int, body: bytes) -> bytes:
         return body
     try:
         doc = msgspec.json.decode(body)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         return body
     if not isinstance(doc, dict) or doc.get("type") == "error":
         return body

@@ -35,8 +35,8 @@ def _not_json(payload: bytes) -> bool:
     than JSON of another shape (relayed)."""
     try:
         _RAW.decode(payload)
-    except msgspec.DecodeError:
-        return True
+    except (msgspec.DecodeError, RecursionError):
+        return True  # nested past what the decoders reach: not passed on unchecked
     return False
 
 
@@ -73,7 +73,7 @@ class StreamState:
         except msgspec.ValidationError:
             # Valid JSON of another shape (an error event, a field of an unexpected type).
             return True
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):
             if _not_json(payload):
                 self.invalid += 1
                 return False
@@ -178,7 +178,7 @@ class StreamState:
                         chunk = decode(payload)
                     except msgspec.ValidationError:
                         pass  # valid JSON of another shape (an error event, say)
-                    except msgspec.DecodeError:
+                    except (msgspec.DecodeError, RecursionError):
                         if _not_json(payload):
                             self.invalid += 1
                             keep = False
@@ -279,7 +279,7 @@ class EventState:
             event = _EVENT.decode(payload)
         except msgspec.ValidationError:
             return True
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):
             if _not_json(payload):
                 self.invalid += 1
                 return False

@@ -34,7 +34,7 @@ def json_object(payload: bytes) -> dict[str, Any] | None:
     """A JSON object payload, else None."""
     try:
         obj = _DECODE.decode(payload)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         return None
     return obj if isinstance(obj, dict) else None
 

@@ -160,6 +160,13 @@ async def test_a_redirect_is_a_failed_attempt_never_relayed() -> None:
     assert len(regions["a"].requests) == 1
 
 
+async def test_a_whole_answer_nested_too_deep_to_check_is_a_failed_attempt() -> None:
+    app, regions = app_for({"a": scripted(LocalReply(200, JSON, [DEEP])), "b": scripted(OK)})
+    status, _, headers = await post(app)
+    assert (status, headers["x-router-region"]) == (200, "b")
+    assert len(regions["a"].requests) == 1
+
+
 def stream(*events: bytes | float) -> LocalReply:
     async def chunks() -> AsyncIterator[bytes]:
         for item in events:
@@ -196,7 +203,13 @@ async def test_a_stream_without_a_first_token_in_time_fails_over() -> None:
     assert b"on time" in raw
 
 
-@pytest.mark.parametrize("garbage", [b"data: {not json\n\n", b"data: \x00\xff\n\n"])
+# JSON nested past what Python's decoders reach (the router's and the client's).
+DEEP = b'{"x": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+
+
+@pytest.mark.parametrize(
+    "garbage", [b"data: {not json\n\n", b"data: \x00\xff\n\n", b"data: " + DEEP + b"\n\n"]
+)
 async def test_an_invalid_event_mid_stream_is_dropped(garbage: bytes) -> None:
     broken = stream(delta("a"), garbage, delta("b"), finish(), b"data: [DONE]\n\n")
     app, _ = app_for({"a": scripted(broken)})
