@@ -167,7 +167,8 @@ def _serve(args: argparse.Namespace) -> int:
             if supervisor:
                 parent.follow(supervisor)
             worker = Worker(index, generation, args.machine_dir, supervisor)
-            if serve(config, Path(args.config), worker) == parent.GONE and args.machine_dir:
+            serve(config, Path(args.config), worker)
+            if parent.orphaned() and args.machine_dir:
                 parent.clean_up(args.machine_dir)
         elif workers > 1:
             return supervise(config, Path(args.config), workers)

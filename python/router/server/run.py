@@ -1,4 +1,4 @@
-"""Running an aiohttp app on uvloop until a stop signal, then draining in-flight requests."""
+"""Running an aiohttp app on uvloop until SIGTERM/SIGINT, then draining in-flight requests."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ class Worker:
     generation: int = 0
     # server.machine.MachineDir: limits table, health table and reports, sockets.
     machine_dir: str | None = None
-    # The supervisor's pid; when set, parent.GONE (its death) stops this worker too.
+    # The supervisor's pid, when it is followed (server.parent): its death stops this worker.
     supervisor: int = 0
 
     @property
@@ -107,12 +107,10 @@ async def run_until_signal(
     extra: Callable[[], Awaitable[None]] | None = None,
     ssl_context: ssl.SSLContext | None = None,
     reuse_port: bool = False,
-    stop_signals: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT),
-    repeated: tuple[signal.Signals, ...] = (),
-) -> signal.Signals:
-    """Serve on `listen` until one of `stop_signals`; `runner.cleanup()` then drains in-flight
-    work. The signal that stopped it. The `repeated` ones among them are ignored once it stops
-    (the others get their default action back: a second SIGTERM ends the drain)."""
+    also_stop: asyncio.Future[None] | None = None,
+) -> None:
+    """Serve on `listen` until SIGTERM/SIGINT (or `also_stop` is done); `runner.cleanup()` then
+    drains in-flight work."""
     await runner.setup()
     try:
         url = await start_site(runner, listen, ssl_context, "listen", reuse_port)
@@ -121,24 +119,19 @@ async def run_until_signal(
     except BaseException:
         await runner.cleanup()
         raise
+    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    stop: asyncio.Future[signal.Signals] = loop.create_future()
-
-    def stopped(sig: signal.Signals) -> None:
-        if not stop.done():
-            stop.set_result(sig)
-
-    for sig in stop_signals:
-        loop.add_signal_handler(sig, stopped, sig)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    if also_stop is not None:
+        also_stop.add_done_callback(lambda _: stop.set())
     if on_ready is not None:
         on_ready(url)
     try:
-        return await stop
+        await stop.wait()
     finally:
-        for sig in stop_signals:
+        for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
-            if sig in repeated:
-                signal.signal(sig, signal.SIG_IGN)
         if on_stop is not None:
             on_stop()
         # Closes the listening socket first, then waits up to shutdown_timeout for handlers.
@@ -150,10 +143,9 @@ async def serve_async(
     on_ready: Callable[[str], None] | None = None,
     config_path: Path | None = None,
     worker: Worker | None = None,
-) -> signal.Signals:
-    """Serve the router for `config` until a stop signal (which it returns); SIGHUP reloads
-    `config_path` (and the certificate files). StartupError when a listener or certificate cannot
-    be set up."""
+) -> None:
+    """Serve the router for `config` until a stop signal; SIGHUP reloads `config_path` (and the
+    certificate files). StartupError when a listener or certificate cannot be set up."""
     try:
         listeners = Listeners(config)
         machine = None
@@ -198,11 +190,14 @@ async def serve_async(
         )
         log.info("admin listener on %s (/metrics, /status, /admin)", url)
 
-    stop_signals: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT)
+    gone = None
     if worker is not None and worker.supervisor:
-        stop_signals += (parent.GONE,)
+        # The supervisor's death (parent.follow) stops this worker like a SIGTERM would.
+        loop = asyncio.get_running_loop()
+        gone = loop.create_future()
+        parent.on_gone(lambda: loop.call_soon_threadsafe(_settle, gone))
     try:
-        return await run_until_signal(
+        await run_until_signal(
             runner,
             config.server.listen,
             on_ready,
@@ -210,8 +205,7 @@ async def serve_async(
             started,
             listeners.client,
             reuse_port=worker is not None,
-            stop_signals=stop_signals,
-            repeated=(parent.GONE,),
+            also_stop=gone,
         )
     finally:
         if admin_runner is not None:
@@ -220,11 +214,13 @@ async def serve_async(
             machine.close()
 
 
-def serve(
-    config: Config, config_path: Path | None = None, worker: Worker | None = None
-) -> signal.Signals:
-    """Blocking entry point of `router serve` (and of each worker of `--workers N`); the signal
-    that stopped it."""
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def serve(config: Config, config_path: Path | None = None, worker: Worker | None = None) -> None:
+    """Blocking entry point of `router serve` (and of each worker of `--workers N`)."""
 
     def ready(url: str) -> None:
         if worker is None:
@@ -232,4 +228,4 @@ def serve(
         else:
             log.info("worker %d listening on %s", worker.index, url)
 
-    return uvloop.run(serve_async(config, ready, config_path, worker))
+    uvloop.run(serve_async(config, ready, config_path, worker))

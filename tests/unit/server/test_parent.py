@@ -1,5 +1,6 @@
 """server.parent: a worker learns of its supervisor's death from the kernel's signal, not from
-getppid(), which still names the supervisor while the rest of its threads are exiting."""
+getppid(), which still names the supervisor while the rest of its threads are exiting; the
+signal stops it, and its repeats never end it early."""
 
 from __future__ import annotations
 
@@ -20,17 +21,17 @@ _SUPERVISOR = textwrap.dedent(
     """
     import ctypes, os, subprocess, sys, threading, time
     worker = '''
-    import os, signal, sys, time
+    import os, sys, time
     from router.server import parent
     supervisor = int(sys.argv[1])
     got = []
-    signal.signal(parent.GONE, lambda *_: got.append(os.getppid()))
+    parent.on_gone(lambda: got.append(os.getppid()))
     parent.follow(supervisor)
     print("following", flush=True)
     deadline = time.monotonic() + 10
     while not got and time.monotonic() < deadline:
         time.sleep(0.01)
-    print("gone", bool(got), "ppid still the supervisor", got == [supervisor], flush=True)
+    print("gone", parent.orphaned(), "ppid still the supervisor", got == [supervisor], flush=True)
     '''
     child = subprocess.Popen([sys.executable, "-c", worker, str(os.getpid())], stdout=sys.stdout)
     time.sleep(0.5)
@@ -40,29 +41,37 @@ _SUPERVISOR = textwrap.dedent(
     """
 )
 
-# A worker's stop, in a process of its own: GONE stops it, and GONE again while it drains (the
-# kernel sends one per exiting thread of the supervisor) and after it does not end the process.
+# A worker's stop, in a process of its own, with GONE sent to itself: the first GONE stops it
+# (or a SIGTERM does, `first`), and GONE again while it drains and after (the kernel sends one
+# per exiting thread of the supervisor) is only noted; it is orphaned either way.
 _STOPPING = textwrap.dedent(
     """
-    import asyncio, os, sys
+    import asyncio, os, signal, sys
+    import uvloop
     from aiohttp import web
     from router.server import parent
-    from router.server.run import run_until_signal
+    from router.server.run import _settle, run_until_signal
 
-    def again():
-        os.kill(os.getpid(), parent.GONE)
+    first = getattr(signal, sys.argv[2])
+
+    def send(sig):
+        os.kill(os.getpid(), sig)
 
     async def main():
-        runner = web.AppRunner(web.Application(), handle_signals=False)
+        parent.watch()
         loop = asyncio.get_running_loop()
-        got = await run_until_signal(
-            runner, sys.argv[1], lambda url: loop.call_soon(again), again,
-            stop_signals=(parent.GONE,), repeated=(parent.GONE,),
+        gone = loop.create_future()
+        parent.on_gone(lambda: loop.call_soon_threadsafe(_settle, gone))
+        runner = web.AppRunner(web.Application(), handle_signals=False)
+        await run_until_signal(
+            runner, sys.argv[1], lambda url: loop.call_soon(send, first),
+            lambda: (send(parent.GONE), send(parent.GONE)), also_stop=gone,
         )
-        again()
-        print("stopped by", got.name, flush=True)
+        send(parent.GONE)
 
-    asyncio.run(main())
+    uvloop.run(main())
+    send(parent.GONE)
+    print("stopped, orphaned", parent.orphaned(), flush=True)
     """
 )
 
@@ -74,14 +83,15 @@ def test_a_follower_is_signalled_when_its_parents_main_thread_exits() -> None:
     assert out.stdout.splitlines() == ["following", "gone True ppid still the supervisor True"]
 
 
-def test_a_worker_stopped_by_its_supervisors_death_ignores_the_signal_after() -> None:
+@pytest.mark.parametrize("first", ["SIGUSR2", "SIGTERM"])
+def test_a_worker_notes_its_supervisors_death_whenever_it_comes(first: str) -> None:
     out = subprocess.run(
-        [sys.executable, "-c", _STOPPING, f"127.0.0.1:{free_port()}"],
+        [sys.executable, "-c", _STOPPING, f"127.0.0.1:{free_port()}", first],
         capture_output=True,
         text=True,
         timeout=30,
     )
-    assert (out.returncode, out.stdout) == (0, "stopped by SIGUSR2\n"), out.stderr
+    assert (out.returncode, out.stdout) == (0, "stopped, orphaned True\n"), out.stderr
 
 
 def test_following_a_supervisor_that_is_not_the_parent_refuses_to_start() -> None:
