@@ -51,7 +51,8 @@ class ServerConfig(_Section, frozen=True):
     # CPUs this process may run on (at most 64); 1: no supervisor. See docs/PRODUCTION.md for
     # what is shared.
     workers: Annotated[int, msgspec.Meta(ge=1, le=64)] | Literal["auto"] = 1
-    # Largest request body accepted (413 above it).
+    # Largest request body accepted (413 above it). Whatever its size, a body nested deeper
+    # than 128 arrays and objects is a 400.
     max_body_bytes: int = 1 << 20
     # Slow-loris protection: a connection must complete a request head within header_timeout_s of
     # connecting or of its previous response (aiohttp's keep-alive timer, so this is also the idle

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from itertools import accumulate
 from typing import Any
 
 import msgspec
@@ -310,7 +311,7 @@ def _check_duplicates(body: bytes) -> None:
     try:
         json.loads(body, object_pairs_hook=pairs)
     except (RecursionError, ValueError):
-        raise InvalidRequest("Request body is nested too deeply.") from None
+        raise InvalidRequest(_TOO_DEEP) from None
     keys = [key for key, _ in top[-1]] if top else []
     for name in _ACTED:
         if keys.count(name) > 1:
@@ -352,6 +353,28 @@ def _check_token_list(value: list[Any], param: str) -> None:
         )
 
 
+# Deepest nesting of a request body, as the native JSON parser (the cache's fingerprints)
+# accepts: a fixed bound, so no later decode of the body (Python's decoders stop at a depth that
+# depends on how deep the call stack already is) can fail where parsing it passed.
+MAX_DEPTH = 128
+_TOO_DEEP = f"Request body is nested deeper than {MAX_DEPTH} levels."
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
+
+
+def nesting(body: bytes) -> int:
+    """How deep a valid JSON document nests its arrays and objects (strings stepped over)."""
+    skeleton = _JSON_STRING.sub(b"", body).translate(None, _NOT_BRACKETS)
+    return max(accumulate(map(_STEP.__getitem__, skeleton)), default=0)
+
+
+def _check_depth(body: bytes) -> None:
+    """400 for a body nested deeper than MAX_DEPTH (counted only when it could be)."""
+    if body.count(b"[") + body.count(b"{") > MAX_DEPTH and nesting(body) > MAX_DEPTH:
+        raise InvalidRequest(_TOO_DEEP)
+
+
 # Built once: a `X | Y` written in the isinstance call is a new union object per request.
 _TYPED_APIS = _Responses | _Messages
 _OPENAI_TEXT = _Chat | _Completion
@@ -369,7 +392,8 @@ def parse_body(endpoint: str, body: bytes, *, max_items: int = 2048) -> ParsedRe
     except msgspec.MsgspecError as exc:
         raise _invalid(exc) from None
     except RecursionError:
-        raise InvalidRequest("Request body is nested too deeply.") from None
+        raise InvalidRequest(_TOO_DEEP) from None
+    _check_depth(body)
     _check_duplicates(body)
     stream = False
     include_usage = False

@@ -13,6 +13,7 @@ from router.core.request import (
     EMBEDDINGS,
     UnsupportedMediaType,
     check_content_type,
+    nesting,
     parse_body,
 )
 from router.errors import InvalidRequest
@@ -178,3 +179,35 @@ def test_a_second_copy_of_a_field_the_router_acts_on_is_refused() -> None:
         b'{"properties":{"model":{},"n":{}}}}}],"n":1}'
     )
     assert parse_body(CHAT, nested).model == "a"
+
+
+def _nested(depth: int) -> bytes:
+    """A chat body whose deepest point is `depth` levels down (the body itself is one)."""
+    inner = b"[" * (depth - 1) + b"]" * (depth - 1)
+    return b'{"model":"m","messages":[{"role":"user","content":"[[{"}],"x":' + inner + b"}"
+
+
+@pytest.mark.parametrize("depth", [128, 129, 944, 5000])
+def test_a_body_nested_past_the_native_parsers_depth_is_a_400(depth: int) -> None:
+    # A fixed bound, the native parser's: Python's decoders stop at a depth that depends on the
+    # call stack, so a body that parsed here could fail a later decode deeper in the stack.
+    if depth <= 128:
+        assert parse_body(CHAT, _nested(depth)).model == "m"
+    else:
+        with pytest.raises(InvalidRequest, match="nested deeper than 128 levels"):
+            parse_body(CHAT, _nested(depth))
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [[], {}, "[[", {"a": ["{", {"b": [[["]"]]]}]}, [1, [2, [3, [4]]], {"k": 'a "quote" \\ [['}]],
+)
+def test_nesting_steps_over_strings(doc: object) -> None:
+    def depth(value: object) -> int:
+        if isinstance(value, list):
+            return 1 + max(map(depth, value), default=0)
+        if isinstance(value, dict):
+            return 1 + max(map(depth, value.values()), default=0)
+        return 0
+
+    assert nesting(json.dumps(doc).encode()) == depth(doc)
