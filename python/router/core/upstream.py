@@ -8,7 +8,6 @@ import re
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
-from operator import methodcaller
 from urllib.parse import urlsplit
 
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -66,7 +65,7 @@ _REQUEST_DROP = _HOP | {
 # aiohttp's web server sets its own Date/Server; content-length is recomputed from the body.
 # A region's cookies and CORS policy are not the router's to hand out.
 _RESPONSE_DROP = _HOP | {"date", "server", "set-cookie", "set-cookie2"}
-_is_cors = methodcaller("startswith", "access-control-")
+_CORS = "access-control-"
 # Servers that honour stream_options.include_usage (llama-cpp-python ignores it).
 _REPORTS_USAGE = frozenset({"vllm", "llama-server", "openai", "sim"})
 # Request ids the router sends upstream are UUIDs (llama-cpp-python refuses anything else).
@@ -148,13 +147,14 @@ class Upstream:
         """Client headers minus hop-by-hop and client credentials, plus the region key and id."""
         # Headers the client's Connection header names are hop-by-hop too (RFC 9110 7.6.1).
         named = client.get("Connection")
-        out: CIMultiDict[str] = CIMultiDict(client)
-        present = set(map(str.lower, client.keys()))
-        drop = present.intersection(_REQUEST_DROP)
-        if named:
-            drop.update(present.intersection(h.strip().lower() for h in named.split(",")))
-        for name in drop:
-            out.popall(name)
+        hop = {h.strip().lower() for h in named.split(",")} if named else ()
+        out: CIMultiDict[str] = CIMultiDict(
+            [
+                (key, value)
+                for key, value in client.items()
+                if (low := key.lower()) not in _REQUEST_DROP and low not in hop
+            ]
+        )
         if self.auth is not None:
             out["Authorization"] = self.auth
         out["Accept-Encoding"] = "identity"
@@ -199,12 +199,11 @@ class Opened:
 
 def response_headers(upstream: CIMultiDictProxy[str]) -> CIMultiDict[str]:
     """Upstream response headers safe to relay to the client."""
-    out: CIMultiDict[str] = CIMultiDict(upstream)
-    present = set(map(str.lower, upstream.keys()))
-    drop = present.intersection(_RESPONSE_DROP)
-    drop.update(filter(_is_cors, present))
-    for name in drop:
-        out.popall(name)
+    out: CIMultiDict[str] = CIMultiDict()
+    for key, value in upstream.items():
+        low = key.lower()
+        if low not in _RESPONSE_DROP and not low.startswith(_CORS):
+            out.add(key, value)
     return out
 
 

@@ -19,7 +19,6 @@ import collections
 import ssl
 import time
 from collections.abc import Callable, Iterable
-from itertools import chain
 from urllib.parse import urlsplit
 
 import httptools
@@ -28,7 +27,6 @@ from multidict import CIMultiDict, CIMultiDictProxy
 _NO_HEADERS: CIMultiDictProxy[str] = CIMultiDictProxy(CIMultiDict())
 # Body bytes buffered for a reader before reading from the region pauses (and resumes at 1/4).
 _HIGH_WATER = 256 * 1024
-_FIELD = "\r\n%s: %s"
 
 
 class ClientError(Exception):
@@ -41,16 +39,6 @@ class ConnectError(ClientError):
 
 class HeadTooLarge(ClientError):
     """The region's response head passed the pool's size or count bound."""
-
-
-def _decode(fields: list[tuple[bytes, bytes]]) -> CIMultiDict[str]:
-    """A response head's fields as latin-1 text, in order: joined, decoded and split in C
-    rather than pair by pair (httptools refuses a NUL in a field; one would fall back)."""
-    joined = b"\0".join(chain.from_iterable(fields))
-    if joined.count(b"\0") > 2 * len(fields) - 1:
-        return CIMultiDict([(n.decode("latin-1"), v.decode("latin-1")) for n, v in fields])
-    parts = iter(joined.decode("latin-1").split("\0"))
-    return CIMultiDict(zip(parts, parts, strict=False))  # name, value, name, value, ...
 
 
 class _Connection(asyncio.Protocol):
@@ -143,7 +131,8 @@ class _Connection(asyncio.Protocol):
         self._head_done = True
         response = self.response
         if response is not None:
-            response.start(status, _decode(fields))
+            headers = CIMultiDict([(n.decode("latin-1"), v.decode("latin-1")) for n, v in fields])
+            response.start(status, headers)
 
     def on_message_complete(self) -> None:
         self._hand_on()  # the body's last pieces before its end
@@ -405,7 +394,7 @@ class Pool:
         loop = asyncio.get_running_loop()
         deadline = None if self.total_timeout is None else loop.time() + self.total_timeout
         pairs = list(headers)
-        fields = "".join(map(_FIELD.__mod__, pairs))  # "\r\n{name}: {value}" each, in C
+        fields = "".join([f"\r\n{name}: {value}" for name, value in pairs])
         if fields.isascii():
             block = fields.encode("ascii")  # the usual head: one encode, not two per field
         else:
