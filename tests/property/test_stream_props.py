@@ -1,7 +1,6 @@
-"""Properties of the chat stream's fast paths: `passable` (the usual read decoded in C, else one
-loop) relays, drops and strips exactly what noting each event's payload one by one
-(StreamState.note, payload_of) does, and leaves the same state; the first-token check agrees
-with parsing every event."""
+"""Properties of the chat stream's fast paths: the one-loop `passable` relays, drops and strips
+exactly what noting each event's payload one by one (StreamState.note, payload_of) does, and
+leaves the same state; the first-token check agrees with parsing every event."""
 
 from __future__ import annotations
 
@@ -50,72 +49,6 @@ def test_one_loop_equals_event_by_event(chunks: list[list[bytes]], strip_usage: 
         assert got == passable_each(events, slow, strip_usage, slow_stripped)
         assert fast_stripped == slow_stripped
         assert _fields(fast) == _fields(slow)
-
-
-# Payloads of the usual read's shape (and a few that are not), for the C-decoded path.
-_CHUNK_PAYLOADS = st.sampled_from(
-    [
-        b'{"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}',
-        b'{"choices":[{"index":0,"finish_reason":null},{"index":1,"finish_reason":"stop"}]}',
-        b'{"choices":[{"index":2,"delta":{}}]}',
-        b'{"choices":[{"index":0,"finish_reason":"length"}],"usage":null}',
-        b' {"choices":[],"usage":{"completion_tokens":2}} ',
-        b'{"us\\u0061ge":{"total_tokens":3}}',
-        b'{"choices":null,"usage":{}}',
-        b'{"usage":5,"usage":{}}',
-        b'{"choices":[{"index":1.0}]}',
-        b'{"x":"\xff"}',
-        b"[DONE]",
-        b"{",
-    ]
-)
-
-
-@settings(max_examples=300, deadline=None)
-@given(
-    chunks=st.lists(
-        st.lists(st.builds(lambda p: b"data: " + p + b"\n\n", _CHUNK_PAYLOADS), max_size=6),
-        max_size=5,
-    ),
-    strip_usage=st.booleans(),
-)
-def test_reads_of_data_events_equal_event_by_event(
-    chunks: list[list[bytes]], strip_usage: bool
-) -> None:
-    fast, slow = StreamState(), StreamState()
-    for events in chunks:
-        fast_stripped: list[bytes] = []
-        slow_stripped: list[bytes] = []
-        got = passable(events, fast, strip_usage, fast_stripped)
-        assert got == passable_each(events, slow, strip_usage, slow_stripped)
-        assert fast_stripped == slow_stripped
-        assert _fields(fast) == _fields(slow)
-
-
-def test_the_usual_read_is_decoded_without_the_event_loop(monkeypatch: object) -> None:
-    def loop(*args: object) -> bytes:
-        raise AssertionError("the usual read took the loop")
-
-    monkeypatch.setattr(StreamState, "_passable_loop", loop)  # type: ignore[attr-defined]
-    state = StreamState()
-    events = [
-        b'data: {"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}\n\n',
-        b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n',
-        b'data: {"choices":[],"usage":{"total_tokens":3}}\n\n',
-    ]
-    stripped: list[bytes] = []
-    assert passable(events, state, True, stripped) == b"".join(events[:2])
-    assert stripped == events[2:]
-    assert (state.finishes, state.usage_only, state.complete) == ({0: "stop"}, True, True)
-    # A quick region's last read: [DONE] relayed once every choice finished, else held back.
-    done = b"data: [DONE]\n\n"
-    assert passable([events[0], done], StreamState(), False) == events[0]
-    state = StreamState()
-    assert passable([*events, done], state, False) == b"".join([*events, done])
-    assert (state.done, state.held_done, state.usage_only) == (True, False, False)
-    stripped = []
-    assert passable([*events, done], StreamState(), True, stripped) == events[0] + events[1] + done
-    assert stripped == events[2:]
 
 
 def _has_token_reference(data: bytes) -> bool:

@@ -40,11 +40,6 @@ def _not_json(payload: bytes) -> bool:
     return False
 
 
-def _usage_only(chunk: _Chunk) -> bool:
-    """A chunk that carries usage and no choice (the one a router-added include_usage brings)."""
-    return not chunk.choices and chunk.usage is not None
-
-
 class StreamState:
     """Notes every payload the relay passes on; `complete` once the stream really finished."""
 
@@ -91,72 +86,9 @@ class StreamState:
     def passable(
         self, events: list[bytes], strip_usage: bool, stripped: list[bytes] | None
     ) -> bytes:
-        """`passable` for a chat stream. The usual read (one-line `data: ` events, each a chunk
-        of the expected shape, no [DONE], no usage to strip) is checked with its payloads cut
-        and decoded in C; anything else, or any payload that does not decode, takes the one
-        loop over the events below, before any note is made."""
-        joined = b"".join(events)
-        n = len(events)
-        # Exactly `data: X\n\n` n times, no X holding a line feed.
-        if (
-            n
-            and joined.startswith(b"data: ")
-            and joined.endswith(b"\n\n")
-            and joined.count(b"\n") == 2 * n
-            and joined.count(b"\n\ndata: ") == n - 1
-        ):
-            payloads = joined[6:-2].split(b"\n\ndata: ")
-            done = payloads[-1] == DONE  # the stream's last read, when the region was quick
-            if done:
-                payloads.pop()
-            if DONE not in payloads:
-                try:
-                    chunks = list(map(_CHUNK.decode, payloads))
-                except (msgspec.DecodeError, RecursionError):
-                    pass  # an event of another shape, or not JSON: the loop below decides
-                else:
-                    finishes = self.finishes
-                    usage = False  # a chunk of usage and no choice among them
-                    for chunk in chunks:
-                        choices = chunk.choices
-                        if choices:
-                            for choice in choices:
-                                reason = choice.finish_reason
-                                if reason is not None or choice.index not in finishes:
-                                    finishes[choice.index] = reason
-                        elif chunk.usage is not None:
-                            usage = True
-                    if chunks:
-                        self.usage_only = _usage_only(chunks[-1])
-                    keep_done = False
-                    if done:
-                        self.usage_only = False
-                        self.done = True
-                        keep_done = self.complete
-                        self.held_done |= not keep_done
-                    if usage and strip_usage:
-                        kept = self._strip(payloads, chunks, stripped)
-                        return kept + DONE_EVENT if keep_done else kept
-                    return joined[: -len(DONE_EVENT)] if done and not keep_done else joined
-        return self._passable_loop(events, strip_usage, stripped)
-
-    @staticmethod
-    def _strip(payloads: list[bytes], chunks: list[_Chunk], stripped: list[bytes] | None) -> bytes:
-        """The usual read's events without its usage chunks (into `stripped`)."""
-        kept = []
-        for payload, chunk in zip(payloads, chunks, strict=True):
-            event = b"data: " + payload + b"\n\n"
-            if not _usage_only(chunk):
-                kept.append(event)
-            elif stripped is not None:
-                stripped.append(event)
-        return b"".join(kept)
-
-    def _passable_loop(
-        self, events: list[bytes], strip_usage: bool, stripped: list[bytes] | None
-    ) -> bytes:
-        """`note` and `payload_of` inlined, in one loop over the events (per event, the calls
-        cost more than decoding it), the events joined as they came unless one is dropped."""
+        """`passable` for a chat stream: `note` and `payload_of` inlined, in one loop over the
+        events (per event, the calls cost more than decoding it), the events joined as they
+        came unless one is dropped."""
         kept: list[bytes] | None = None  # None while every event so far passes
         finishes = self.finishes
         decode = _CHUNK.decode

@@ -48,6 +48,7 @@ class _Connection(asyncio.Protocol):
         self._pool = pool
         # The loop it runs on, kept: asyncio.get_running_loop() costs a getpid() call each time.
         self.loop = loop
+        self._parser = httptools.HttpResponseParser(self)
         self.transport: asyncio.Transport | None = None
         self.response: Response | None = None
         self.idle_since = 0.0
@@ -62,13 +63,6 @@ class _Connection(asyncio.Protocol):
         self._head_done = False
         # Raw (name, value) pairs: decoded once the head is complete.
         self._fields: list[tuple[bytes, bytes]] = []
-        # Body pieces of the bytes being parsed, handed to the answer's Body in one go after
-        # each read (a streamed answer comes in one chunk per event: a Python call for each
-        # would cost more than the event). httptools takes its callbacks when it is built, so
-        # `on_body` is this list's append, in C.
-        self._pieces: list[bytes] = []
-        self.on_body = self._pieces.append
-        self._parser = httptools.HttpResponseParser(self)
 
     # -- asyncio.Protocol
 
@@ -86,7 +80,6 @@ class _Connection(asyncio.Protocol):
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
-            self._hand_on()
             cause = exc.__context__
             if isinstance(cause, HeadTooLarge):
                 self._fail(cause)
@@ -94,8 +87,6 @@ class _Connection(asyncio.Protocol):
                 self._fail(ClientError(f"invalid HTTP from the region ({exc})"))
             self.abort()
             return
-        if self._pieces:
-            self._hand_on()
         if not self._head_done and self._head_bytes > self._pool.max_head_bytes:
             # llhttp buffers a header it has not finished: bound what a region can make us hold.
             limit = self._pool.max_head_bytes
@@ -134,19 +125,14 @@ class _Connection(asyncio.Protocol):
             headers = CIMultiDict([(n.decode("latin-1"), v.decode("latin-1")) for n, v in fields])
             response.start(status, headers)
 
+    def on_body(self, body: bytes) -> None:
+        if self.response is not None:
+            self.response.content.feed(body)
+
     def on_message_complete(self) -> None:
-        self._hand_on()  # the body's last pieces before its end
         response = self.response
         if response is not None and response.status:
             response.finish(self._parser.should_keep_alive())
-
-    def _hand_on(self) -> None:
-        """Give the body pieces parsed so far to the answer (in order, in one call)."""
-        pieces = self._pieces
-        if pieces:
-            if self.response is not None:
-                self.response.content.feed_all(pieces)
-            pieces.clear()
 
     # --
 
@@ -187,10 +173,9 @@ class Body:
         self.complete = False
         self.error: BaseException | None = None
 
-    def feed_all(self, pieces: list[bytes]) -> None:
-        """Buffer `pieces`, in order, and wake the reader."""
-        self._buffer.extend(pieces)
-        self._size += sum(map(len, pieces))
+    def feed(self, data: bytes) -> None:
+        self._buffer.append(data)
+        self._size += len(data)
         if self._size > _HIGH_WATER and not self._paused and self._conn.transport is not None:
             self._paused = True
             self._conn.transport.pause_reading()

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from itertools import repeat
-from operator import add
 
 DONE = b"[DONE]"
 # A blank line, the end of an event: LF LF, or CR LF CR LF (and the mixes) as the Decoder reads.
@@ -142,7 +140,7 @@ class Splitter:
             parts.pop()
             if len(chunk) > self.max_bytes and max(map(len, parts)) + 2 > self.max_bytes:
                 raise EventTooLarge(f"an SSE event passed {self.max_bytes} bytes")
-            return [*map(add, filter(None, parts), repeat(b"\n\n"))]  # each + LF LF, in C
+            return [part + b"\n\n" for part in parts if part]
         buf = self._buf
         buf += chunk
         events: list[bytes] = []
