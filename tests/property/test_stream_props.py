@@ -1,6 +1,7 @@
 """Properties of the chat stream's fast paths: the one-loop `passable` relays, drops and strips
 exactly what noting each event's payload one by one (StreamState.note, payload_of) does, and
-leaves the same state; the first-token check agrees with parsing every event."""
+leaves the same state, over mixed events and over reads of data events of many shapes; the
+first-token check agrees with parsing every event."""
 
 from __future__ import annotations
 
@@ -41,6 +42,46 @@ def _fields(state: StreamState) -> tuple[object, ...]:
 @settings(max_examples=300, deadline=None)
 @given(chunks=st.lists(st.lists(_EVENTS, max_size=6), max_size=5), strip_usage=st.booleans())
 def test_one_loop_equals_event_by_event(chunks: list[list[bytes]], strip_usage: bool) -> None:
+    fast, slow = StreamState(), StreamState()
+    for events in chunks:
+        fast_stripped: list[bytes] = []
+        slow_stripped: list[bytes] = []
+        got = passable(events, fast, strip_usage, fast_stripped)
+        assert got == passable_each(events, slow, strip_usage, slow_stripped)
+        assert fast_stripped == slow_stripped
+        assert _fields(fast) == _fields(slow)
+
+
+# Payloads of the usual read's shape and near it: escaped and duplicate keys, wrong types.
+_CHUNK_PAYLOADS = st.sampled_from(
+    [
+        b'{"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}',
+        b'{"choices":[{"index":0,"finish_reason":null},{"index":1,"finish_reason":"stop"}]}',
+        b'{"choices":[{"index":2,"delta":{}}]}',
+        b'{"choices":[{"index":0,"finish_reason":"length"}],"usage":null}',
+        b' {"choices":[],"usage":{"completion_tokens":2}} ',
+        b'{"us\\u0061ge":{"total_tokens":3}}',
+        b'{"choices":null,"usage":{}}',
+        b'{"usage":5,"usage":{}}',
+        b'{"choices":[{"index":1.0}]}',
+        b'{"x":"\xff"}',
+        b"[DONE]",
+        b"{",
+    ]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    chunks=st.lists(
+        st.lists(st.builds(lambda p: b"data: " + p + b"\n\n", _CHUNK_PAYLOADS), max_size=6),
+        max_size=5,
+    ),
+    strip_usage=st.booleans(),
+)
+def test_reads_of_data_events_equal_event_by_event(
+    chunks: list[list[bytes]], strip_usage: bool
+) -> None:
     fast, slow = StreamState(), StreamState()
     for events in chunks:
         fast_stripped: list[bytes] = []
