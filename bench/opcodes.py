@@ -8,7 +8,8 @@ client (`critical`, what bench/critical_path times) and to the end of its handli
 and printed per request and per module. Requests are sent one at a time, so nothing else runs
 in between. The counts barely move from run to run, so a cut a few percent deep shows here
 where the timed benches' noise (about +-15 us between runs) hides it; they count Python only
-(C, Rust and the kernel are free here) and tracing makes the hop about ten times slower.
+(C, Rust and the kernel are free here: a loop moved into C calls counts less and may run
+slower, so time such a cut too) and tracing makes the hop about ten times slower.
 
     python -m bench.opcodes                          # 200 requests after 30 warm-up ones
     python -m bench.opcodes --stream --baseline ../old-checkout --json out.json
