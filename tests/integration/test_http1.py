@@ -368,12 +368,13 @@ async def test_a_fresh_connection_or_a_partial_answer_is_never_sent_again(serve)
     [
         b"X-Big: " + b"a" * 200_000 + b"\r\n",  # one huge field, still arriving
         b"".join(b"X-%d: v\r\n" % i for i in range(300)),  # too many small ones
+        b"X-Big: " + b"a" * 70_000 + b"\r\nContent-Length: 2\r\n\r\n{}",  # whole, one read
     ],
-    ids=["size", "count"],
+    ids=["size", "count", "whole"],
 )
 async def test_a_response_head_over_its_bounds_fails_the_exchange(serve, head: bytes) -> None:  # type: ignore[no-untyped-def]
     async def script(request: bytes, writer: asyncio.StreamWriter) -> None:
-        writer.write(b"HTTP/1.1 200 OK\r\n" + head)  # never finished: the bound must cut it
+        writer.write(b"HTTP/1.1 200 OK\r\n" + head)  # the bound must cut it
         await writer.drain()
         await asyncio.sleep(5)
 
@@ -384,3 +385,20 @@ async def test_a_response_head_over_its_bounds_fails_the_exchange(serve, head: b
     with pytest.raises(http1.HeadTooLarge):
         await pool.post("/v1/chat/completions", b"{}", [])
     await pool.close()
+
+
+async def test_a_region_switching_protocols_fails_the_exchange_cleanly(serve, caplog) -> None:  # type: ignore[no-untyped-def]
+    async def script(request: bytes, writer: asyncio.StreamWriter) -> None:
+        writer.write(
+            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\nConnection: Upgrade\r\n\r\n"
+        )
+        await writer.drain()
+        await asyncio.sleep(5)
+
+    _, url = await serve(script)
+    pool = _pool(url)
+    with pytest.raises(http1.ClientError, match="switched protocols"):
+        await pool.post("/v1/chat/completions", b"{}", [])
+    await pool.close()
+    # Not asyncio's "Fatal error: protocol.data_received() call failed" with a traceback.
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]

@@ -17,11 +17,16 @@ _ENCODE = msgspec.json.Encoder()
 _TEXT_PARTS = frozenset({"text", "input_text", "output_text", "refusal", "summary_text"})
 
 
+def _is_text(kind: object) -> bool:
+    """Whether a content part's `type` (anything a client sent) names a text part."""
+    return isinstance(kind, str) and kind in _TEXT_PARTS
+
+
 def _text_of(parts: list[Any]) -> str | None:
     """The parts' text joined, when every part is text (else None: keep the parts)."""
     texts = []
     for part in parts:
-        if not isinstance(part, dict) or part.get("type") not in _TEXT_PARTS:
+        if not isinstance(part, dict) or not _is_text(part.get("type")):
             return None
         value = part.get("text", part.get("refusal"))
         if not isinstance(value, str):
@@ -43,7 +48,7 @@ def _content(value: Any) -> Any:
             if not isinstance(part, dict):
                 continue
             kind = part.get("type")
-            if kind in _TEXT_PARTS:
+            if _is_text(kind):
                 out.append({"type": "text", "text": part.get("text") or part.get("refusal") or ""})
             elif kind in ("input_image", "image"):
                 detail = part.get("detail")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 
@@ -200,6 +201,19 @@ async def relay_stream(
                     _hand_off(upstream, splitter, state, tap, idle_timeout, max_bytes - size)
                     handed = True
                 return resp
+            if state.complete and not splitter.pending and not isinstance(exc, _Truncated):
+                # Every choice finished before the region's connection broke (a reset after
+                # [DONE], junk after the last chunk): the answer is whole; nothing to resume.
+                if state.owes_done:
+                    await send(DONE_EVENT)
+                log.warning(
+                    "request %s: %s's connection broke after a complete stream: %s",
+                    ctx.request_id,
+                    ctx.region,
+                    str(exc) or "disconnect",
+                )
+                await resp.write_eof()
+                return resp
             timeout = isinstance(exc, TimeoutError)
             reason = "idle timeout" if timeout else str(exc) or "disconnect"
             log.warning("request %s: stream from %s broke: %s", ctx.request_id, ctx.region, reason)
@@ -228,6 +242,17 @@ async def relay_stream(
                 state.invalid,
                 ctx.region,
             )
+    except Exception as exc:
+        if not resp.prepared:
+            raise
+        # Past the stream's head nothing may answer again: a client that left is let go; a
+        # bug gets the client one error event and a clean end, never a second response.
+        if not isinstance(exc, ConnectionError):
+            log.exception("request %s: relaying from %s failed", ctx.request_id, ctx.region)
+            with contextlib.suppress(ConnectionError):
+                await resp.write(ctx.dialect.stream_failure("The router failed mid-stream.", state))
+                await resp.write_eof()
+        return resp
     finally:
         if not handed:
             if tap is not None:

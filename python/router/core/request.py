@@ -261,7 +261,8 @@ def whole_number(value: object, param: str, minimum: int = 0) -> int | None:
         number = int(value)
     elif isinstance(value, str):
         digits = value.strip()
-        if digits.isascii() and digits.isdigit():
+        # Past 4,300 digits int() refuses (CPython's guard against quadratic conversion).
+        if digits.isascii() and digits.isdigit() and len(digits) <= 4300:
             number = int(digits)
     if number is None or number < minimum:
         raise InvalidRequest(

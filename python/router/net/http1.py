@@ -41,6 +41,11 @@ class HeadTooLarge(ClientError):
     """The region's response head passed the pool's size or count bound."""
 
 
+def _head_size(fields: list[tuple[bytes, bytes]]) -> int:
+    """At least how many bytes a head with these fields took (`name: value` CR LF each)."""
+    return sum(len(name) + len(value) + 4 for name, value in fields)
+
+
 class _Connection(asyncio.Protocol):
     """One keep-alive connection; carries at most one exchange at a time."""
 
@@ -79,6 +84,11 @@ class _Connection(asyncio.Protocol):
             self._head_bytes += len(data)
         try:
             self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            # A 101 (or CONNECT's 2xx): the region wants another protocol on this connection.
+            self._fail(ClientError("the region switched protocols (HTTP 101)"))
+            self.abort()
+            return
         except httptools.HttpParserError as exc:
             cause = exc.__context__
             if isinstance(cause, HeadTooLarge):
@@ -119,6 +129,11 @@ class _Connection(asyncio.Protocol):
         if status < 200:
             self._head_bytes = 0
             return  # 1xx: an interim answer; the real one follows
+        limit = self._pool.max_head_bytes
+        if self._head_bytes > limit and _head_size(fields) > limit:
+            # A head that arrived whole in one read (the check after each read never saw it
+            # unfinished): measured here, by its fields.
+            raise HeadTooLarge(f"the region's response head passed {limit} bytes")
         self._head_done = True
         response = self.response
         if response is not None:

@@ -67,9 +67,11 @@ class StreamTracker(SentEvents):
             return
         if not self.ident:
             self.ident = {k: obj[k] for k in ("id", "created", "model") if k in obj}
-        for choice in obj.get("choices") or ():
-            if isinstance(choice, dict):
-                piece = (choice.get("delta") or {}).get("content")
+        choices = obj.get("choices")
+        for choice in choices if isinstance(choices, list) else ():
+            delta = choice.get("delta") if isinstance(choice, dict) else None
+            if isinstance(delta, dict):
+                piece = delta.get("content")
                 if isinstance(piece, str) and piece:
                     self.pieces.append(piece)
                     self.events += 1

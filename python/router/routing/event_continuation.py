@@ -67,6 +67,8 @@ class EventTracker(SentEvents):
         if obj is None:
             return
         kind = obj.get("type")
+        if not isinstance(kind, str):
+            kind = None  # a region's event of another shape: nothing to note but its number
         sequence = obj.get("sequence_number")
         if isinstance(sequence, int):
             self.sequence = sequence

@@ -95,6 +95,11 @@ class SentEvents:
 _TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
 
 
+def _is_text(kind: object) -> bool:
+    """Whether a content part's `type` (anything a client sent) names a text part."""
+    return isinstance(kind, str) and kind in _TEXT_PARTS
+
+
 def _text_of(content: object) -> str | None:
     """A message's content as one string; None if it holds anything but text."""
     if isinstance(content, str):
@@ -103,7 +108,7 @@ def _text_of(content: object) -> str | None:
         return None
     pieces = []
     for part in content:
-        if not isinstance(part, dict) or part.get("type") not in _TEXT_PARTS:
+        if not isinstance(part, dict) or not _is_text(part.get("type")):
             return None
         text = part.get("text")
         if not isinstance(text, str):

@@ -173,3 +173,14 @@ def test_an_anthropic_stream_reports_input_first_and_output_last() -> None:
     for i in range(0, len(stream), 7):
         meter.feed(stream[i : i + 7])
     assert meter.used() == 14
+
+
+def test_content_parts_of_any_type_are_counted_never_a_crash() -> None:
+    # A part's `type` may be anything a client sent (a list, an object): counted as its JSON.
+    odd: list[Any] = [{"type": []}, {"type": {"a": 1}}, {"type": 5}]
+    view = _view(RESPONSES, {"model": "m", "input": [{"role": "user", "content": odd}]})
+    assert view["messages"][0]["content"] == odd
+    view = _view(RESPONSES, {"model": "m", "input": "hi", "instructions": odd})
+    assert view["messages"][0]["content"] == json.dumps(odd, separators=(",", ":"))
+    body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": odd}]}
+    assert _view(MESSAGES, body)["messages"][0]["content"] == odd

@@ -325,3 +325,65 @@ async def test_a_stream_that_ends_before_any_byte_is_one_clean_error_tried_nowhe
     assert status == 502
     assert json.loads(raw)["error"]["code"] == "empty_stream"
     assert (len(regions["a"].requests), len(regions["b"].requests)) == (1, 0)
+
+
+def broken(*events: bytes) -> LocalReply:
+    """A stream whose region connection breaks after `events`."""
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for item in events:
+            yield item
+        raise ConnectionResetError("region died")
+
+    return LocalReply(200, SSE, chunks())
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [
+        b'data: {"id":"c","choices":[{"index":0,"delta":"str"}]}\n\n',
+        b'data: {"id":"c","choices":5}\n\n',
+        b'data: {"id":"c","choices":[{"index":0,"delta":[1]}]}\n\n',
+    ],
+)
+async def test_a_region_event_of_another_shape_is_relayed_and_the_stream_resumed(
+    odd: bytes,
+) -> None:
+    routing = RoutingConfig(midstream="resume")
+    first = broken(delta("Hel"), odd)
+    rest = stream(delta("lo"), finish(), b"data: [DONE]\n\n")
+    app, _ = app_for({"a": scripted(first), "b": scripted(rest)}, routing)
+    status, raw, _ = await post(app, stream=True)
+    assert status == 200
+    assert b"Internal router error" not in raw
+    assert b"HTTP/1.1" not in raw
+    assert payloads(raw)[-1] == b"[DONE]"
+
+
+async def test_a_region_that_breaks_after_a_complete_stream_adds_no_error() -> None:
+    app, _ = app_for({"a": scripted(broken(delta("a"), finish(), b"data: [DONE]\n\n"))})
+    _, raw, _ = await post(app, stream=True)
+    assert b'"error"' not in raw
+    assert payloads(raw)[-1] == b"[DONE]"
+    # Finished without [DONE], then the break: [DONE] is added, as for a clean end.
+    app, _ = app_for({"a": scripted(broken(delta("a"), finish()))})
+    _, raw, _ = await post(app, stream=True)
+    assert b'"error"' not in raw
+    assert payloads(raw)[-1] == b"[DONE]"
+
+
+async def test_a_bug_past_a_streams_head_ends_it_with_one_error_event(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from router.core import relay
+
+    def fail(*args: object) -> bytes:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(relay, "passable", fail)
+    app, _ = app_for({"a": scripted(stream(delta("a"), finish(), b"data: [DONE]\n\n"))})
+    status, raw, _ = await post(app, stream=True)
+    # The head went out: no second response, one error event, a clean end of the body.
+    assert status == 200
+    assert b"HTTP/1.1" not in raw
+    assert b"The router failed mid-stream." in raw

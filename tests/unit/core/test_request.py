@@ -211,3 +211,11 @@ def test_nesting_steps_over_strings(doc: object) -> None:
         return 0
 
     assert nesting(json.dumps(doc).encode()) == depth(doc)
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "n", "max_completion_tokens"])
+def test_a_token_field_of_more_digits_than_int_reads_is_a_400(field: str) -> None:
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    raw = body[:-1].encode() + b', "%s": "%s"}' % (field.encode(), b"9" * 4301)
+    with pytest.raises(InvalidRequest, match=f"`{field}` must be an integer"):
+        parse_body(CHAT, raw)

@@ -174,3 +174,9 @@ def test_the_echo_of_a_whole_prefill_is_held_back() -> None:
     done = stitcher.event(ev("response.output_text.done", item_id="m", text="ignored"))
     assert done is not None
     assert data(done)["text"] == "Hello world"
+
+
+def test_events_of_another_shape_are_passed_over() -> None:
+    # A region's `type` that is not a string (a list, an object) is noted as no known event.
+    tracker = tracked(*FIRST, b'data: {"type": []}\n\n', b'data: {"type": {"a": 1}}\n\n')
+    assert (tracker.text, tracker.response_id, tracker.unsupported) == ("Hello", "resp_1", False)

@@ -156,3 +156,11 @@ def test_continuation_modes_follow_the_server_kind() -> None:
     assert deterministic(b'{"seed": 7, "temperature": 1}')
     assert not deterministic(b'{"temperature": 0.2}')
     assert not deterministic(b"{}")
+
+
+def test_a_prefill_with_parts_of_any_type_is_not_text() -> None:
+    from router.routing.seam import _text_of
+
+    assert _text_of([{"type": []}, {"type": "text", "text": "a"}]) is None
+    assert _text_of([{"type": {"a": 1}}]) is None
+    assert _text_of([{"type": "text", "text": "a"}, {"type": "input_text", "text": "b"}]) == "ab"
