@@ -281,6 +281,9 @@ async def open_attempt(
             if 300 <= status < 400:
                 # Relayed, a redirect would send the client (and its prompt) somewhere else.
                 raise AttemptError(name, FailureKind.INVALID, f"HTTP {status} redirect")
+            if status >= 600:
+                # Three digits the parser took, but no HTTP status (RFC 9110 15: 100-599).
+                raise AttemptError(name, FailureKind.INVALID, f"HTTP {status} is not a status")
             if status in RETRY_STATUSES:
                 if caused_by_request(whole):
                     raise AttemptError(

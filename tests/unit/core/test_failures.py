@@ -167,6 +167,14 @@ async def test_a_whole_answer_nested_too_deep_to_check_is_a_failed_attempt() -> 
     assert len(regions["a"].requests) == 1
 
 
+@pytest.mark.parametrize("code", [600, 999])
+async def test_a_status_outside_http_is_a_failed_attempt_never_relayed(code: int) -> None:
+    app, regions = app_for({"a": scripted(LocalReply(code, JSON, [b"{}"])), "b": scripted(OK)})
+    status, _, headers = await post(app)
+    assert (status, headers["x-router-region"]) == (200, "b")
+    assert len(regions["a"].requests) == 1
+
+
 def stream(*events: bytes | float) -> LocalReply:
     async def chunks() -> AsyncIterator[bytes]:
         for item in events:
