@@ -246,6 +246,13 @@ def _invalid(exc: msgspec.MsgspecError) -> InvalidRequest:
     return InvalidRequest(message, param=param)
 
 
+def shown(value: object, limit: int = 80) -> str:
+    """A client's value as an error message quotes it: its repr, cut at `limit` characters (a
+    body may hold a megabyte-long one)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def whole_number(value: object, param: str, minimum: int = 0) -> int | None:
     """An integer field read the way a lax region parser (pydantic) reads it: 5000, 5000.0,
     5e3 and "5000" are 5000. Anything else is a 400, never a default: a limit must not be
@@ -266,7 +273,8 @@ def whole_number(value: object, param: str, minimum: int = 0) -> int | None:
             number = int(digits)
     if number is None or number < minimum:
         raise InvalidRequest(
-            f"`{param}` must be an integer of at least {minimum}, got {value!r}.", param=param
+            f"`{param}` must be an integer of at least {minimum}, got {shown(value)}.",
+            param=param,
         )
     return number
 
@@ -479,7 +487,7 @@ def _check_messages(
     for i, message in enumerate(decoded.messages):
         if message.role not in ("user", "assistant"):
             raise InvalidRequest(
-                f'`messages.{i}.role` must be "user" or "assistant", got {message.role!r}'
+                f'`messages.{i}.role` must be "user" or "assistant", got {shown(message.role)}'
                 " (a system prompt goes in `system`).",
                 param=f"messages.{i}.role",
             )

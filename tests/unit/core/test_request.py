@@ -219,3 +219,12 @@ def test_a_token_field_of_more_digits_than_int_reads_is_a_400(field: str) -> Non
     raw = body[:-1].encode() + b', "%s": "%s"}' % (field.encode(), b"9" * 4301)
     with pytest.raises(InvalidRequest, match=f"`{field}` must be an integer"):
         parse_body(CHAT, raw)
+
+
+def test_an_error_quotes_a_clients_value_cut_short() -> None:
+    raw = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    raw = raw[:-1] + b', "max_tokens": "' + b"x" * 100_000 + b'"}'
+    with pytest.raises(InvalidRequest) as caught:
+        parse_body(CHAT, raw)
+    assert "got 'xxx" in str(caught.value)
+    assert len(str(caught.value)) < 200
