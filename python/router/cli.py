@@ -166,7 +166,7 @@ def _serve(args: argparse.Namespace) -> int:
             index, generation, supervisor = map(int, [*args.worker.split(":"), 0, 0][:3])
             if supervisor:
                 parent.follow(supervisor)
-            worker = Worker(index, generation, args.machine_dir, supervisor)
+            worker = Worker(index, generation, args.machine_dir)
             serve(config, Path(args.config), worker)
             if parent.orphaned() and args.machine_dir:
                 parent.clean_up(args.machine_dir)

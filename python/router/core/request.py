@@ -246,7 +246,7 @@ def _invalid(exc: msgspec.MsgspecError) -> InvalidRequest:
     return InvalidRequest(message, param=param)
 
 
-def shown(value: object, limit: int = 80) -> str:
+def _shown(value: object, limit: int = 80) -> str:
     """A client's value as an error message quotes it: its repr, cut at `limit` characters (a
     body may hold a megabyte-long one)."""
     text = repr(value)
@@ -273,7 +273,7 @@ def whole_number(value: object, param: str, minimum: int = 0) -> int | None:
             number = int(digits)
     if number is None or number < minimum:
         raise InvalidRequest(
-            f"`{param}` must be an integer of at least {minimum}, got {shown(value)}.",
+            f"`{param}` must be an integer of at least {minimum}, got {_shown(value)}.",
             param=param,
         )
     return number
@@ -487,7 +487,7 @@ def _check_messages(
     for i, message in enumerate(decoded.messages):
         if message.role not in ("user", "assistant"):
             raise InvalidRequest(
-                f'`messages.{i}.role` must be "user" or "assistant", got {shown(message.role)}'
+                f'`messages.{i}.role` must be "user" or "assistant", got {_shown(message.role)}'
                 " (a system prompt goes in `system`).",
                 param=f"messages.{i}.role",
             )

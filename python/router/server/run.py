@@ -52,8 +52,6 @@ class Worker:
     generation: int = 0
     # server.machine.MachineDir: limits table, health table and reports, sockets.
     machine_dir: str | None = None
-    # The supervisor's pid, when it is followed (server.parent): its death stops this worker.
-    supervisor: int = 0
 
     @property
     def ops_socket(self) -> str | None:
@@ -107,10 +105,10 @@ async def run_until_signal(
     extra: Callable[[], Awaitable[None]] | None = None,
     ssl_context: ssl.SSLContext | None = None,
     reuse_port: bool = False,
-    also_stop: asyncio.Future[None] | None = None,
+    stop: asyncio.Event | None = None,
 ) -> None:
-    """Serve on `listen` until SIGTERM/SIGINT (or `also_stop` is done); `runner.cleanup()` then
-    drains in-flight work."""
+    """Serve on `listen` until SIGTERM/SIGINT (or until `stop`, which they set, is set by
+    anything else); `runner.cleanup()` then drains in-flight work."""
     await runner.setup()
     try:
         url = await start_site(runner, listen, ssl_context, "listen", reuse_port)
@@ -119,12 +117,10 @@ async def run_until_signal(
     except BaseException:
         await runner.cleanup()
         raise
-    stop = asyncio.Event()
+    stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    if also_stop is not None:
-        also_stop.add_done_callback(lambda _: stop.set())
     if on_ready is not None:
         on_ready(url)
     try:
@@ -190,12 +186,12 @@ async def serve_async(
         )
         log.info("admin listener on %s (/metrics, /status, /admin)", url)
 
-    gone = None
-    if worker is not None and worker.supervisor:
-        # The supervisor's death (parent.follow) stops this worker like a SIGTERM would.
+    stop = asyncio.Event()
+    if worker is not None:
+        # The supervisor's death (when parent.follow tied the worker to it) stops it like a
+        # SIGTERM would.
         loop = asyncio.get_running_loop()
-        gone = loop.create_future()
-        parent.on_gone(lambda: loop.call_soon_threadsafe(_settle, gone))
+        parent.on_gone(lambda: loop.call_soon_threadsafe(stop.set))
     try:
         await run_until_signal(
             runner,
@@ -205,18 +201,13 @@ async def serve_async(
             started,
             listeners.client,
             reuse_port=worker is not None,
-            also_stop=gone,
+            stop=stop,
         )
     finally:
         if admin_runner is not None:
             await admin_runner.cleanup()
         if machine is not None:
             machine.close()
-
-
-def _settle(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
 
 
 def serve(config: Config, config_path: Path | None = None, worker: Worker | None = None) -> None:

@@ -50,7 +50,7 @@ _STOPPING = textwrap.dedent(
     import uvloop
     from aiohttp import web
     from router.server import parent
-    from router.server.run import _settle, run_until_signal
+    from router.server.run import run_until_signal
 
     first = getattr(signal, sys.argv[2])
 
@@ -60,12 +60,12 @@ _STOPPING = textwrap.dedent(
     async def main():
         parent.watch()
         loop = asyncio.get_running_loop()
-        gone = loop.create_future()
-        parent.on_gone(lambda: loop.call_soon_threadsafe(_settle, gone))
+        stop = asyncio.Event()
+        parent.on_gone(lambda: loop.call_soon_threadsafe(stop.set))
         runner = web.AppRunner(web.Application(), handle_signals=False)
         await run_until_signal(
             runner, sys.argv[1], lambda url: loop.call_soon(send, first),
-            lambda: (send(parent.GONE), send(parent.GONE)), also_stop=gone,
+            lambda: (send(parent.GONE), send(parent.GONE)), stop=stop,
         )
         send(parent.GONE)
 
