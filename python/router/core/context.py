@@ -111,6 +111,7 @@ class RequestContext:
     """
 
     __slots__ = (
+        "answer",
         "assignment",
         "at_headers",
         "attempts",
@@ -178,6 +179,8 @@ class RequestContext:
         self.queue_depth: int | None = None
         # Stage durations fixed when the headers went out, so the header and the log agree.
         self.at_headers: dict[str, int] | None = None
+        # The response whose head went (or is going) out: past it, nothing may answer again.
+        self.answer: web.StreamResponse | None = None
 
     @property
     def request(self) -> ParsedRequest:

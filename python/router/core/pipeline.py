@@ -8,6 +8,7 @@ read and validate -> authenticate -> version -> limit -> deadline -> cache -> se
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -151,17 +152,8 @@ class Pipeline:
                     ip = request.remote or "-"
                 answer = await self._serve(request, ctx)
                 generated = True
-            except ApiError as exc:
-                # Refused, or no region could take it: nothing was generated.
-                answer = error_response(exc, ctx.request_id, anthropic=ctx.dialect.anthropic)
-                generated = False
-            except Exception:
-                log.exception("unhandled error on %s %s", request.method, request.path)
-                answer = error_response(
-                    ApiError("Internal router error."),
-                    ctx.request_id,
-                    anthropic=ctx.dialect.anthropic,
-                )
+            except Exception as exc:
+                answer, generated = await _failed(request, ctx, exc)
             status = answer.status
             await _send_whole(request, answer)
             return answer
@@ -354,8 +346,8 @@ class Pipeline:
                 answer = await forward_stored(
                     request, ctx, self.features.homes, self.pools.current, self.live.config
                 )
-            except ApiError as exc:
-                answer = error_response(exc, ctx.request_id)
+            except Exception as exc:
+                answer, _ = await _failed(request, ctx, exc)
             status = answer.status
             await _send_whole(request, answer)
             return answer
@@ -371,6 +363,7 @@ class Pipeline:
         ctx = request.get(CONTEXT)
         if ctx is None:
             return
+        ctx.answer = response
         features = self.features
         if features.exchange is not None:
             features.exchange.stamp(ctx, response)
@@ -398,6 +391,43 @@ async def _pinned(
             param="previous_response_id",
         )
     return [upstream]
+
+
+async def _failed(
+    request: web.Request, ctx: RequestContext, exc: Exception
+) -> tuple[web.StreamResponse, bool | None]:
+    """The answer to a request whose serving raised `exc`, and whether it may have used tokens.
+
+    Before any response began: the error in the API's shape (a refusal generated nothing).
+    After one began (a stream, a cache hit's replay): that response, ended as a failure. A
+    second response would land inside the first one's body, so none is ever made: a stream
+    gets one error event in the API's shape and a clean end, any other body a closed
+    connection (the client sees it cut short); a client that left is let go.
+    """
+    started = ctx.answer
+    anthropic = ctx.dialect.anthropic
+    if started is None:
+        if isinstance(exc, ApiError):
+            return error_response(exc, ctx.request_id, anthropic=anthropic), False
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return error_response(
+            ApiError("Internal router error."), ctx.request_id, anthropic=anthropic
+        ), None
+    if isinstance(exc, ConnectionError):
+        return started, None
+    if isinstance(exc, ApiError):
+        message = exc.message
+        log.warning("request %s: failed after its response began: %s", ctx.request_id, message)
+    else:
+        message = "The router failed mid-stream."
+        log.exception("request %s: failed after its response began", ctx.request_id)
+    if started.content_type == "text/event-stream" and not started._eof_sent:
+        with contextlib.suppress(ConnectionError):
+            await started.write(ctx.dialect.stream_failure(message, ctx.dialect.tracker()))
+            await started.write_eof()
+    elif request.transport is not None:
+        request.transport.close()
+    return started, None
 
 
 async def _send_whole(request: web.Request, answer: web.StreamResponse) -> None:

@@ -8,19 +8,24 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import msgspec
-from aiohttp import web
+import pytest
+from aiohttp import ClientPayloadError, web
 from aiohttp.test_utils import TestClient, TestServer
 from multidict import CIMultiDict
 
 from router.config import Config, RegionConfig, RoutingConfig
+from router.core.context import RequestContext
 from router.core.pipeline import Features, Pipeline
 from router.core.request import CHAT, MESSAGES, RESPONSES
+from router.core.stages import Origin, ResponseCache
 from router.core.transport import LocalReply, LocalTransport
 from router.core.upstream import Upstream, Upstreams
+from router.errors import Unavailable
 from router.routing.continuation import MidstreamPolicy
 from router.routing.hedge import hedger
 from router.routing.runtime import LiveRouting, RetryState, routing_headers
@@ -42,10 +47,13 @@ def delta(text: str) -> bytes:
 
 
 def app_for(
-    regions: dict[str, Handler], routing: RoutingConfig | None = None, kind: str = "vllm"
+    regions: dict[str, Handler],
+    routing: RoutingConfig | None = None,
+    kind: str = "vllm",
+    cache: ResponseCache | None = None,
 ) -> tuple[web.Application, dict[str, LocalTransport]]:
-    """The pipeline with routing's retry state, hedger, continuation and headers in front of
-    in-process regions (servers of `kind`), tried in the order given."""
+    """The pipeline with routing's retry state, hedger, continuation and headers (and `cache`)
+    in front of in-process regions (servers of `kind`), tried in the order given."""
     configs = [
         msgspec.convert(
             {"name": n, "base_url": f"http://{n}:1/v1", "models": ["m"], "kind": kind},
@@ -67,6 +75,7 @@ def app_for(
             report=lambda region, outcome: None,
         ),
         decorators=(routing_headers,),
+        cache=cache,
     )
     pipeline = Pipeline(features, LiveConfig(config), pools)
     app = web.Application()
@@ -268,3 +277,83 @@ async def test_a_continuation_that_echoes_the_prefill_is_not_duplicated() -> Non
         resp = await client.post(CHAT, json=body(stream=True))
         raw = await resp.read()
     assert texts(raw) == ("Hello world", [])
+
+
+class FailsMidAnswer:
+    """A cache stage that starts its own answer (as a hit's replay does), then raises `error`."""
+
+    def __init__(self, error: Exception, content_type: str = "text/event-stream") -> None:
+        self.error = error
+        self.content_type = content_type
+
+    async def serve(
+        self, request: web.Request, ctx: RequestContext, origin: Origin
+    ) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": self.content_type})
+        await resp.prepare(request)
+        await resp.write(delta("Hel") if self.content_type == "text/event-stream" else b'{"ch')
+        raise self.error
+
+
+def never(path: str, raw: bytes, headers: CIMultiDict[str]) -> Awaitable[LocalReply]:
+    raise AssertionError("the cache stage answers; no region is asked")
+
+
+@pytest.mark.parametrize(
+    ("error", "logged"),
+    [
+        (RuntimeError("a bug"), "The router failed mid-stream."),
+        (Unavailable("No region can serve model `m` now."), "No region can serve model `m` now."),
+    ],
+)
+async def test_a_failure_after_an_answer_began_ends_that_answer_and_makes_no_second_one(
+    error: Exception, logged: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    app, _ = app_for({"a": never}, cache=FailsMidAnswer(error))
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        for _ in range(2):  # the connection is still good for the next request
+            resp = await client.post(CHAT, json=body(stream=True))
+            raw = await resp.read()
+            assert resp.status == 200
+            assert b"HTTP/1.1" not in raw
+            payloads = [
+                json.loads(line[6:]) for line in raw.split(b"\n") if line.startswith(b"data: ")
+            ]
+            assert payloads[0]["choices"][0]["delta"] == {"content": "Hel"}
+            assert [p["error"]["message"] for p in payloads[1:]] == [logged]
+    assert "failed after its response began" in caplog.text
+
+
+async def test_a_failure_after_an_answer_began_ends_in_the_apis_own_shape() -> None:
+    app, _ = app_for({"a": never}, cache=FailsMidAnswer(RuntimeError("a bug")))
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        resp = await client.post(
+            MESSAGES,
+            json={"model": "m", "max_tokens": 5, "stream": True, **body()},
+        )
+        raw = await resp.read()
+    assert raw.endswith(b"event: error\ndata: " + raw.rpartition(b"data: ")[2])
+    assert json.loads(raw.rpartition(b"data: ")[2])["type"] == "error"
+    assert b"HTTP/1.1" not in raw
+
+
+async def test_a_whole_answer_that_fails_after_its_head_is_cut_not_answered_twice() -> None:
+    cache = FailsMidAnswer(RuntimeError("a bug"), content_type="application/json")
+    app, _ = app_for({"a": never}, cache=cache)
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        resp = await client.post(CHAT, json=body())
+        assert resp.status == 200
+        with pytest.raises(ClientPayloadError):
+            await resp.read()
+
+
+async def test_a_client_gone_after_an_answer_began_is_let_go_quietly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    app, _ = app_for({"a": never}, cache=FailsMidAnswer(ConnectionResetError("client left")))
+    caplog.set_level(logging.WARNING, "router")
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        resp = await client.post(CHAT, json=body(stream=True))
+        raw = await resp.read()
+    assert raw.count(b"data: ") == 1  # the event it had; nobody is told of a client's leaving
+    assert "router" not in {r.name for r in caplog.records}
