@@ -139,9 +139,10 @@ def _load_config(path: str) -> Config | None:
 def _serve(args: argparse.Namespace) -> int:
     """`router serve --config FILE`: exit 2 for a bad config, 1 when it cannot start (one line on
     stderr, no traceback: a port in use, a certificate that will not load)."""
-    from router.errors import StartupError
+    from router.errors import ConfigError, StartupError
     from router.observability import logs
     from router.server import parent
+    from router.server.app import check
     from router.server.run import Worker, serve
     from router.server.supervisor import cpu_count, supervise
 
@@ -171,9 +172,17 @@ def _serve(args: argparse.Namespace) -> int:
             if parent.orphaned() and args.machine_dir:
                 parent.clean_up(args.machine_dir)
         elif workers > 1:
+            # Once, before any worker starts, rather than in each of them as they fail.
+            try:
+                check(config)
+            except ConfigError as exc:
+                raise ConfigError(f"{args.config}: {exc}") from None
             return supervise(config, Path(args.config), workers)
         else:
             serve(config, Path(args.config))
+    except ConfigError as exc:
+        print(f"router: {exc}", file=sys.stderr)
+        return 2
     except StartupError as exc:
         print(f"router: {exc}", file=sys.stderr)
         return 1
@@ -182,8 +191,16 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _check_config(args: argparse.Namespace) -> int:
     """`router check-config FILE`: exit 0 and a summary, or 2 and the error."""
+    from router.errors import ConfigError
+    from router.server.app import check
+
     config = _load_config(args.file)
     if config is None:
+        return 2
+    try:
+        check(config)
+    except ConfigError as exc:
+        print(f"router: {args.file}: {exc}", file=sys.stderr)
         return 2
     names = ", ".join(r.name for r in config.regions)
     print(

@@ -671,6 +671,13 @@ def _check(config: Config, source: str) -> None:
         for fallback in chain:
             if fallback not in everything or fallback == model:
                 raise fail(where, f"expected other served models, got {fallback!r}")
+    routing = config.routing
+    if routing.circuit_base_s > routing.circuit_max_s:
+        raise fail(
+            "routing.circuit_base_s",
+            f"expected at most routing.circuit_max_s ({routing.circuit_max_s}), "
+            f"got {routing.circuit_base_s}",
+        )
     _check_rollout(config, source)
 
 

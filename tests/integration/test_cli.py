@@ -5,7 +5,9 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from tests.support import REPO, router_cmd
+import pytest
+
+from tests.support import REPO, free_port, router_cmd
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -49,3 +51,37 @@ def test_keygen_prints_a_key_and_its_hash() -> None:
     assert len(key) > 40
     assert run("hash-key", key).stdout.strip() == digest
     assert run("keygen").stdout != out.stdout
+
+
+_REGION = '[[regions]]\nname = "a"\nbase_url = "http://127.0.0.1:9/v1"\nmodels = ["m"]\n'
+_KEY = "a" * 64
+# Values the schema lets through that a component refuses: each, and the words that name it.
+_REFUSED = {
+    "circuit": ("[routing]\ncircuit_base_s = 10.0\ncircuit_max_s = 5.0\n", "circuit_base_s"),
+    "ejection": ("[health]\nbase_ejection_s = 90.0\nmax_ejection_s = 60.0\n", "base_ejection"),
+    "probe path": ('[health]\npath = "/he alth"\n', "probe path"),
+    "admin token": (
+        f'[auth]\nadmin_token_sha256 = "{_KEY}"\n[[auth.keys]]\nsha256 = "{_KEY}"\ntenant = "t"\n',
+        "admin token must not be a tenant key",
+    ),
+    "key twice": (
+        f'[[auth.keys]]\nsha256 = "{_KEY}"\ntenant = "t"\n'
+        f'[[auth.keys]]\nsha256 = "{_KEY}"\ntenant = "u"\n',
+        "listed twice",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_REFUSED))
+def test_check_config_refuses_what_serve_refuses_and_serve_exits_2(
+    tmp_path: Path, case: str
+) -> None:
+    text, named = _REFUSED[case]
+    bad = tmp_path / "bad.toml"
+    bad.write_text(f'[server]\nlisten = "127.0.0.1:{free_port()}"\n{_REGION}{text}')
+    for args in (("check-config", str(bad)), ("serve", "--config", str(bad))):
+        out = run(*args)
+        assert out.returncode == 2, (args, out.stderr)
+        assert named in out.stderr
+        assert str(bad) in out.stderr
+        assert "Traceback" not in out.stderr

@@ -219,7 +219,7 @@ async def relay_stream(
             log.warning("request %s: stream from %s broke: %s", ctx.request_id, ctx.region, reason)
             resumed = False
             if continuer is not None and attempts is not None:
-                resumed = await continuer.resume(ctx, resp, attempts.again, reason)
+                resumed = await continuer.resume(ctx, resp, attempts.again, reason, idle_timeout)
             if not resumed:
                 message = f"The region stopped mid-stream ({reason})."
                 await resp.write(ctx.dialect.stream_failure(message, state))

@@ -156,6 +156,7 @@ class Continuer(Protocol):
         out: web.StreamResponse,
         open_one: Callable[[Upstream, bytes], Awaitable[Opened]],
         reason: str,
+        idle_s: float,
     ) -> bool: ...
 
 

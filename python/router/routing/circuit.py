@@ -22,18 +22,28 @@ class _Circuit:
     trial: bool = False  # a half-open trial is in flight
 
 
+def check(failures_to_open: int, base_s: float, max_s: float) -> None:
+    """ValueError unless the thresholds make sense."""
+    if failures_to_open < 1 or base_s <= 0 or max_s < base_s:
+        raise ValueError("failures_to_open >= 1 and 0 < base_s <= max_s")
+
+
 class Circuits:
     """Every (region, model) pair's breaker; pairs never seen are closed."""
 
     __slots__ = ("_circuits", "base_s", "failures_to_open", "max_s")
 
     def __init__(self, failures_to_open: int = 3, base_s: float = 5.0, max_s: float = 30.0) -> None:
-        if failures_to_open < 1 or base_s <= 0 or max_s < base_s:
-            raise ValueError("failures_to_open >= 1 and 0 < base_s <= max_s")
+        self.retune(failures_to_open, base_s, max_s)
+        self._circuits: dict[Key, _Circuit] = {}
+
+    def retune(self, failures_to_open: int, base_s: float, max_s: float) -> None:
+        """New thresholds (a reloaded [routing]); circuits keep their state, an open one its
+        current deadline."""
+        check(failures_to_open, base_s, max_s)
         self.failures_to_open = failures_to_open
         self.base_s = base_s
         self.max_s = max_s
-        self._circuits: dict[Key, _Circuit] = {}
 
     def closed(self, region: str, model: str, now: float) -> bool:
         """Whether the pair takes traffic in its usual place (closed, or due for its trial,

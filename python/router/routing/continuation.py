@@ -215,12 +215,10 @@ class MidstreamPolicy:
         self,
         mode: str,
         *,
-        idle_s: float,
         max_resumes: int,
         report: Callable[[str, str], None],
     ) -> None:
         self.mode = mode
-        self.idle_s = idle_s
         self.max_resumes = max_resumes
         self.report = report
 
@@ -250,8 +248,10 @@ class MidstreamPolicy:
         out: web.StreamResponse,
         open_one: Callable[[Upstream, bytes], Awaitable[Opened]],
         reason: str,
+        idle_s: float,
     ) -> bool:
-        """Continue ctx's broken stream on the remaining candidates; False if none could."""
+        """Continue ctx's broken stream on the remaining candidates, each allowed `idle_s`
+        between chunks (the request's `timeouts.idle`); False if none could."""
         if ctx.region is not None:
             # The attempt counted as ok at its first byte; the break is a failure of the region.
             self.report(ctx.region, "server_error")
@@ -308,9 +308,7 @@ class MidstreamPolicy:
             else:
                 assert isinstance(tracker, StreamTracker)
                 state, stitch = StreamState(), ChatStitch(tracker, prefill=prefill)
-            ok = await carry_on(
-                ctx, upstream, body, open_one, out, tracker, self.idle_s, state, stitch
-            )
+            ok = await carry_on(ctx, upstream, body, open_one, out, tracker, idle_s, state, stitch)
             if ok:
                 ctx.region = upstream.name
                 return True

@@ -11,6 +11,7 @@ from router.core.context import RequestContext
 from router.core.failure import AttemptError, FailureKind, health_outcome
 from router.core.stages import AttemptObserver, Selector
 from router.core.upstream import Upstream, Upstreams
+from router.routing import circuit
 from router.routing.budget import RetryBudget
 from router.routing.circuit import Circuits
 from router.routing.health import Health
@@ -45,13 +46,15 @@ def client_deadline(headers: Mapping[str, str], now: float) -> float | None:
 
 
 class LiveRouting:
-    """The [routing] section in force and its retry budget; a config reload swaps them."""
+    """The [routing] section in force, its retry budget and its circuits; a config reload swaps
+    the first two and retunes the circuits (their state kept)."""
 
-    __slots__ = ("budget", "config", "on_change")
+    __slots__ = ("budget", "circuits", "config", "on_change")
 
     def __init__(self, config: RoutingConfig) -> None:
         self.config = config
         self.budget = _budget(config)
+        self.circuits = Circuits(config.circuit_after, config.circuit_base_s, config.circuit_max_s)
         # Called with the new section on every applied change (the mid-stream policy).
         self.on_change: list[Callable[[RoutingConfig], None]] = []
 
@@ -65,10 +68,14 @@ class LiveRouting:
             for f in ("retry_budget_ratio", "retry_budget_min", "retry_budget_window_s")
         )
         budget = self.budget if same else _budget(routing)
+        circuit.check(routing.circuit_after, routing.circuit_base_s, routing.circuit_max_s)
 
         def commit() -> None:
             self.config = routing
             self.budget = budget
+            self.circuits.retune(
+                routing.circuit_after, routing.circuit_base_s, routing.circuit_max_s
+            )
             for hook in self.on_change:
                 hook(routing)
 

@@ -34,7 +34,6 @@ from router.rollout.runtime import ROLLOUT, RolloutRuntime, canary_hook, version
 from router.routing import admin as routing_admin
 from router.routing.admission import Admission
 from router.routing.affinity import ResponseHomes
-from router.routing.circuit import Circuits
 from router.routing.continuation import MidstreamPolicy
 from router.routing.fallback import Fallbacks
 from router.routing.health import Health, lifetime
@@ -200,12 +199,9 @@ def build_app(
     reloader.register("routing", routing.prepare, ("routing",))
     fallbacks = Fallbacks(config.models)
     reloader.register("fallbacks", fallbacks.prepare_reload, ("models",))
-    circuits = Circuits(
-        config.routing.circuit_after, config.routing.circuit_base_s, config.routing.circuit_max_s
-    )
+    circuits = routing.circuits
     midstream = MidstreamPolicy(
         config.routing.midstream,
-        idle_s=config.timeouts.idle,
         max_resumes=config.routing.max_resumes,
         report=lambda region, outcome: health.report(region, outcome),
     )
@@ -310,6 +306,16 @@ def build_app(
     rollout_admin.add_routes(admin)
     reload.add_routes(admin)
     return app
+
+
+def check(config: Config) -> None:
+    """What build_app refuses about `config` beyond its schema, checked without starting
+    anything (`router check-config`, and `router serve` before its workers start): ConfigError.
+    """
+    Authenticator.from_config(config.auth)
+    # The native prober's own rules for [health] and each region's URL and probe path.
+    Health(config.health, config.regions)
+    tokenizers.load(config.tokenizers.models)
 
 
 def _sharing_cache(app: web.Application) -> Callable[[web.Application], Awaitable[None]]:

@@ -29,6 +29,11 @@ _RESTART_ONLY = (
     ("server", "workers"),
     ("server", "header_timeout_s"),
     ("server", "drain_timeout_s"),
+    ("server", "max_header_bytes"),
+    ("server", "max_headers"),
+    ("server", "max_in_flight_per_ip"),
+    ("server", "max_response_head_bytes"),
+    ("server", "gc_gen0_threshold"),
     ("timeouts", "connect"),
     ("timeouts", "total"),
 )

@@ -142,12 +142,16 @@ async def serve_async(
 ) -> None:
     """Serve the router for `config` until a stop signal; SIGHUP reloads `config_path` (and the
     certificate files). StartupError when a listener or certificate cannot be set up."""
+    source = config_path or "config"
     try:
         listeners = Listeners(config)
         machine = None
         if worker is not None and worker.machine_dir is not None:
             regions = [r.name for r in config.regions]
             machine = Machine.open(MachineDir(worker.machine_dir), worker.index, regions)
+    except ConfigError as exc:
+        raise StartupError(f"{source}: {exc}") from None
+    try:
         app = build_app(
             config,
             config_path,
@@ -156,7 +160,8 @@ async def serve_async(
             machine=machine,
         )
     except ConfigError as exc:
-        raise StartupError(f"{config_path or 'config'}: {exc}") from None
+        # A value the schema let through that a component refuses: a bad config, as at load.
+        raise ConfigError(f"{source}: {exc}") from None
     app[RELOADER].register("tls", listeners.preparer(), ())
     runner = make_runner(app, config)
     admin_runner: web.AppRunner | None = None

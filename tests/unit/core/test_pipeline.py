@@ -70,7 +70,6 @@ def app_for(
         hedger=hedger(lambda: live.config.hedge_endpoints, lambda region: 0.05),
         continuer=MidstreamPolicy(
             live.config.midstream,
-            idle_s=5.0,
             max_resumes=live.config.max_resumes,
             report=lambda region, outcome: None,
         ),

@@ -16,6 +16,8 @@ def test_client_deadline_from_headers() -> None:
     assert client_deadline({}, 100.0) is None
     assert client_deadline({"x-stainless-timeout": "600"}, 100.0) == 700.0
     assert client_deadline({"x-router-timeout-ms": "250"}, 100.0) == pytest.approx(100.25)
+    # The Python SDK's read timeout: the router sends nothing while it waits, so it is a deadline.
+    assert client_deadline({"x-stainless-read-timeout": "30"}, 100.0) == 130.0
     for bad in ("abc", "-1", "0", "nan", "inf"):
         assert client_deadline({"x-stainless-timeout": bad}, 1.0) is None
 
@@ -80,3 +82,28 @@ def test_reload_swaps_the_section_and_keeps_an_unchanged_budget() -> None:
     live.prepare(new, newer)()
     assert live.budget is not budget
     assert live.budget.min_retries == 1
+
+
+def test_a_reloaded_routing_section_retunes_the_circuits_and_keeps_their_state() -> None:
+    region = RegionConfig(name="a", base_url="http://127.0.0.1:1/v1", models=("m",))
+    old = Config(regions=(region,), routing=RoutingConfig(circuit_after=1, circuit_base_s=5.0))
+    live = LiveRouting(old.routing)
+    assert live.circuits.record("a", "m", ok=False, now=0.0)  # open for 5 s
+    slower = RoutingConfig(circuit_after=1, circuit_base_s=20.0, circuit_max_s=40.0)
+    live.prepare(old, Config(regions=(region,), routing=slower))()
+    assert not live.circuits.closed("a", "m", now=4.0)  # still the open circuit it was
+    assert live.circuits.closed("a", "m", now=5.0)  # its trial, at the old deadline
+    assert live.circuits.record("a", "m", ok=False, now=10.0)
+    # Opened a second time: 20 s * 2, capped at the new 40 s.
+    assert [round(left) for *_, left in live.circuits.open_pairs(10.0)] == [40]
+
+
+def test_a_reload_with_circuits_that_cannot_be_refuses_before_changing_anything() -> None:
+    region = RegionConfig(name="a", base_url="http://127.0.0.1:1/v1", models=("m",))
+    old = Config(regions=(region,))
+    live = LiveRouting(old.routing)
+    bad = RoutingConfig(circuit_base_s=50.0, circuit_max_s=10.0, max_attempts=1)
+    with pytest.raises(ValueError, match="base_s <= max_s"):
+        live.prepare(old, Config(regions=(region,), routing=bad))
+    assert live.config is old.routing
+    assert live.circuits.base_s == 5.0

@@ -128,6 +128,29 @@ def test_restart_only_change_applies_rest_and_warns(
     assert "takes effect on restart" in caplog.text
 
 
+@pytest.mark.parametrize(
+    "field",
+    [
+        "max_header_bytes = 32768",
+        "max_headers = 64",
+        "max_in_flight_per_ip = 7",
+        "max_response_head_bytes = 4096",
+        "gc_gen0_threshold = 900",
+    ],
+)
+def test_server_fields_fixed_at_start_say_so_on_reload(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, field: str
+) -> None:
+    """Fixed when the listener, parser or pools are set up: a reload says it waits for a restart."""
+    path, reloader, _ = setup(tmp_path)
+    path.write_text(f"{GOOD}\n[server]\n{field}\n")
+    with caplog.at_level(logging.WARNING, logger="router"):
+        assert reloader.reload().applied
+    name = field.partition(" ")[0]
+    assert f"server.{name} changed" in caplog.text
+    assert "takes effect on restart" in caplog.text
+
+
 def test_no_file_to_reload() -> None:
     config = loads(GOOD)
     result = Reloader(LiveConfig(config, None)).reload()
