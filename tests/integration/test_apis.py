@@ -282,6 +282,18 @@ def test_messages_errors_are_in_anthropics_shape(
     )
     assert status == 400
     assert json.loads(raw)["type"] == "error"
+    # A region's own 4xx, relayed as its answer, in Anthropic's shape too (the sim answers
+    # OpenAI's), so the SDK raises the matching error.
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        good.messages.create(
+            model=MODEL,
+            max_tokens=5,
+            messages=message,  # type: ignore[arg-type]
+            extra_headers={"x-sim-fail": "bogus"},
+        )
+    assert refused.value.body["type"] == "error"  # type: ignore[index]
+    assert refused.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+    assert "unknown x-sim-fail" in refused.value.body["error"]["message"]  # type: ignore[index]
 
 
 def test_messages_stream_cut_mid_way_raises_in_the_sdk(

@@ -11,6 +11,7 @@ from aiohttp import web
 
 from router.core.attempt import DEFAULT_MAX_RESPONSE_BYTES, Attempts
 from router.core.context import RequestContext
+from router.core.responses import anthropic_relayed
 from router.core.stages import Continuer, Tap
 from router.core.stream import (
     DEFAULT_MAX_EVENT_BYTES,
@@ -95,11 +96,15 @@ def _hand_off(
 
 
 def whole(ctx: RequestContext, opened: Opened, tap: Tap | None) -> web.Response:
-    """A region's whole (non-stream) answer, byte-exact."""
+    """A region's whole (non-stream) answer, byte-exact; on the Messages API a relayed error
+    in Anthropic's shape (core.responses.anthropic_relayed)."""
+    body = opened.body or b""
+    if opened.status >= 400 and ctx.dialect.anthropic:
+        body = anthropic_relayed(opened.status, body)
     if tap is not None:
-        tap.body(opened.status, opened.headers.get("Content-Type"), opened.body or b"")
+        tap.body(opened.status, opened.headers.get("Content-Type"), body)
     opened.headers["X-Request-Id"] = ctx.request_id
-    return web.Response(status=opened.status, body=opened.body, headers=opened.headers)
+    return web.Response(status=opened.status, body=body, headers=opened.headers)
 
 
 async def relay_stream(
@@ -139,11 +144,13 @@ async def relay_stream(
     size = 0
 
     async def send(data: bytes) -> None:
+        if tap is not None:
+            # Before the write: a client that leaves during it takes nothing from the others
+            # reading this exchange (coalesced requests, the cache entry).
+            tap.chunk(data)
         await resp.write(data if guard is None else guard.feed(data))
         if guard is not None:
             guard.settle()
-        if tap is not None:
-            tap.chunk(data)
         if meter is not None:
             meter.feed(data)
 

@@ -7,11 +7,13 @@ aiohttp's test server on 127.0.0.1, the regions answer in process.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import aiohttp
 import msgspec
 import pytest
 from aiohttp import ClientPayloadError, web
@@ -19,6 +21,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from multidict import CIMultiDict
 
 from router.config import Config, RegionConfig, RoutingConfig
+from router.core import relay
 from router.core.context import RequestContext
 from router.core.pipeline import Features, Pipeline
 from router.core.request import CHAT, MESSAGES, RESPONSES
@@ -356,3 +359,84 @@ async def test_a_client_gone_after_an_answer_began_is_let_go_quietly(
         raw = await resp.read()
     assert raw.count(b"data: ") == 1  # the event it had; nobody is told of a client's leaving
     assert "router" not in {r.name for r in caplog.records}
+
+
+class RecordingTap:
+    """A cache's tee that others read (coalesced requests): records what it is given."""
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+        self.ended = asyncio.Event()
+        self.clean: bool | None = None
+
+    def chunk(self, data: bytes) -> None:
+        self.chunks.append(data)
+
+    def end(self, clean: bool) -> None:
+        self.clean = clean
+        self.ended.set()
+
+    def body(self, status: int, content_type: str | None, body: bytes) -> None:
+        raise AssertionError("a stream")
+
+    def wanted(self) -> bool:
+        return True
+
+    def detach(self) -> None:
+        pass
+
+
+class Tees:
+    """A cache stage that always misses and tees the origin's answer into `tap`."""
+
+    def __init__(self, tap: RecordingTap) -> None:
+        self.tap = tap
+
+    async def serve(
+        self, request: web.Request, ctx: RequestContext, origin: Origin
+    ) -> web.StreamResponse:
+        return await origin(self.tap)
+
+
+async def test_a_client_leaving_during_a_write_takes_nothing_from_the_others_reading(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pieces = [delta(t) for t in ("a", "b", "c", "d")] + [
+        event(
+            {"id": "chatcmpl-a", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+        ),
+        b"data: [DONE]\n\n",
+    ]
+
+    async def region(path: str, raw: bytes, headers: CIMultiDict[str]) -> LocalReply:
+        async def chunks() -> AsyncIterator[bytes]:
+            for piece in pieces:
+                yield piece
+                await asyncio.sleep(0.01)  # one write to the client each
+
+        return LocalReply(200, SSE, chunks())
+
+    writes = 0
+
+    class LeavesDuringSecondWrite(relay.StreamResponse):
+        async def write(self, data: bytes) -> None:
+            nonlocal writes
+            writes += 1
+            if writes == 2:  # the client is gone in the middle of this write
+                assert self._req is not None
+                assert self._req.transport is not None
+                self._req.transport.close()
+                raise ConnectionResetError("client left")
+            await super().write(data)
+
+    monkeypatch.setattr(relay, "StreamResponse", LeavesDuringSecondWrite)
+    tap = RecordingTap()
+    app, _ = app_for({"a": region}, cache=Tees(tap))
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        with contextlib.suppress(aiohttp.ClientError):
+            resp = await client.post(CHAT, json=body(stream=True))
+            await resp.read()
+        await asyncio.wait_for(tap.ended.wait(), 10)
+    assert writes >= 2
+    assert tap.clean is True
+    assert b"".join(tap.chunks) == b"".join(pieces)

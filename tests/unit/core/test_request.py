@@ -181,6 +181,31 @@ def test_a_second_copy_of_a_field_the_router_acts_on_is_refused() -> None:
     assert parse_body(CHAT, nested).model == "a"
 
 
+@pytest.mark.parametrize(
+    ("spelled", "param"),
+    [(b'"max_tok\\u0065ns"', "max_tokens"), (b'"\\u0073tream"', "stream"), (b'"\\u006E"', "n")],
+)
+def test_a_second_copy_spelled_with_escapes_is_refused_too(spelled: bytes, param: str) -> None:
+    # JSON decodes `"max_tok\u0065ns"` to `max_tokens`: a region would see two of them.
+    value = b"true" if param == "stream" else b"1"
+    body = (
+        b'{"model":"a","messages":[{"role":"user","content":"caf\\u00e9"}],'
+        + f'"{param}":'.encode()
+        + value
+        + b","
+        + spelled
+        + b":"
+        + value
+        + b"}"
+    )
+    with pytest.raises(InvalidRequest, match="more than once") as caught:
+        parse_body(CHAT, body)
+    assert caught.value.param == param
+    # Alone, an escaped name is just that name; escapes in text are no key at all.
+    alone = b'{"model":"a","messages":[{"role":"user","content":"caf\\u00e9"}],' + spelled
+    assert parse_body(CHAT, alone + b":" + value + b"}").model == "a"
+
+
 def _nested(depth: int) -> bytes:
     """A chat body whose deepest point is `depth` levels down (the body itself is one)."""
     inner = b"[" * (depth - 1) + b"]" * (depth - 1)
