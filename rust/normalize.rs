@@ -13,7 +13,7 @@
 //!
 //! Space separators are Unicode's `Zs`: U+0020, U+00A0 (no-break), U+1680, U+2000..U+200A,
 //! U+202F, U+205F, U+3000. Line breaks are Python's `str.splitlines` set: `\n \r \v \f`,
-//! U+001C..U+001E, U+0085, U+2028, U+2029.
+//! U+001C..U+001E, U+0085, U+2028, U+2029, and `\r\n` as one.
 //!
 //! | kept exactly | because |
 //! |---|---|
@@ -135,9 +135,11 @@ fn space_len(b: &[u8], i: usize) -> usize {
     }
 }
 
-/// Length in bytes of the line break starting at `b[i]`, or 0.
+/// Length in bytes of the line break starting at `b[i]`, or 0; CR LF is one break, as in
+/// `str.splitlines` (two would make an empty line between them, a paragraph break).
 fn break_len(b: &[u8], i: usize) -> usize {
     match b.get(i..).unwrap_or_default() {
+        [b'\r', b'\n', ..] => 2,
         [b'\n' | 0x0b | 0x0c | b'\r' | 0x1c..=0x1e, ..] => 1,
         [0xc2, 0x85, ..] => 2,
         [0xe2, 0x80, 0xa8 | 0xa9, ..] => 3,
@@ -351,6 +353,12 @@ mod tests {
         );
         let spanning = "a `b\nc  d\ne` f\n\ng  h";
         assert_eq!(n(spanning), "a `b\nc  d\ne` f\n\ng h");
+        // CR LF is one line break: the lines between backticks stay one paragraph's, kept.
+        let crlf = "see `x = 1`\r\nif  a  ==  b:   pass\r\nand is `y` set?\r\n\r\nok  then";
+        assert_eq!(
+            n(crlf),
+            "see `x = 1`\r\nif  a  ==  b:   pass\r\nand is `y` set?\r\n\r\nok then"
+        );
         assert_eq!(n("```foo``` is  inline"), "```foo``` is  inline");
         assert_eq!(n("def f():\n    return  1"), "def f():\n    return  1");
         assert_eq!(n("    x  =  1"), "    x  =  1");

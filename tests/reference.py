@@ -30,7 +30,7 @@ TRANSPORT_FIELDS = frozenset(
 )
 _TWO_POW_63 = 2**63
 _SPACE_RUN = re.compile(f"[{SPACES}]+")
-_LINES = re.compile(f"([{LINE_BREAKS}])")
+_LINES = re.compile(f"(\r\n|[{LINE_BREAKS}])")
 _FENCE = re.compile(f"[{SPACES}\t]*(`{{3,}}(?!.*`)|~{{3,}})", re.DOTALL)
 
 

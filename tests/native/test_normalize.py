@@ -20,6 +20,8 @@ import router
         ("  a\n  b", "  a\n  b"),
         ("Fix:\n```\nx  =  1\n```\nthen  run", "Fix:\n```\nx  =  1\n```\nthen run"),
         ("Run `a  b`  now\n\nok  then", "Run `a  b`  now\n\nok then"),
+        # CR LF is one break (as str.splitlines has it), not a blank line between two.
+        ("`x = 1`\r\nif  a  ==  b:\r\nis `y` set?", "`x = 1`\r\nif  a  ==  b:\r\nis `y` set?"),
         ("", ""),
         (" \n\t\u2028 ", "\t"),
     ],
