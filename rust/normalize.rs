@@ -139,9 +139,8 @@ fn space_len(b: &[u8], i: usize) -> usize {
 /// `str.splitlines` (two would make an empty line between them, a paragraph break).
 fn break_len(b: &[u8], i: usize) -> usize {
     match b.get(i..).unwrap_or_default() {
-        [b'\r', b'\n', ..] => 2,
+        [b'\r', b'\n', ..] | [0xc2, 0x85, ..] => 2,
         [b'\n' | 0x0b | 0x0c | b'\r' | 0x1c..=0x1e, ..] => 1,
-        [0xc2, 0x85, ..] => 2,
         [0xe2, 0x80, 0xa8 | 0xa9, ..] => 3,
         _ => 0,
     }
