@@ -356,3 +356,52 @@ def test_a_hedge_is_counted_not_a_failover(tmp_path: Path, sim_region: Any) -> N
         assert (line["hedges"], line.get("failovers", 0), line["attempts"]) == (1, 0, 2)
     finally:
         router.kill()
+
+
+def _reported(raw: bytes) -> tuple[int | None, int | None]:
+    """(input, output) tokens a stream's own events report: the latest count of each."""
+    prompt = completion = None
+    for line in raw.split(b"\n"):
+        if not line.startswith(b"data: {"):
+            continue
+        doc = json.loads(line[6:])
+        for holder in (doc, doc.get("response") or {}, doc.get("message") or {}):
+            used = holder.get("usage") if isinstance(holder, dict) else None
+            if isinstance(used, dict):
+                prompt = used.get("prompt_tokens", used.get("input_tokens", prompt))
+                completion = used.get("completion_tokens", used.get("output_tokens", completion))
+    return prompt, completion
+
+
+def test_streams_count_the_tokens_they_report(tmp_path: Path, sim_region: Any) -> None:
+    a = sim_region("a")
+    router = start_router(tmp_path, HEADER + region_toml(a))
+    try:
+        message = [{"role": "user", "content": "count these tokens please"}]
+        sent = [
+            (
+                "/v1/chat/completions",
+                {"messages": message, "stream_options": {"include_usage": True}},
+            ),
+            ("/v1/responses", {"input": "count these tokens please"}),
+            ("/v1/messages", {"messages": message, "max_tokens": 16}),
+            ("/v1/chat/completions", {"messages": message}),  # reports none: counts none
+        ]
+        reported = []
+        for path, body in sent:
+            answer = call(router.url + path, {"model": MODEL, "stream": True, **body})
+            assert answer.status == 200, answer.body
+            reported.append(_reported(answer.body))
+        assert all(None not in pair for pair in reported[:3]), reported
+        assert reported[3] == (None, None)
+        log = router.access_lines(len(sent))
+        assert [(line.get("tokens_in"), line.get("tokens_out")) for line in log] == reported
+        m = samples(router)
+        for direction, index in (("in", 0), ("out", 1)):
+            total = sum(pair[index] or 0 for pair in reported)
+            assert (
+                value(m, "router_tokens_total", model=MODEL, region="a", direction=direction)
+                == total
+            )
+    finally:
+        router.kill()

@@ -131,6 +131,7 @@ class RequestContext:
         "parsed",
         "queue_depth",
         "region",
+        "reported",
         "request_id",
         "tenant",
         "timer",
@@ -179,6 +180,8 @@ class RequestContext:
         self.queue_depth: int | None = None
         # Stage durations fixed when the headers went out, so the header and the log agree.
         self.at_headers: dict[str, int] | None = None
+        # A relayed stream's events that reported usage (core.stream.kept_usage).
+        self.reported: list[bytes] = []
         # The response whose head went (or is going) out: past it, nothing may answer again.
         self.answer: web.StreamResponse | None = None
 

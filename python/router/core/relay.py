@@ -138,6 +138,7 @@ async def relay_stream(
     guard = continuer.track(ctx) if continuer is not None else None
     splitter = sse.Splitter(max_event_bytes)
     state = ctx.dialect.tracker()
+    ctx.reported = state.usage
     complete = False
     # Whether the rest of the stream went to a background reader (the client left, others read).
     handed = False

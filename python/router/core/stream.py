@@ -30,6 +30,16 @@ DONE_EVENT = b"data: [DONE]\n\n"
 DEFAULT_MAX_EVENT_BYTES = 1 << 20
 
 
+def kept_usage(kept: list[bytes], payload: bytes) -> None:
+    """Keep the first and the latest payload reporting usage: the latest has the whole count
+    (usage is cumulative), the first the input tokens where an API reports them apart (the
+    Messages API's message_start); a server reporting on every chunk costs two, not all."""
+    if len(kept) < 2:
+        kept.append(payload)
+    else:
+        kept[1] = payload
+
+
 def _not_json(payload: bytes) -> bool:
     """Whether a payload a typed decoder could not read is not JSON at all (dropped), rather
     than JSON of another shape (relayed)."""
@@ -43,7 +53,7 @@ def _not_json(payload: bytes) -> bool:
 class StreamState:
     """Notes every payload the relay passes on; `complete` once the stream really finished."""
 
-    __slots__ = ("done", "finishes", "held_done", "invalid", "usage_only")
+    __slots__ = ("done", "finishes", "held_done", "invalid", "usage", "usage_only")
 
     def __init__(self) -> None:
         self.done = False
@@ -56,6 +66,8 @@ class StreamState:
         self.invalid = 0
         # Whether the last payload noted carried only usage (no choices).
         self.usage_only = False
+        # The payloads that reported usage, as sent: see kept_usage.
+        self.usage: list[bytes] = []
 
     def note(self, payload: bytes) -> bool:
         """Note one data payload; False when it is not valid JSON (and must not be relayed)."""
@@ -73,6 +85,8 @@ class StreamState:
                 self.invalid += 1
                 return False
             return True
+        if chunk.usage is not None:
+            kept_usage(self.usage, payload)
         choices = chunk.choices
         if choices:
             finishes = self.finishes
@@ -115,6 +129,8 @@ class StreamState:
                             self.invalid += 1
                             keep = False
                     else:
+                        if chunk.usage is not None:
+                            kept_usage(self.usage, payload)
                         choices = chunk.choices
                         if choices:
                             for choice in choices:
@@ -189,6 +205,7 @@ class EventState:
         "response_id",
         "sequence",
         "terminal",
+        "usage",
         "usage_only",
     )
 
@@ -201,6 +218,8 @@ class EventState:
         self.usage_only = False
         self.response_id: str | None = None
         self.sequence: int | None = None
+        # The payloads that may report usage, as sent: see kept_usage.
+        self.usage: list[bytes] = []
 
     def note(self, payload: bytes) -> bool:
         """Note one data payload; False when it is not valid JSON (and must not be relayed)."""
@@ -222,6 +241,8 @@ class EventState:
             self.response_id = event.response.id
         if event.type in self.terminal:
             self.ended = True
+        if b'"usage"' in payload:
+            kept_usage(self.usage, payload)
         return True
 
     @property

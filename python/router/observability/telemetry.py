@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
 from aiohttp import web
@@ -55,13 +55,24 @@ class PassiveHealth:
         return out
 
 
-def usage(resp: web.StreamResponse) -> tuple[int | None, int | None]:
-    """(prompt, completion) tokens a whole JSON answer reports; (None, None) for streams."""
-    body = resp.body if isinstance(resp, web.Response) else None
-    found = reported_usage(body) if isinstance(body, bytes) else None
-    if found is None:
-        return None, None
-    return found.prompt, found.completion
+def usage(
+    resp: web.StreamResponse, reported: Sequence[bytes] = ()
+) -> tuple[int | None, int | None]:
+    """(prompt, completion) tokens the answer reports: a whole JSON answer in its body, a
+    relayed stream in the events that carried `usage` (`ctx.reported`: the latest has the
+    counts, an earlier one the input tokens where the API reports them apart); (None, None)
+    when it reports none."""
+    if isinstance(resp, web.Response):
+        body = resp.body
+        found = reported_usage(body) if isinstance(body, bytes) else None
+        return (None, None) if found is None else (found.prompt, found.completion)
+    prompt = completion = None
+    for payload in reported:
+        found = reported_usage(payload)
+        if found is not None:
+            prompt = found.prompt if found.prompt is not None else prompt
+            completion = found.completion if found.completion is not None else completion
+    return prompt, completion
 
 
 class _Failures:
@@ -165,7 +176,7 @@ class Observer:
             if TTFT in at_headers:
                 durations[TTFT] = at_headers[TTFT]
             durations[TOTAL] = ctx.timer.elapsed_ns()
-        tokens = usage(answer) if answer is not None else (None, None)
+        tokens = usage(answer, ctx.reported) if answer is not None else (None, None)
         try:
             self.telemetry.finish(record_of(request, ctx, status, durations, tokens))
         except Exception:

@@ -217,7 +217,7 @@ def _request_attributes(
         if ctx.cache is not None:
             attributes["router.cache"] = ctx.cache.outcome
     if response is not None:
-        tokens_in, tokens_out = usage(response)
+        tokens_in, tokens_out = usage(response, ctx.reported if ctx is not None else ())
         if tokens_in is not None:
             attributes["gen_ai.usage.input_tokens"] = tokens_in
         if tokens_out is not None:
