@@ -219,7 +219,8 @@ class ApiKeyConfig(_Section, frozen=True):
     request_burst: _POSITIVE | None = None  # None: one minute's worth
     # Tokens that may be spent at once (None: one minute's worth).
     token_burst: _POSITIVE | None = None
-    # Requests in flight at once for this key (per router process; None: unlimited).
+    # Requests in flight at once for this key (per machine: the workers of one `router serve`
+    # share the count; None: unlimited).
     max_concurrent: _POSITIVE | None = None
     priority: int = 0  # higher waits less in admission queues
     cache_namespace: str | None = None  # None: the tenant name
@@ -239,7 +240,8 @@ class AuthConfig(_Section, frozen=True):
 class LimitsConfig(_Section, frozen=True):
     """[limits]: per-key request/token rates, local or shared by instances through Redis."""
 
-    # Where rate-limit buckets live: this process, or Redis shared by every router.
+    # Where rate-limit buckets live: this router (one table its workers share), or Redis shared
+    # by every router.
     backend: Literal["local", "redis"] = "local"
     # Redis for the shared backend (a password in it never reaches the logs).
     redis_url: str = "redis://127.0.0.1:6379/0"
@@ -508,7 +510,7 @@ class ObservabilityConfig(_Section, frozen=True):
 class DeploymentConfig(_Section, frozen=True):
     """One [[rollout.models.<alias>.deployments]] entry: a version of an alias."""
 
-    # Version tag, unique within the alias (metrics, rollback, x-model-version).
+    # Version tag, unique within the alias (metrics, rollback, x-router-model-version).
     version: str
     # The name regions serve it under (a model in some region's `models`).
     model: str

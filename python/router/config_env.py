@@ -22,6 +22,7 @@ OVERRIDABLE: tuple[tuple[str, ...], ...] = (
     ("auth", "admin_token_sha256"),
     ("limits", "redis_url"),
     ("cache", "redis_url"),
+    ("state", "redis_url"),
     ("observability", "log_level"),
     ("observability", "log_format"),
     ("observability", "otlp_endpoint"),

@@ -27,6 +27,7 @@ def test_environment_overrides_the_file() -> None:
         "ROUTER_SERVER_ADMIN_LISTEN": "10.0.0.1:9090",
         "ROUTER_LIMITS_REDIS_URL": "redis://:pw@redis.internal:6379/1",
         "ROUTER_CACHE_REDIS_URL": "rediss://cache.internal:6380",
+        "ROUTER_STATE_REDIS_URL": "redis://:pw@state.internal:6379/2",
         "ROUTER_SERVER_TLS_CERT_FILE": "/etc/router/cert.pem",
         "ROUTER_SERVER_TLS_KEY_FILE": "/etc/router/key.pem",
         "UNRELATED": "x",
@@ -36,6 +37,7 @@ def test_environment_overrides_the_file() -> None:
     assert config.server.admin_listen == "10.0.0.1:9090"
     assert config.limits.redis_url == "redis://:pw@redis.internal:6379/1"
     assert config.cache.redis_url == "rediss://cache.internal:6380"
+    assert config.state.redis_url == "redis://:pw@state.internal:6379/2"
     assert config.server.tls is not None
     assert config.server.tls.key_file == "/etc/router/key.pem"
     # Without env, the file alone.
