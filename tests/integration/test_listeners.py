@@ -94,6 +94,23 @@ def test_openai_sdk_verifies_the_tls_listener(
     assert _status(f"http://127.0.0.1:{admin}/metrics") == 200
 
 
+def test_min_version_1_3_refuses_tls_1_2(
+    pki: Pki, sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    tls = f'[server.tls]\ncert_file = "{pki.cert}"\nkey_file = "{pki.key}"\nmin_version = "1.3"\n'
+    router, _ = _start(sim_region, router_proc, tls)
+    for version, accepted in ((ssl.TLSVersion.TLSv1_2, False), (ssl.TLSVersion.TLSv1_3, True)):
+        client = ssl.create_default_context(cafile=str(pki.ca))
+        client.minimum_version = client.maximum_version = version
+        with socket.create_connection(("127.0.0.1", router.port), timeout=5) as raw:
+            if accepted:
+                with client.wrap_socket(raw, server_hostname="127.0.0.1") as tls_socket:
+                    assert tls_socket.version() == "TLSv1.3"
+            else:
+                with pytest.raises(ssl.SSLError):
+                    client.wrap_socket(raw, server_hostname="127.0.0.1")
+
+
 def _subject_cn(conn: http.client.HTTPSConnection) -> str:
     assert isinstance(conn.sock, ssl.SSLSocket)
     cert = conn.sock.getpeercert()

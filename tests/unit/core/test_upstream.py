@@ -1,0 +1,39 @@
+"""The request a region gets: which client headers pass, the region's key, the request id."""
+
+from __future__ import annotations
+
+import pytest
+
+from router.config import RegionConfig
+from router.core.transport import LocalReply, LocalTransport
+from router.core.upstream import Upstream, upstream_id
+
+CLIENT = {
+    "Authorization": "Bearer sk-client",
+    "X-Request-Id": "client-id",
+    "X-Correlation-Id": "client-corr",
+    "OpenAI-Beta": "assistants=v2",
+}
+
+
+def region(**fields: object) -> Upstream:
+    config = RegionConfig(name="a", base_url="http://127.0.0.1:1/v1", models=("m",), **fields)  # type: ignore[arg-type]
+    return Upstream(config, LocalTransport(_never), "sk-region")
+
+
+async def _never(path: str, body: bytes, headers: object) -> LocalReply:
+    raise AssertionError("no request is sent")
+
+
+@pytest.mark.parametrize("header", ["X-Request-Id", "X-Correlation-Id", ""])
+def test_the_request_id_goes_in_the_configured_header_or_nowhere(header: str) -> None:
+    sent = region(request_id_header=header).request_headers(CLIENT, "req-1")
+    assert sent["Authorization"] == "Bearer sk-region"
+    assert sent["OpenAI-Beta"] == "assistants=v2"
+    # The client's own id never passes as it came; the configured header carries the router's.
+    assert "X-Request-Id" not in sent or header == "X-Request-Id"
+    if header:
+        assert sent.getall(header) == [upstream_id("req-1")]
+    else:
+        assert "X-Request-Id" not in sent
+        assert sent["X-Correlation-Id"] == "client-corr"  # any other header passes
