@@ -322,6 +322,34 @@ async def test_failover_headers_and_admin_drain(three: Three) -> None:
     assert back.regions["a"] > 0
 
 
+async def test_a_drained_region_finishes_its_streams_in_flight(three: Three) -> None:
+    body = {"model": MODEL, "messages": messages(3), "stream": True}
+    slow = {"x-sim-tokens-per-s": "40"}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(three.router.url + "/v1/chat/completions", json=body, headers=slow) as resp,
+    ):
+        assert resp.status == 200
+        region = resp.headers["x-router-region"]
+        first = await resp.content.readany()
+        try:
+            status, drained = three.admin("POST", f"/admin/regions/{region}/drain")
+            assert status == 200
+            assert drained["in_flight"] == 1  # this stream
+            # New requests go elsewhere while the stream goes on where it was.
+            async with session.post(
+                three.router.url + "/v1/chat/completions", json={**body, "stream": False}
+            ) as other:
+                assert other.status == 200
+                assert other.headers["x-router-region"] != region
+            raw = first + await resp.read()
+        finally:
+            assert three.admin("POST", f"/admin/regions/{region}/enable")[0] == 200
+    text, done, errors, ids = read_stream(raw)
+    assert (done, errors, len(ids)) == (1, 0, 1)
+    assert text
+
+
 def read_stream(raw: bytes) -> tuple[str, int, int, set[str]]:
     """(text, [DONE] count, error events, chunk ids) of an SSE body."""
     pieces: list[str] = []

@@ -6,6 +6,7 @@ was killed outright leave too."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -101,6 +102,24 @@ def test_workers_leave_when_their_supervisor_is_killed(
     _until(lambda: not any(_running(pid) for pid in workers), "the workers gone")
     assert not _accepts(router.port)
     assert not machine_dir.exists()
+
+
+@pytest.mark.timeout(60)
+def test_workers_dying_as_they_start_stop_the_supervisor_with_exit_1(
+    sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    router = router_proc(regions_toml(sim_region("a"), header="[server]\nworkers = 2\n"))
+    _until(lambda: len(_children(router.popen.pid)) == 2, "two workers")
+    # Every worker killed as soon as it is there: five deaths within 5 s of starting, in a row.
+    deadline = time.monotonic() + 40
+    while router.popen.poll() is None and time.monotonic() < deadline:
+        for pid in _children(router.popen.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.05)
+    assert router.popen.wait(timeout=10) == 1
+    assert "times within 5s of starting" in router.output()
+    assert "giving up" in router.output()
 
 
 @pytest.mark.timeout(120)
