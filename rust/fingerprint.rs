@@ -84,7 +84,7 @@ pub fn fingerprint(body: &[u8], namespace: &str, level: Level) -> Result<[u8; 16
     // Length-prefixed so no namespace can be confused with the start of a body.
     let _ = write!(
         out,
-        "router-fp/2\n{}\n{}:{namespace}\n",
+        "router-fp/3\n{}\n{}:{namespace}\n",
         level.tag(),
         namespace.len()
     );
@@ -207,13 +207,17 @@ fn write_request(request: &Node<'_>, level: Level, out: &mut Vec<u8>) {
         out.push(b':');
         match (level, key.as_ref(), value) {
             (Level::Normalized, "messages", Node::Arr(items)) => write_messages(items, out),
-            (Level::Normalized, "prompt" | "input", _) => write_texts(value, out),
+            // A completions `prompt` is continued as written: its last blank space picks the
+            // next token, so it keys exactly.
+            (Level::Normalized, "input", _) => write_texts(value, out),
             _ => json::write_value(value, out),
         }
     }
     out.push(b'}');
 }
 
+/// Messages with their text normalized, but for a trailing assistant message: a prefill the
+/// model continues as written, whose last blank space picks the next token.
 fn write_messages(items: &[Node<'_>], out: &mut Vec<u8>) {
     out.push(b'[');
     for (i, message) in items.iter().enumerate() {
@@ -221,11 +225,17 @@ fn write_messages(items: &[Node<'_>], out: &mut Vec<u8>) {
             out.push(b',');
         }
         match message {
-            Node::Obj(fields) => write_object_with(fields, "content", out),
+            Node::Obj(fields) if !(i + 1 == items.len() && is_assistant(message)) => {
+                write_object_with(fields, "content", out);
+            }
             other => json::write_value(other, out),
         }
     }
     out.push(b']');
+}
+
+fn is_assistant(message: &Node<'_>) -> bool {
+    matches!(message.get("role"), Some(Node::Str(role)) if role == "assistant")
 }
 
 /// A string normalized; an array with its strings and its text parts' `text` normalized.
@@ -330,15 +340,15 @@ mod tests {
             "`a  b`  c",
             "a \\\"b\\\"  c",
         ] {
-            let escaped = format!(r#"{{"prompt":"{text}"}}"#);
+            let escaped = format!(r#"{{"input":"{text}"}}"#);
             let decoded = parse_object(escaped.as_bytes()).unwrap();
-            let Some(Node::Str(s)) = decoded.get("prompt") else {
+            let Some(Node::Str(s)) = decoded.get("input") else {
                 panic!("{text}")
             };
             let mut want = Vec::new();
             write_string(&normalize(s), &mut want);
             let canon = canonical(escaped.as_bytes(), Level::Normalized).unwrap();
-            let want = format!("{{\"prompt\":{}}}", String::from_utf8(want).unwrap());
+            let want = format!("{{\"input\":{}}}", String::from_utf8(want).unwrap());
             assert_eq!(canon, want, "{text}");
         }
     }
@@ -373,10 +383,16 @@ mod tests {
 
     #[test]
     fn normalized_level_folds_text_only() {
-        let body = br#"{"model":"M  X","messages":[{"role":"user","content":[{"type":"text","text":"  Hello  World! "}]}],"prompt":["A  B."],"input":"X "}"#;
+        let body = br#"{"model":"M  X","messages":[{"role":"user","content":[{"type":"text","text":"  Hello  World! "}]}],"prompt":["A  B. "],"input":"X "}"#;
         assert_eq!(
             canonical(body, Level::Normalized).unwrap(),
-            r#"{"input":"X","messages":[{"content":[{"text":"Hello World!","type":"text"}],"role":"user"}],"model":"M  X","prompt":["A B."]}"#
+            r#"{"input":"X","messages":[{"content":[{"text":"Hello World!","type":"text"}],"role":"user"}],"model":"M  X","prompt":["A  B. "]}"#
+        );
+        // A prefill (trailing assistant message) keys as written; earlier ones are normalized.
+        let prefill = br#"{"messages":[{"role":"assistant","content":"a  b "},{"role":"user","content":"q "},{"role":"assistant","content":"The answer is "}]}"#;
+        assert_eq!(
+            canonical(prefill, Level::Normalized).unwrap(),
+            r#"{"messages":[{"content":"a b","role":"assistant"},{"content":"q","role":"user"},{"content":"The answer is ","role":"assistant"}]}"#
         );
         let loud = br#"{"model":"m","messages":[{"role":"user","content":"  Hello   world! "}]}"#;
         let calm = br#"{"model":"m","messages":[{"role":"user","content":"Hello world!"}]}"#;

@@ -162,20 +162,27 @@ def _texts(value: Any) -> Any:
     return value
 
 
+def _is_assistant(message: Any) -> bool:
+    return isinstance(message, dict) and message.get("role") == "assistant"
+
+
 def canonical_value(request: dict[str, Any], level: str = "exact") -> dict[str, Any]:
     """The request with transport fields dropped and, at level "normalized", text normalized."""
     out = {k: v for k, v in request.items() if k not in TRANSPORT_FIELDS}
     if level == "normalized":
-        if isinstance(out.get("messages"), list):
+        messages = out.get("messages")
+        if isinstance(messages, list):
+            # A trailing assistant message (a prefill) keys as written.
+            prefill = bool(messages) and _is_assistant(messages[-1])
             out["messages"] = [
                 {k: _texts(v) if k == "content" else v for k, v in m.items()}
-                if isinstance(m, dict)
+                if isinstance(m, dict) and not (prefill and i == len(messages) - 1)
                 else m
-                for m in out["messages"]
+                for i, m in enumerate(messages)
             ]
-        for field in ("prompt", "input"):
-            if field in out:
-                out[field] = _texts(out[field])
+        # A completions prompt keys as written: it is continued from its last character.
+        if "input" in out:
+            out["input"] = _texts(out["input"])
     return out
 
 
@@ -189,7 +196,7 @@ def canonical(body: bytes, *, level: str = "exact") -> bytes:
 
 def fingerprint(body: bytes, *, namespace: str = "", level: str = "exact") -> bytes:
     """A reference key of the same cost shape (hashlib blake2b-128; Rust uses xxh3-128)."""
-    header = f"router-fp/2\n{level}\n{len(namespace.encode())}:{namespace}\n".encode()
+    header = f"router-fp/3\n{level}\n{len(namespace.encode())}:{namespace}\n".encode()
     return hashlib.blake2b(header + canonical(body, level=level), digest_size=16).digest()
 
 

@@ -20,7 +20,7 @@ SHAPES: dict[str, Callable[[str], bytes]] = {
     "parts": lambda t: json.dumps(
         {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": t}]}]}
     ).encode(),
-    "prompt": lambda t: json.dumps({"model": "m", "prompt": [t]}).encode(),
+    "input": lambda t: json.dumps({"model": "m", "input": [t]}).encode(),
     # Escaped on the wire (\\n, \\u00a0 ...) instead of raw: the parser's other string path.
     "ascii": lambda t: json.dumps({"model": "m", "input": t}, ensure_ascii=True).encode(),
 }
@@ -51,6 +51,31 @@ def test_true_hit_set_shares_a_key(pair: Pair, shape: str) -> None:
     assert router.canonical(body, level="normalized") == reference.canonical(
         body, level="normalized"
     )
+
+
+# Text a model continues as written, where the last blank space picks the next token: a
+# completions prompt, a prefill (a trailing assistant message). Never normalized.
+CONTINUED: dict[str, Callable[[str], bytes]] = {
+    "prompt": lambda t: json.dumps({"model": "m", "prompt": [t]}).encode(),
+    "prefill": lambda t: json.dumps(
+        {
+            "model": "m",
+            "messages": [
+                {"role": "user", "content": "Go on."},
+                {"role": "assistant", "content": t},
+            ],
+        }
+    ).encode(),
+}
+
+
+@pytest.mark.parametrize("pair", TRUE_HITS, ids=ids(TRUE_HITS))
+@pytest.mark.parametrize("shape", sorted(CONTINUED))
+def test_text_the_model_continues_keys_exactly_at_both_levels(pair: Pair, shape: str) -> None:
+    a, b = CONTINUED[shape](pair.a), CONTINUED[shape](pair.b)
+    for level in ("exact", "normalized"):
+        assert router.fingerprint(a, level=level) != router.fingerprint(b, level=level), pair.why
+    assert router.canonical(b, level="normalized") == reference.canonical(b, level="normalized")
 
 
 @pytest.mark.parametrize("pair", CONSERVATIVE_MISSES, ids=ids(CONSERVATIVE_MISSES))

@@ -73,10 +73,11 @@ def test_normalized_level() -> None:
 def test_canonical_form() -> None:
     raw = b'{"b": 1.0, "a": [1e0, -0.0, 2.50], "stream": true, "model": "M"}'
     assert router.canonical(raw) == b'{"a":[1e0,-0.0,2.50],"b":1.0,"model":"M"}'
-    prompt = b'{"prompt": ["  A  B. ", [1, 2.0]], "model": "M"}'
-    assert (
-        router.canonical(prompt, level="normalized") == b'{"model":"M","prompt":["A B.",[1,2.0]]}'
-    )
+    texts = b'{"input": ["  A  B. ", [1, 2.0]], "model": "M"}'
+    assert router.canonical(texts, level="normalized") == b'{"input":["A B.",[1,2.0]],"model":"M"}'
+    # A completions prompt is continued as written: kept exactly.
+    prompt = b'{"prompt": ["  A  B. "], "model": "M"}'
+    assert router.canonical(prompt, level="normalized") == b'{"model":"M","prompt":["  A  B. "]}'
 
 
 @pytest.mark.parametrize(
