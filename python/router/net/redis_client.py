@@ -10,6 +10,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
+from redis.maint_notifications import MaintNotificationsConfig
 
 # Failures that mean "Redis is not answering", as opposed to a bug in our call.
 OUTAGE: tuple[type[BaseException], ...] = (RedisError, OSError, TimeoutError)
@@ -22,14 +23,21 @@ def open_redis(url: str, *, timeout_s: float, cluster: bool = False) -> Client:
 
     No client-side retries: a slow or absent Redis must cost one short timeout, not several.
     With `cluster`, `url` names any one node; the client learns the others and follows failovers.
+    A new connection sends nothing before the first command (db 0, no password: a password
+    adds AUTH, a database other than 0 adds SELECT, one round trip each).
     """
     common: dict[str, Any] = {
         "socket_timeout": timeout_s,
         "socket_connect_timeout": timeout_s,
         "retry": Retry(NoBackoff(), 0),
         "health_check_interval": 0,
-        # No CLIENT SETINFO on connect: a round trip a far Redis would add to every new
-        # connection (and to the first call after an outage).
+        # Every exchange before the first command is a round trip a far Redis adds to each new
+        # connection (and to the first call after an outage); a caller's timeout that covers
+        # three of them cancels the handshake and the next call starts cold again. So RESP2
+        # (RESP3 sends HELLO 3), no maintenance notifications (CLIENT MAINT_NOTIFICATIONS, a
+        # RESP3 feature), no CLIENT SETINFO, no health-check PING.
+        "protocol": 2,
+        "maint_notifications_config": MaintNotificationsConfig(enabled=False),
         "driver_info": None,
     }
     if cluster:
