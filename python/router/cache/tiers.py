@@ -213,6 +213,7 @@ def open_cache(config: CacheConfig, key_fn: KeyFn) -> ResponseCache:
             prefix=config.redis_prefix,
             timeout_s=config.redis_timeout_s,
             retry_after_s=config.redis_retry_s,
+            max_entry_bytes=config.max_entry_bytes,
             cluster=config.redis_cluster,
         )
     return ResponseCache(config, key_fn, redis=redis)
