@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import time
 import zlib
 from collections.abc import AsyncIterator
@@ -193,3 +194,20 @@ def test_a_small_value_that_inflates_past_the_bound_is_not_inflated() -> None:
     assert len(bomb) < 16 << 10
     assert decode_entry(bomb, MAX_ENTRY) is None
     assert decode_entry(bomb, 8 << 20) is not None
+
+
+async def test_a_lookup_that_times_out_counts_as_slow(redis_proc: Proc) -> None:
+    tier = RedisTier(f"redis://127.0.0.1:{redis_proc.port}/0", timeout_s=0.2)
+    try:
+        assert await tier.get(b"k", "t", "m") is None
+        assert tier.rtt_s is not None
+        assert tier.rtt_s < 0.2
+        redis_proc.popen.send_signal(signal.SIGSTOP)
+        try:
+            assert await tier.get(b"k", "t", "m") is None
+        finally:
+            redis_proc.popen.send_signal(signal.SIGCONT)
+        # Otherwise a frozen Redis kept its last fast estimate and stayed "near" for ever.
+        assert tier.rtt_s >= 0.2
+    finally:
+        await tier.close()

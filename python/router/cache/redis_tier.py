@@ -13,7 +13,7 @@ from urllib.parse import quote
 import msgspec
 
 from router.cache.policy import Entry, stored_stream
-from router.net.redis_client import OUTAGE, open_redis, refresh
+from router.net.redis_client import OUTAGE, TIMEOUTS, open_redis, refresh
 
 log = logging.getLogger("router")
 
@@ -95,7 +95,8 @@ class RedisTier:
         self._clock = clock
         self._wall = wall
         self._client = open_redis(url, timeout_s=timeout_s, cluster=cluster)
-        # Round trip of the last lookups (EWMA, seconds); None until one answered.
+        # Round trip of the last lookups (EWMA, seconds; raised by one that timed out); None
+        # until one answered.
         self.rtt_s: float | None = None
         self._down_until = 0.0
         self._refresh: asyncio.Task[None] | None = None
@@ -114,6 +115,8 @@ class RedisTier:
             async with asyncio.timeout(self.timeout_s):
                 blob = await self._client.get(redis_key(self.prefix, key, namespace, model))
         except OUTAGE as exc:
+            if isinstance(exc, TIMEOUTS):
+                self.slow(time.perf_counter() - began)
             self._failed(exc)
             return None
         self._measured(time.perf_counter() - began)
@@ -180,6 +183,11 @@ class RedisTier:
         if self._refresh is not None:
             await self._refresh
         await self._client.aclose()
+
+    def slow(self, seconds: float) -> None:
+        """A lookup had no answer after `seconds`: the round trip is at least that for now (the
+        next answers bring the estimate back down)."""
+        self.rtt_s = max(self.rtt_s or 0.0, seconds)
 
     def _measured(self, took: float) -> None:
         self.rtt_s = took if self.rtt_s is None else 0.8 * self.rtt_s + 0.2 * took

@@ -10,10 +10,13 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeout
 from redis.maint_notifications import MaintNotificationsConfig
 
 # Failures that mean "Redis is not answering", as opposed to a bug in our call.
 OUTAGE: tuple[type[BaseException], ...] = (RedisError, OSError, TimeoutError)
+# The outages that mean "no answer in time" (ours or the socket's), not a refusal.
+TIMEOUTS: tuple[type[BaseException], ...] = (TimeoutError, RedisTimeout)
 
 Client: TypeAlias = "aioredis.Redis | RedisCluster"
 
