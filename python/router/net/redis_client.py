@@ -9,7 +9,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeout
 from redis.maint_notifications import MaintNotificationsConfig
 
@@ -48,6 +48,12 @@ def open_redis(url: str, *, timeout_s: float, cluster: bool = False) -> Client:
         # over; the cluster client refreshes its slot map, the caller sees an outage meanwhile.
         return RedisCluster.from_url(url, **common)
     return aioredis.Redis.from_url(url, retry_on_timeout=False, **common)
+
+
+def key_fault(exc: BaseException) -> bool:
+    """Whether a command's error is the key's own data at fault (a value of another type, a
+    script that cannot read what it found), not Redis refusing work (OOM, READONLY, LOADING)."""
+    return isinstance(exc, ResponseError) and str(exc).startswith(("WRONGTYPE", "ERR user_script:"))
 
 
 def hash_tagged(prefix: str, key: str) -> str:
