@@ -404,10 +404,12 @@ def test_a_near_redis_frozen_delays_an_asked_first_miss_at_most_the_bound(
 
     def rtt_ms() -> float:
         async def get() -> float:
-            async with aiohttp.ClientSession() as s:
-                async with s.get(f"{a.url}/admin/cache/stats", headers=admin) as r:
-                    ms: float = (await r.json())["redis"]["rtt_ms"]
-                    return ms
+            async with (
+                aiohttp.ClientSession() as s,
+                s.get(f"{a.url}/admin/cache/stats", headers=admin) as r,
+            ):
+                ms: float = (await r.json())["redis"]["rtt_ms"]
+                return ms
 
         return asyncio.run(get())
 

@@ -9,9 +9,8 @@ import time
 import zlib
 from collections.abc import AsyncIterator
 
-import pytest
-
 import msgspec
+import pytest
 
 from router.cache.policy import Entry, storage_key
 from router.cache.redis_tier import RedisTier, decode_entry, encode_entry, redis_key
@@ -159,7 +158,7 @@ async def test_an_implausible_entry_is_a_miss(
         f"redis://127.0.0.1:{redis_proc.port}/0", timeout_s=0.5, max_entry_bytes=MAX_ENTRY
     )
     try:
-        bad = msgspec.structs.replace(entry(), **change)  # type: ignore[arg-type]
+        bad = msgspec.structs.replace(entry(), **change)
         await tier._client.set(redis_key(tier.prefix, key, "t", "m"), encode_entry(bad))
         assert await tier.get(key, "t", "m") is None
         assert tier.misses == 1
