@@ -245,12 +245,14 @@ class LimitsConfig(_Section, frozen=True):
     backend: Literal["local", "redis"] = "local"
     # Redis for the shared backend (a password in it never reaches the logs).
     redis_url: str = "redis://127.0.0.1:6379/0"
-    # When Redis is unreachable: "open" keeps serving with local limits, "closed" answers 503.
+    # When Redis is unreachable or refusing (for all keys or one): "open" keeps serving with
+    # local limits, "closed" answers 503.
     on_redis_error: Literal["open", "closed"] = "open"
     # Per background Redis call (requests never wait on Redis); a call that takes longer is an
-    # outage: local limits only until Redis answers a ping again (every redis_retry_s).
+    # outage: local limits only until Redis answers a ping and the lease script again (tried
+    # every redis_retry_s).
     redis_timeout_ms: Annotated[float, msgspec.Meta(gt=0)] = 1000.0
-    # How often Redis is pinged while it is out.
+    # How often Redis is tried while it is out (or while one key's call fails).
     redis_retry_s: Annotated[float, msgspec.Meta(gt=0)] = 1.0
     # Prefix of every Redis key the limiter writes.
     redis_key_prefix: str = "router:rl:"

@@ -390,6 +390,51 @@ def test_tier_two_races_the_region_and_never_delays_a_miss(tmp_path: Path, sim: 
         redis.kill()
 
 
+@pytest.mark.redis
+def test_a_near_redis_frozen_delays_an_asked_first_miss_at_most_the_bound(
+    tmp_path: Path, sim: Proc
+) -> None:
+    redis = start_redis(tmp_path)
+    # A local Redis is measured under 200 ms, so it is asked before the region; a lookup may
+    # take 30 s. The docs promise an asked-first miss costs at most shared_lookup_first_ms.
+    extra = "shared_lookup_first_ms = 200\nredis_timeout_s = 30\n"
+    a = start_router(tmp_path, sim, redis=redis, extra=extra)
+    ca = client(a).with_options(timeout=10)
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+
+    def rtt_ms() -> float:
+        async def get() -> float:
+            async with (
+                aiohttp.ClientSession() as s,
+                s.get(f"{a.url}/admin/cache/stats", headers=admin) as r,
+            ):
+                ms: float = (await r.json())["redis"]["rtt_ms"]
+                return ms
+
+        return asyncio.run(get())
+
+    try:
+        assert chat(ca, "near 1").headers["x-cache"] == "MISS"  # raced: measures tier 2
+        for _ in range(100):
+            if _stored(redis):
+                break
+            time.sleep(0.05)
+        assert rtt_ms() < 200
+        redis.popen.send_signal(signal.SIGSTOP)
+        try:
+            for text in ("frozen 1", "frozen 2", "frozen 3"):
+                got = chat(ca, text)  # was: each waited the full 30 s
+                assert got.headers["x-cache"] == "MISS"
+                assert got.parse().choices
+            assert rtt_ms() >= 200  # the lookup that was not waited for counts as slow
+        finally:
+            redis.popen.send_signal(signal.SIGCONT)
+    finally:
+        ca.close()
+        a.kill()
+        redis.kill()
+
+
 async def abort_leader_then_follow(proc: Proc, body: bytes) -> tuple[bytes, str]:
     """A leader stream whose client leaves after the first chunk, and a follower joined to it."""
     h = {

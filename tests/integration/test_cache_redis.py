@@ -3,16 +3,25 @@
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import time
+import zlib
 from collections.abc import AsyncIterator
 
+import msgspec
 import pytest
 
-from router.cache.policy import Entry
-from router.cache.redis_tier import RedisTier, redis_key
+from router.cache.policy import Entry, storage_key
+from router.cache.redis_tier import RedisTier, decode_entry, encode_entry, redis_key
 from tests.support import Proc, free_port, start_redis
 
 pytestmark = pytest.mark.redis
+
+
+MAX_ENTRY = 4096
+BODY_KEY = storage_key(b"\x01" * 16, endpoint="/v1/chat/completions", stream=False)
+STREAM_KEY = storage_key(b"\x01" * 16, endpoint="/v1/chat/completions", stream=True)
 
 
 def entry(ns: str = "t", model: str = "m", ttl: float = 60.0, body: bytes = b"{}") -> Entry:
@@ -108,5 +117,96 @@ async def test_outage_degrades_warns_once_and_recovers(
             now[0] += 1.5
             assert await tier.get(b"k", "t", "m") is None
             assert not tier.up
+    finally:
+        await tier.close()
+
+
+@pytest.mark.parametrize(
+    ("key", "change"),
+    [
+        (BODY_KEY, {"status": 500}),
+        (BODY_KEY, {"status": 0}),
+        (BODY_KEY, {"content_type": "application/json\r\nX-Injected: 1"}),
+        (BODY_KEY, {"content_type": "json"}),
+        (BODY_KEY, {"content_type": ""}),
+        (BODY_KEY, {"body": b"x" * (MAX_ENTRY + 1)}),
+        (BODY_KEY, {"model": "other"}),
+        # A stream under a body key would be sent as SSE to a client that asked for JSON.
+        (BODY_KEY, {"stream": True, "chunks": (b"{}",), "content_type": "text/event-stream"}),
+        (STREAM_KEY, {}),
+        (STREAM_KEY, {"stream": True, "chunks": (b"x" * 1000,) * 5}),
+    ],
+    ids=[
+        "status-500",
+        "status-0",
+        "crlf-content-type",
+        "no-subtype",
+        "empty-content-type",
+        "oversized-body",
+        "other-model",
+        "stream-under-body-key",
+        "body-under-stream-key",
+        "oversized-stream",
+    ],
+)
+async def test_an_implausible_entry_is_a_miss(
+    redis_proc: Proc, key: bytes, change: dict[str, object]
+) -> None:
+    # Only this router writes tier 2, and only 200s within max_entry_bytes in the key's form:
+    # anything else that decodes is corrupt, and replaying it would answer garbage.
+    tier = RedisTier(
+        f"redis://127.0.0.1:{redis_proc.port}/0", timeout_s=0.5, max_entry_bytes=MAX_ENTRY
+    )
+    try:
+        bad = msgspec.structs.replace(entry(), **change)
+        await tier._client.set(redis_key(tier.prefix, key, "t", "m"), encode_entry(bad))
+        assert await tier.get(key, "t", "m") is None
+        assert tier.misses == 1
+        assert tier.up
+    finally:
+        await tier.close()
+
+
+async def test_entries_at_the_size_bound_are_hits(redis_proc: Proc) -> None:
+    tier = RedisTier(
+        f"redis://127.0.0.1:{redis_proc.port}/0", timeout_s=0.5, max_entry_bytes=MAX_ENTRY
+    )
+    try:
+        body = entry(body=os.urandom(MAX_ENTRY))  # incompressible
+        stream = msgspec.structs.replace(
+            entry(),
+            body=b"",
+            chunks=(b"{}",) * (MAX_ENTRY // 2),
+            stream=True,
+            content_type="text/event-stream; charset=utf-8",
+        )
+        for key, e in ((BODY_KEY, body), (STREAM_KEY, stream)):
+            assert await tier.put(key, e)
+            assert await tier.get(key, "t", "m") == e
+    finally:
+        await tier.close()
+
+
+def test_a_small_value_that_inflates_past_the_bound_is_not_inflated() -> None:
+    # 8 MB of zeros compress to about 8 KB: inflating such a value whole stalled the loop.
+    bomb = b"RC\x01" + zlib.compress(msgspec.msgpack.encode(entry(body=bytes(8 << 20))), 9)
+    assert len(bomb) < 16 << 10
+    assert decode_entry(bomb, MAX_ENTRY) is None
+    assert decode_entry(bomb, 8 << 20) is not None
+
+
+async def test_a_lookup_that_times_out_counts_as_slow(redis_proc: Proc) -> None:
+    tier = RedisTier(f"redis://127.0.0.1:{redis_proc.port}/0", timeout_s=0.2)
+    try:
+        assert await tier.get(b"k", "t", "m") is None
+        assert tier.rtt_s is not None
+        assert tier.rtt_s < 0.2
+        redis_proc.popen.send_signal(signal.SIGSTOP)
+        try:
+            assert await tier.get(b"k", "t", "m") is None
+        finally:
+            redis_proc.popen.send_signal(signal.SIGCONT)
+        # Otherwise a frozen Redis kept its last fast estimate and stayed "near" for ever.
+        assert tier.rtt_s >= 0.2
     finally:
         await tier.close()

@@ -21,7 +21,7 @@ from router.access.leasing import (
     want,
 )
 from router.native import BucketTable
-from router.net.redis_client import OUTAGE, Client, hash_tagged, open_redis, ping
+from router.net.redis_client import OUTAGE, Client, hash_tagged, key_fault, open_redis, ping
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -157,6 +157,12 @@ class GlobalLeases:
         self._answered = self._estimated = clock()
         self._keeper: asyncio.Task[None] | None = None
         self._recovery: asyncio.Task[None] | None = None
+        # Keys whose last call failed on their own data (clock time of it): local limits only
+        # for them, tried again every retry_s.
+        self.failing: dict[str, float] = {}
+        # A key of the call that found Redis out, and its rates: the script run on it (asking
+        # for nothing) tells Redis's return, as a PING, which an erroring Redis answers, cannot.
+        self._probe: tuple[str, Rates] | None = None
 
     @classmethod
     def from_config(cls, config: LimitsConfig) -> GlobalLeases:
@@ -183,12 +189,16 @@ class GlobalLeases:
     # The request path: no await anywhere below until `_sync`.
 
     def take(self, key: str, rates: Rates, tokens: int) -> Verdict | None:
-        """Admit one request and `tokens` from the local slice; None while Redis is out."""
+        """Admit one request and `tokens` from the local slice; None while Redis is out (or,
+        for a while, when this key's call failed on its data in Redis)."""
         if not self.available:
             return None
         if self._keeper is None:
             self.start()  # lazily: the first request runs inside the app's event loop
         now = self.clock()
+        failed = self.failing.get(key)
+        if failed is not None and now - failed < self.retry_s:
+            return None
         lease = self.leases.get(key)
         if lease is None or lease.rates != rates:
             lease = self._open(key, rates, now)
@@ -395,18 +405,43 @@ class GlobalLeases:
         try:
             results = await self._call(batch)
         except OUTAGE as exc:
-            self._outage(exc)
+            self._outage(exc, batch[0])
             return
         finally:
             for _, lease, _ in batch:
                 lease.syncing = False
         self.syncs += 1
         done = self._answered = self.clock()
-        for (key, lease, plan), raw in zip(batch, results, strict=True):
+        answers = list(zip(batch, results, strict=True))
+        failed = [(sent, raw) for sent, raw in answers if isinstance(raw, BaseException)]
+        refused = [(sent, raw) for sent, raw in failed if not key_fault(raw)]
+        if refused and len(failed) == len(batch):
+            # Not one key answered, and not all for their own data: Redis is refusing work.
+            self._outage(refused[0][1], refused[0][0])
+            return
+        # Otherwise what Redis granted is kept, and a key that failed fails alone.
+        for (key, lease, plan), raw in answers:
             if isinstance(raw, BaseException):
-                self._outage(raw)
-                return
-            self._apply(key, lease, plan, [int(v) for v in raw], done)
+                self._key_failed(key, lease, raw, done)
+            else:
+                self._apply(key, lease, plan, [int(v) for v in raw], done)
+
+    def _key_failed(self, key: str, lease: Lease, exc: BaseException, now: float) -> None:
+        """One key's call failed while Redis answers: that key alone gets local limits, its
+        lease dropped (Redis applied nothing of the call), tried again after retry_s."""
+        if self.leases.get(key) is lease:
+            del self.leases[key]
+        if key not in self.failing:
+            log.warning(
+                "global limits: key %s failed in redis at %s (%s: %s); local limits only for "
+                "it, tried again every %.1f s",
+                key,
+                self.url,
+                type(exc).__name__,
+                exc,
+                self.retry_s,
+            )
+        self.failing[key] = now
 
     def _apply(
         self, key: str, lease: Lease, plan: tuple[int, ...], raw: list[int], now: float
@@ -414,6 +449,8 @@ class GlobalLeases:
         granted_r, granted_t, rem_r, rem_t, reset_r, reset_t, wait_ms = raw
         if self.leases.get(key) is not lease:
             return  # reopened with new limits meanwhile; what was granted lapses
+        if self.failing.pop(key, None) is not None:
+            log.warning("global limits: key %s answered again; global limits resumed for it", key)
         if not lease.leased:
             lease.leased = True
             self._reshape(key, lease.rates, 0, 0)
@@ -446,32 +483,40 @@ class GlobalLeases:
             results: list[Any] = await pipe.execute(raise_on_error=False)
         return results
 
-    def _outage(self, exc: BaseException) -> None:
-        """Switch to local-only limits and start probing for Redis's return (logged once)."""
+    def _outage(
+        self, exc: BaseException, sent: tuple[str, Lease, tuple[int, ...]] | None = None
+    ) -> None:
+        """Switch to local-only limits and start probing for Redis's return (logged once);
+        `sent`: a key of the call that failed, probed with the script itself."""
         if not self.available:
             return
         self.available = False
         self.outages += 1
         log.warning(
-            "global limits: redis at %s unreachable (%s: %s); serving with local limits only "
-            "until it answers again",
+            "global limits: redis at %s unreachable or refusing the lease script (%s: %s); "
+            "serving with local limits only until it answers again",
             self.url,
             type(exc).__name__,
             exc,
         )
+        self._probe = None if sent is None else (sent[0], sent[1].rates)
         # What was held lapses: Redis may have lost the buckets it came from.
         self.leases.clear()
         self.allowance = BucketTable()
         self._recovery = asyncio.get_running_loop().create_task(self._recover())
 
     async def _recover(self) -> None:
-        """Ping every retry_s until Redis answers, then resume global limits."""
+        """Every retry_s, ping (every master of a Cluster) and run the lease script asking for
+        nothing on the probe key, until both answer; then resume global limits."""
         began = time.monotonic()
         while True:
             await asyncio.sleep(self.retry_s)
             try:
                 async with asyncio.timeout(self.timeout_s):
                     await ping(self._client)
+                if self._probe is not None:
+                    async with asyncio.timeout(self.timeout_s):
+                        await self._run_probe(*self._probe)
             except OUTAGE:
                 continue
             self.available = True
@@ -481,6 +526,17 @@ class GlobalLeases:
                 time.monotonic() - began,
             )
             return
+
+    async def _run_probe(self, key: str, rates: Rates) -> None:
+        """The lease script on `key` paying, giving and taking nothing (a refill, as any call
+        makes); an error on the key's own data still shows Redis runs scripts."""
+        r = rates
+        args = (r.request_capacity, r.requests_per_s, r.token_capacity, r.tokens_per_s)
+        try:
+            await self._client.eval(LEASE, 1, self.key(key), *args, 0, 0, 0, 0, 0, 0)
+        except OUTAGE as exc:
+            if not key_fault(exc):
+                raise
 
     async def close(self) -> None:
         """Give back what is held (best effort), stop background work and close connections."""

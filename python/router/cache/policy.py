@@ -302,6 +302,11 @@ def storage_key(fingerprint: bytes, *, endpoint: str, stream: bool, usage: bool 
     return fingerprint + b"|" + endpoint.encode() + form
 
 
+def stored_stream(key: bytes) -> bool:
+    """Whether a tier key made by `storage_key` holds a stream (its form says so)."""
+    return key.endswith((b"|S", b"|SU"))
+
+
 class StreamRecorder:
     """The miss-path tee: records a stream's SSE payloads (`framed`: its whole events);
     `complete` only after a clean finish."""

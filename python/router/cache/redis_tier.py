@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 import zlib
 from collections.abc import Callable
@@ -11,8 +12,8 @@ from urllib.parse import quote
 
 import msgspec
 
-from router.cache.policy import Entry
-from router.net.redis_client import OUTAGE, open_redis, refresh
+from router.cache.policy import Entry, stored_stream
+from router.net.redis_client import OUTAGE, TIMEOUTS, open_redis, refresh
 
 log = logging.getLogger("router")
 
@@ -27,14 +28,44 @@ def encode_entry(entry: Entry) -> bytes:
     return MAGIC + bytes([VERSION]) + zlib.compress(_encoder.encode(entry), 1)
 
 
-def decode_entry(blob: bytes) -> Entry | None:
-    """The entry in an envelope; None for a foreign, newer or corrupt value (treated as a miss)."""
+def decode_entry(blob: bytes, max_bytes: int) -> Entry | None:
+    """The entry in an envelope; None for a foreign, newer or corrupt value (treated as a miss),
+    or one that inflates past what an entry of `max_bytes` can take (a small value may inflate
+    a thousandfold: decompressing it whole would stall the event loop)."""
     if len(blob) < 3 or blob[:2] != MAGIC or blob[2] != VERSION:
         return None
+    # The payload is at most max_bytes; msgpack frames a chunk in fewer bytes than the SSE
+    # framing it was recorded with, and the names are short.
+    cap = 2 * max_bytes + 65536
+    inflate = zlib.decompressobj()
     try:
-        return _decoder.decode(zlib.decompress(blob[3:]))
+        raw = inflate.decompress(blob[3:], cap)
+        if inflate.unconsumed_tail or inflate.unused_data or not inflate.eof:
+            return None
+        return _decoder.decode(raw)
     except (zlib.error, msgspec.DecodeError, msgspec.ValidationError):
         return None
+
+
+# A media type (type/subtype, parameters): visible ASCII only, so no header can be split.
+_MEDIA_TYPE = re.compile(
+    r"[!#$%&'*+.^_`|~0-9A-Za-z-]+/[!#$%&'*+.^_`|~0-9A-Za-z-]+(?:[ \t]*;[ -~\t]*)?"
+)
+
+
+def plausible(entry: Entry, *, namespace: str, model: str, stream: bool, max_bytes: int) -> bool:
+    """Whether a decoded entry is one this router could have stored under the key asked for:
+    a 200 in the key's form (stream or body), a sane content type, within `max_bytes`. Anything
+    else in Redis is corrupt or foreign, and replaying it would answer garbage."""
+    size = len(entry.body) + sum(len(c) for c in entry.chunks)
+    return (
+        entry.namespace == namespace
+        and entry.model == model
+        and entry.status == 200
+        and entry.stream == stream
+        and size <= max_bytes
+        and _MEDIA_TYPE.fullmatch(entry.content_type) is not None
+    )
 
 
 def redis_key(prefix: str, key: bytes, namespace: str, model: str) -> str:
@@ -52,6 +83,7 @@ class RedisTier:
         prefix: str = "router:cache",
         timeout_s: float = 1.0,
         retry_after_s: float = 1.0,
+        max_entry_bytes: int = 1 << 20,
         cluster: bool = False,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
@@ -59,10 +91,12 @@ class RedisTier:
         self.prefix = prefix
         self.timeout_s = timeout_s
         self.retry_after_s = retry_after_s
+        self.max_entry_bytes = max_entry_bytes
         self._clock = clock
         self._wall = wall
         self._client = open_redis(url, timeout_s=timeout_s, cluster=cluster)
-        # Round trip of the last lookups (EWMA, seconds); None until one answered.
+        # Round trip of the last lookups (EWMA, seconds; raised by one that timed out); None
+        # until one answered.
         self.rtt_s: float | None = None
         self._down_until = 0.0
         self._refresh: asyncio.Task[None] | None = None
@@ -72,7 +106,8 @@ class RedisTier:
         self.errors = 0
 
     async def get(self, key: bytes, namespace: str, model: str) -> Entry | None:
-        """The shared entry, or None on a miss, a bad value, an expired entry or an outage."""
+        """The shared entry, or None on a miss, a bad or implausible value, an expired entry or
+        an outage."""
         if not self._available():
             return None
         began = time.perf_counter()
@@ -80,12 +115,24 @@ class RedisTier:
             async with asyncio.timeout(self.timeout_s):
                 blob = await self._client.get(redis_key(self.prefix, key, namespace, model))
         except OUTAGE as exc:
+            if isinstance(exc, TIMEOUTS):
+                self.slow(time.perf_counter() - began)
             self._failed(exc)
             return None
         self._measured(time.perf_counter() - began)
         self._ok()
-        entry = decode_entry(blob) if isinstance(blob, bytes) else None
-        if entry is None or entry.namespace != namespace or entry.expires <= self._wall():
+        entry = decode_entry(blob, self.max_entry_bytes) if isinstance(blob, bytes) else None
+        if (
+            entry is None
+            or entry.expires <= self._wall()
+            or not plausible(
+                entry,
+                namespace=namespace,
+                model=model,
+                stream=stored_stream(key),
+                max_bytes=self.max_entry_bytes,
+            )
+        ):
             self.misses += 1
             return None
         self.hits += 1
@@ -136,6 +183,11 @@ class RedisTier:
         if self._refresh is not None:
             await self._refresh
         await self._client.aclose()
+
+    def slow(self, seconds: float) -> None:
+        """A lookup had no answer after `seconds`: the round trip is at least that for now (the
+        next answers bring the estimate back down)."""
+        self.rtt_s = max(self.rtt_s or 0.0, seconds)
 
     def _measured(self, took: float) -> None:
         self.rtt_s = took if self.rtt_s is None else 0.8 * self.rtt_s + 0.2 * took

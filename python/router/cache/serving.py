@@ -242,8 +242,9 @@ async def serve(
         return await _origin(request, ctx, cache, XCache.BYPASS, origin, tap)
     entry = cache.memory.get(key, namespace)
     if entry is None and cache.shared_first():
-        # Tier 2 is measured to be much nearer than any region: asking it first costs little.
-        entry = await cache.shared(key, namespace, parsed.model)
+        # Tier 2 is measured to be much nearer than any region: asking it first costs little
+        # (at most shared_lookup_first_ms).
+        entry = await cache.shared_first_lookup(key, namespace, parsed.model)
         if entry is None:
             entry = cache.memory.get(key, namespace)
     elif entry is None:

@@ -41,6 +41,8 @@ class ResponseCache:
         self.flights: SingleFlight[Entry] = SingleFlight()
         self._rules: dict[str, Rule] = {}
         self._writes: set[asyncio.Task[bool]] = set()
+        # Asked-first lookups no longer waited for (kept referenced until they end).
+        self._lookups: set[asyncio.Task[Entry | None]] = set()
         self.redis_hits = 0
         # Per model: how long the region took to start answering a miss (EWMA, seconds).
         self._answer_s: dict[str, float] = {}
@@ -84,6 +86,28 @@ class ResponseCache:
             self.redis_hits += 1
             self.memory.put(key, entry)
         return entry
+
+    async def shared_first_lookup(self, key: bytes, namespace: str, model: str) -> Entry | None:
+        """Tier 2 asked before the region, waited for at most `shared_lookup_first_ms`: a lookup
+        still out then goes on in the background (a hit still lands in tier 1), tier 2 counts as
+        slow (the next misses race it) and this miss goes to the region."""
+        redis = self.redis
+        if redis is None:
+            return None
+        began = time.perf_counter()
+        lookup = asyncio.get_running_loop().create_task(self.shared(key, namespace, model))
+        await asyncio.wait((lookup,), timeout=self.config.shared_lookup_first_ms / 1000)
+        if lookup.done():
+            return lookup.result()
+        redis.slow(time.perf_counter() - began)
+        self._lookups.add(lookup)
+        lookup.add_done_callback(self._ended)
+        return None
+
+    def _ended(self, lookup: asyncio.Task[Entry | None]) -> None:
+        self._lookups.discard(lookup)
+        if not lookup.cancelled():
+            lookup.exception()  # RedisTier.get swallows Redis failures; nothing else is expected
 
     def answered(self, model: str, seconds: float) -> None:
         """The region started answering a miss for `model` after `seconds`."""
@@ -198,8 +222,10 @@ class ResponseCache:
             await asyncio.gather(*self._writes, return_exceptions=True)
 
     async def close(self) -> None:
-        """Finish background writes and close Redis."""
+        """Finish background writes and lookups, and close Redis."""
         await self.flush()
+        if self._lookups:
+            await asyncio.gather(*self._lookups, return_exceptions=True)
         if self.redis is not None:
             await self.redis.close()
 
@@ -213,6 +239,7 @@ def open_cache(config: CacheConfig, key_fn: KeyFn) -> ResponseCache:
             prefix=config.redis_prefix,
             timeout_s=config.redis_timeout_s,
             retry_after_s=config.redis_retry_s,
+            max_entry_bytes=config.max_entry_bytes,
             cluster=config.redis_cluster,
         )
     return ResponseCache(config, key_fn, redis=redis)

@@ -9,10 +9,14 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeout
+from redis.maint_notifications import MaintNotificationsConfig
 
 # Failures that mean "Redis is not answering", as opposed to a bug in our call.
 OUTAGE: tuple[type[BaseException], ...] = (RedisError, OSError, TimeoutError)
+# The outages that mean "no answer in time" (ours or the socket's), not a refusal.
+TIMEOUTS: tuple[type[BaseException], ...] = (TimeoutError, RedisTimeout)
 
 Client: TypeAlias = "aioredis.Redis | RedisCluster"
 
@@ -22,14 +26,21 @@ def open_redis(url: str, *, timeout_s: float, cluster: bool = False) -> Client:
 
     No client-side retries: a slow or absent Redis must cost one short timeout, not several.
     With `cluster`, `url` names any one node; the client learns the others and follows failovers.
+    A new connection sends nothing before the first command (db 0, no password: a password
+    adds AUTH, a database other than 0 adds SELECT, one round trip each).
     """
     common: dict[str, Any] = {
         "socket_timeout": timeout_s,
         "socket_connect_timeout": timeout_s,
         "retry": Retry(NoBackoff(), 0),
         "health_check_interval": 0,
-        # No CLIENT SETINFO on connect: a round trip a far Redis would add to every new
-        # connection (and to the first call after an outage).
+        # Every exchange before the first command is a round trip a far Redis adds to each new
+        # connection (and to the first call after an outage); a caller's timeout that covers
+        # three of them cancels the handshake and the next call starts cold again. So RESP2
+        # (RESP3 sends HELLO 3), no maintenance notifications (CLIENT MAINT_NOTIFICATIONS, a
+        # RESP3 feature), no CLIENT SETINFO, no health-check PING.
+        "protocol": 2,
+        "maint_notifications_config": MaintNotificationsConfig(enabled=False),
         "driver_info": None,
     }
     if cluster:
@@ -37,6 +48,12 @@ def open_redis(url: str, *, timeout_s: float, cluster: bool = False) -> Client:
         # over; the cluster client refreshes its slot map, the caller sees an outage meanwhile.
         return RedisCluster.from_url(url, **common)
     return aioredis.Redis.from_url(url, retry_on_timeout=False, **common)
+
+
+def key_fault(exc: BaseException) -> bool:
+    """Whether a command's error is the key's own data at fault (a value of another type, a
+    script that cannot read what it found), not Redis refusing work (OOM, READONLY, LOADING)."""
+    return isinstance(exc, ResponseError) and str(exc).startswith(("WRONGTYPE", "ERR user_script:"))
 
 
 def hash_tagged(prefix: str, key: str) -> str:

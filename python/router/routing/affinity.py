@@ -7,8 +7,8 @@ else. The router notes the region of each such response it relays, for the tenan
 (bounded, least recently used first out), with workers in a table the machine's workers share
 (routing.shared_pins), and, with `[state] redis_url`, shares the notes with the other routers
 of the deployment: written in the background, read only when a follow-up's
-id is not in memory (one Redis round trip, bounded by `redis_timeout_s`; no answer is "not
-known").
+id is not in memory (one Redis round trip, bounded by `redis_timeout_s`; no answer, or a value
+that is not text, is "not known").
 """
 
 from __future__ import annotations
@@ -130,9 +130,12 @@ class ResponseHomes:
         except OUTAGE as exc:
             self._failed("read", exc)
             return None
-        if raw is None:
+        if not isinstance(raw, bytes):
             return None
-        text = raw.decode() if isinstance(raw, bytes) else str(raw)
+        try:
+            text = raw.decode()
+        except UnicodeDecodeError:
+            return None  # not a note a router wrote: not known, like an unanswered lookup
         region, _, owner = text.partition("\n")
         return region, owner
 

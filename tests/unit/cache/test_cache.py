@@ -20,6 +20,7 @@ from router.cache.policy import (
     parse_cache_control,
     resolve_rule,
     storage_key,
+    stored_stream,
 )
 from router.cache.redis_tier import decode_entry, encode_entry, redis_key
 from router.config import CacheConfig, CacheModelConfig
@@ -335,10 +336,19 @@ def test_redis_envelope_round_trips_and_rejects_other_versions() -> None:
     )
     blob = encode_entry(e)
     assert blob.startswith(b"RC\x01")
-    assert decode_entry(blob) == e
-    assert decode_entry(b"RC\x02" + blob[3:]) is None
-    assert decode_entry(blob[:-3]) is None
-    assert decode_entry(b"") is None
+    assert decode_entry(blob, 1 << 20) == e
+    assert decode_entry(b"RC\x02" + blob[3:], 1 << 20) is None
+    assert decode_entry(blob[:-3], 1 << 20) is None
+    assert decode_entry(blob + b"x", 1 << 20) is None
+    assert decode_entry(b"", 1 << 20) is None
+
+
+def test_a_stored_form_is_read_back_from_its_key() -> None:
+    fp = b"\x00" * 16
+    for endpoint in ("/v1/chat/completions", "/v1/responses", "/v1/messages"):
+        for stream, usage in ((False, False), (True, False), (True, True)):
+            key = storage_key(fp, endpoint=endpoint, stream=stream, usage=usage)
+            assert stored_stream(key) is stream
 
 
 def test_redis_key_quotes_separators() -> None:

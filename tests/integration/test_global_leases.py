@@ -1,0 +1,107 @@
+"""GlobalLeases against a real redis-server that answers errors: for one key, or for all."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+import redis.asyncio as aioredis
+
+from router.access.global_limits import UNLIMITED, GlobalLeases, Rates
+from tests.support import Proc
+
+pytestmark = pytest.mark.redis
+
+RATES = Rates(request_capacity=100, requests_per_s=100, token_capacity=UNLIMITED, tokens_per_s=1)
+
+
+async def _until(check: Callable[[], bool], leases: GlobalLeases, keys: list[str]) -> None:
+    """Ask for every key until `check` holds (a liveness bound, not a timing one)."""
+    deadline = time.monotonic() + 20
+    while not check():
+        assert time.monotonic() < deadline, "condition never held"
+        for key in keys:
+            leases.take(key, RATES, 0)
+        await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+async def admin(redis_proc: Proc) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis(port=redis_proc.port)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def leases(redis_proc: Proc) -> AsyncIterator[GlobalLeases]:
+    pop = GlobalLeases(
+        f"redis://127.0.0.1:{redis_proc.port}/0", interval_s=0.02, retry_s=0.05, timeout_s=2.0
+    )
+    yield pop
+    await pop.close()
+
+
+async def test_one_key_of_the_wrong_type_fails_alone(
+    leases: GlobalLeases, admin: aioredis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    await admin.set(leases.key("bad"), b"not-a-hash")
+    keys = ["good", "bad"]
+    with caplog.at_level(logging.WARNING, logger="router"):
+        # Both keys ask in the same calls: what Redis grants "good" is kept.
+        await _until(lambda: leases.syncs >= 5, leases, keys)
+        assert leases.outages == 0  # was: one outage for all keys after another
+        assert "bad" in leases.failing
+        await _until(lambda: "good" in leases.leases and leases.leases["good"].leased, leases, keys)
+        failures = leases.failing["bad"]
+        # Tried again every retry_s, and failing again, with global limits on for the others.
+        await _until(lambda: leases.failing["bad"] > failures, leases, keys)
+        assert leases.available
+        assert leases.outages == 0
+        assert leases.take("bad", RATES, 0) is None  # local limits only for it
+        assert leases.take("good", RATES, 0) is not None
+        assert leases.leases["good"].leased
+        said = [r.getMessage() for r in caplog.records]
+        assert sum("key bad failed" in m for m in said) == 1
+        assert not any("unreachable" in m for m in said)
+        await admin.delete(leases.key("bad"))
+        await _until(lambda: "bad" in leases.leases and leases.leases["bad"].leased, leases, keys)
+        assert "bad" not in leases.failing
+        assert any("key bad answered again" in r.getMessage() for r in caplog.records)
+    assert leases.outages == 0
+
+
+async def test_redis_refusing_every_write_is_one_outage_until_the_script_runs(
+    leases: GlobalLeases, admin: aioredis.Redis, redis_proc: Proc
+) -> None:
+    await _until(lambda: "k" in leases.leases and leases.leases["k"].leased, leases, ["k"])
+    await admin.config_set("maxmemory-policy", "noeviction")
+    await admin.config_set("maxmemory", 1)  # every EVAL that writes: OOM; PING still answers
+    try:
+        await _until(lambda: not leases.available, leases, ["k"])
+        evals = await _evals(admin)
+        # Many probes later (each runs the script), still out: PING alone let it flap back.
+        await _until_evals(leases, admin, evals + 10)
+        assert not leases.available
+        assert leases.outages == 1
+    finally:
+        await admin.config_set("maxmemory", 0)
+    await _until(lambda: leases.available, leases, ["k"])
+    await _until(lambda: "k" in leases.leases and leases.leases["k"].leased, leases, ["k"])
+    assert leases.outages == 1
+
+
+async def _evals(admin: aioredis.Redis) -> int:
+    stats = await admin.info("commandstats")
+    return int(stats.get("cmdstat_eval", {}).get("calls", 0))
+
+
+async def _until_evals(leases: GlobalLeases, admin: aioredis.Redis, at_least: int) -> None:
+    """Ask for "k" until Redis has run `at_least` EVALs in all."""
+    deadline = time.monotonic() + 20
+    while await _evals(admin) < at_least:
+        assert time.monotonic() < deadline, "condition never held"
+        leases.take("k", RATES, 0)
+        await asyncio.sleep(0.01)

@@ -1,0 +1,76 @@
+"""open_redis against a real redis-server through a counting proxy: what a new connection costs."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import pytest
+
+from router.net.redis_client import open_redis
+from tests.support import Proc
+
+pytestmark = pytest.mark.redis
+
+
+class TurnProxy:
+    """A TCP relay to Redis that notes, per connection, each time the client starts sending
+    after the server last spoke: one turn is one round trip the client waited for."""
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        self.turns: list[int] = []
+        self._server: asyncio.Server | None = None
+        self.port = 0
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
+        index = len(self.turns)
+        self.turns.append(0)
+        # The direction of the last bytes relayed: a client write after a server one is a turn.
+        last = ["server"]
+
+        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, side: str) -> None:
+            while data := await src.read(65536):
+                if side == "client" and last[0] == "server":
+                    self.turns[index] += 1
+                last[0] = side
+                dst.write(data)
+                await dst.drain()
+            dst.close()
+
+        with contextlib.suppress(OSError):
+            await asyncio.gather(
+                pump(reader, up_writer, "client"), pump(up_reader, writer, "server")
+            )
+
+
+@pytest.fixture
+async def proxy(redis_proc: Proc) -> AsyncIterator[TurnProxy]:
+    p = TurnProxy(redis_proc.port)
+    await p.start()
+    yield p
+    await p.close()
+
+
+async def test_a_cold_call_is_one_round_trip(proxy: TurnProxy) -> None:
+    # A far Redis pays each exchange before the command on every new connection; a handshake
+    # of three (HELLO 3, CLIENT MAINT_NOTIFICATIONS, the command) outlived the callers' timeouts.
+    client = open_redis(f"redis://127.0.0.1:{proxy.port}/0", timeout_s=5.0)
+    try:
+        assert await client.set("k", b"v")
+        assert await client.get("k") == b"v"
+        assert await client.eval("return redis.call('GET', KEYS[1])", 1, "k") == b"v"
+    finally:
+        await client.aclose()
+    assert proxy.turns == [3]  # one connection, one round trip per command
