@@ -41,6 +41,7 @@ admin_token_sha256 = "{hash_key(ADMIN)}"
 name = "sim"
 base_url = "{sim.url}/v1"
 models = ["{MODEL}"]
+endpoints = ["chat", "completions", "embeddings", "responses"]
 
 [cache]
 enabled = true
@@ -57,12 +58,17 @@ def start_router(tmp: Path, sim: Proc, **kw: Any) -> Proc:
     return spawn(router_cmd("serve", "--config", str(cfg)), port, tmp / f"router-{port}.log")
 
 
+def start_sim(tmp: Path, *options: str) -> Proc:
+    port = free_port()
+    args = router_cmd(
+        "sim-region", "--port", str(port), "--models", MODEL, "--name", "sim", *options
+    )
+    return spawn(args, port, tmp / f"sim-{port}.log")
+
+
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
-    tmp = tmp_path_factory.mktemp("sim")
-    port = free_port()
-    args = router_cmd("sim-region", "--port", str(port), "--models", MODEL, "--name", "sim")
-    proc = spawn(args, port, tmp / "sim.log")
+    proc = start_sim(tmp_path_factory.mktemp("sim"))
     yield proc
     proc.kill()
 
@@ -344,23 +350,26 @@ def test_tier_two_races_the_region_and_never_delays_a_miss(tmp_path: Path, sim: 
     # Tier 2 is never asked first here, and a lookup may take 30 s: it only ever runs beside
     # the region request.
     extra = "shared_lookup_first_ms = 0\nredis_timeout_s = 30\n"
+    # b's region takes 20 s for a first byte (the same request as a's, so the same key).
+    late = start_sim(tmp_path, "--ttft-ms", "20000")
     a = start_router(tmp_path, sim, redis=redis, extra=extra)
-    b = start_router(tmp_path, sim, redis=redis, extra=extra)
-    slow = {"x-sim-ttft-ms": "20000", "Cache-Control": "no-store"}
-    ca, cb = client(a), client(b).with_options(timeout=10)
+    b = start_router(tmp_path, late, redis=redis, extra=extra)
+    c = start_router(tmp_path, sim, redis=redis, extra=extra)
+    slow = {"Cache-Control": "no-store"}
+    ca, cb, cc = client(a), client(b).with_options(timeout=10), client(c).with_options(timeout=10)
     try:
         assert chat(ca, "raced").headers["x-cache"] == "MISS"
         for _ in range(100):
             if _stored(redis):
                 break
             time.sleep(0.05)
-        before = origin_calls(sim)
+        before = origin_calls(late)
         # The region would take 20 s for its first byte; tier 2's answer wins and the region
         # request, sent at the same time, is cancelled.
         got = chat(cb, "raced", extra_headers=slow)
         assert got.headers["x-cache"] == "HIT"
         assert got.parse().model_dump() == chat(ca, "raced").parse().model_dump()
-        assert origin_calls(sim) == before + 1
+        assert origin_calls(late) == before + 1
         # A stream hit from tier 2 is an SSE stream like a live answer.
         live = chat(ca, "raced stream", stream=True)
         assert live.headers["x-cache"] == "MISS"
@@ -374,10 +383,11 @@ def test_tier_two_races_the_region_and_never_delays_a_miss(tmp_path: Path, sim: 
         assert streamed.headers["content-type"].startswith("text/event-stream")
         chunks = [chunk.model_dump() for chunk in streamed.parse()]
         assert chunks == expected
-        # Redis frozen mid-lookup: the miss is the region's answer, not a 30 s wait.
+        # Redis frozen mid-lookup: the miss is the region's answer, not a 30 s wait (c has
+        # measured neither yet, so it races the two).
         redis.popen.send_signal(signal.SIGSTOP)
         try:
-            got = chat(cb, "frozen redis miss")
+            got = chat(cc, "frozen redis miss")
             assert got.headers["x-cache"] == "MISS"
             assert got.parse().choices
         finally:
@@ -385,8 +395,11 @@ def test_tier_two_races_the_region_and_never_delays_a_miss(tmp_path: Path, sim: 
     finally:
         ca.close()
         cb.close()
+        cc.close()
         a.kill()
         b.kill()
+        c.kill()
+        late.kill()
         redis.kill()
 
 
@@ -471,8 +484,11 @@ def test_a_follower_gets_the_whole_answer_after_its_leader_left(router: Proc) ->
     # Issue 24 item 5: the exchange outlives the leader's client while a follower reads it.
     assert payload.endswith(b"data: [DONE]\n\n")
     assert b'"upstream_stream_error"' not in payload
-    # ... and, whole, it was stored.
-    assert chat(client(router), "leader walks away", stream=True).headers["x-cache"] == "HIT"
+    # ... and, whole, it was stored (for requests with the same headers).
+    again = chat(
+        client(router), "leader walks away", stream=True, extra_headers={"x-sim-tokens-per-s": "40"}
+    )
+    assert again.headers["x-cache"] == "HIT"
 
 
 def test_embeddings_are_cached_and_identical(router: Proc) -> None:
@@ -553,3 +569,52 @@ def test_requests_whose_headers_differ_do_not_share_an_exchange(router: Proc, si
 
     statuses = asyncio.run(pair())
     assert statuses[1] == 200
+
+
+def streamed(c: openai.OpenAI, text: str, **kw: Any) -> tuple[str, str]:
+    """A chat stream's x-cache and its text."""
+    raw = chat(c, text, stream=True, **kw)
+    content = "".join(k.choices[0].delta.content or "" for k in raw.parse() if k.choices)
+    return raw.headers["x-cache"], content
+
+
+def test_answer_shaping_headers_are_part_of_the_key(router: Proc) -> None:
+    """A forwarded header may shape the answer: an entry never answers a request without it."""
+    c = client(router)
+    pad = {"x-sim-pad-bytes": "3"}  # the sim pads each streamed token
+    padded, plain = streamed(c, "padded", extra_headers=pad), streamed(c, "padded")
+    assert (padded[0], plain[0]) == ("MISS", "MISS")
+    assert padded[1] != plain[1]
+    assert streamed(c, "padded", extra_headers=pad) == ("HIT", padded[1])
+    assert streamed(c, "padded") == ("HIT", plain[1])
+    # Headers no region gets (or that never shape an answer) share the entry.
+    forwarded = {"X-Forwarded-For": "10.1.2.3", "User-Agent": "another"}
+    assert streamed(c, "padded", extra_headers=forwarded) == ("HIT", plain[1])
+
+
+def test_fields_an_answer_shows_are_part_of_the_key(router: Proc) -> None:
+    """Transport fields the fingerprint leaves out, yet the answer echoes (or that reshape a
+    stream), split the key; the others do not."""
+    c = client(router)
+    assert streamed(c, "echoed")[0] == "MISS"
+    assert streamed(c, "echoed", user="someone")[0] == "HIT"  # no chat answer shows it
+    # Every API's answer shows the service tier it ran on.
+    assert streamed(c, "echoed", service_tier="flex")[0] == "MISS"
+    # vLLM's continuous_usage_stats puts usage in every chunk: another stream.
+    usage_stats = {"stream_options": {"continuous_usage_stats": True}}
+    assert streamed(c, "echoed", extra_body=usage_stats)[0] == "MISS"
+    assert streamed(c, "echoed", extra_body=usage_stats)[0] == "HIT"
+
+    def respond(**fields: Any) -> str:
+        raw = c.responses.with_raw_response.create(
+            model=MODEL, input="echoed", temperature=0, store=False, **fields
+        )
+        state: str = raw.headers["x-cache"]
+        return state
+
+    # A Responses object echoes metadata, user, prompt_cache_key...: never another request's.
+    assert respond(metadata={"a": "1"}) == "MISS"
+    assert respond(metadata={"a": "1"}) == "HIT"
+    assert respond(metadata={"a": "2"}) == "MISS"
+    assert respond(metadata={"a": "1"}, user="u") == "MISS"
+    assert respond(metadata={"a": "1"}, prompt_cache_key="k") == "MISS"

@@ -43,6 +43,7 @@ class Flight(Generic[T]):
     def __init__(self, key: Hashable) -> None:
         self.key = key
         self.chunks: list[bytes] = []
+        # Followers reading it now (each `leave`s when its answer ends, however it ends).
         self.followers = 0
         # The exchange went on without its leader (its client left, followers still read):
         # whoever took it over finishes or fails the flight.
@@ -56,6 +57,10 @@ class Flight(Generic[T]):
     def running(self) -> bool:
         """Neither finished nor failed yet."""
         return self._state is _State.RUNNING
+
+    def leave(self) -> None:
+        """Follower: done reading (answered, failed or its client left)."""
+        self.followers -= 1
 
     def publish(self, chunk: bytes) -> None:
         """Leader: one more stream chunk for every follower, present and future."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -47,8 +48,10 @@ class Entry(msgspec.Struct, frozen=True, kw_only=True):
     body: bytes = b""
     chunks: tuple[bytes, ...] = ()
     stream: bool = False
-    # Only 200s are stored; another status travels only from a coalesced leader to followers.
+    # Only 200s are stored; another status travels only from a coalesced leader to followers,
+    # with the answer's other headers (a refusal's Retry-After, say).
     status: int = 200
+    headers: tuple[tuple[str, str], ...] = ()
     # `chunks` are whole SSE events as relayed (typed-event APIs: Responses, Messages), not
     # data payloads to frame again.
     framed: bool = False
@@ -62,6 +65,7 @@ class Entry(msgspec.Struct, frozen=True, kw_only=True):
             + len(self.namespace)
             + len(self.model)
             + len(self.content_type)
+            + sum(len(k) + len(v) for k, v in self.headers)
         )
 
     def age(self, now: float) -> int:
@@ -292,14 +296,20 @@ def complete_body(body: bytes) -> bool:
     )
 
 
-def storage_key(fingerprint: bytes, *, endpoint: str, stream: bool, usage: bool = False) -> bytes:
-    """Tier key: the fingerprint plus what shapes the stored form (endpoint, stream, usage chunk).
+def storage_key(
+    fingerprint: bytes, *, endpoint: str, stream: bool, usage: bool = False, shape: bytes = b""
+) -> bytes:
+    """Tier key: the fingerprint plus what shapes the stored form (endpoint, stream, usage chunk)
+    and, when there is any, a digest of `shape`: what else shapes the answer (headers, fields).
 
     The fingerprint leaves out transport fields (`stream`, `stream_options`), yet a body and a
     stream are stored differently, and only a stream asked with include_usage has a usage chunk.
     """
     form = (b"|SU" if usage else b"|S") if stream else b"|B"
-    return fingerprint + b"|" + endpoint.encode() + form
+    key = fingerprint + b"|" + endpoint.encode() + form
+    if shape:
+        key += b"|" + hashlib.blake2b(shape, digest_size=16).digest()
+    return key
 
 
 def stored_stream(key: bytes) -> bool:

@@ -11,6 +11,7 @@ from typing import Any
 
 import msgspec
 from aiohttp import web
+from multidict import CIMultiDict
 
 from router import native
 from router.access.auth import ANONYMOUS_TENANT
@@ -32,8 +33,9 @@ from router.cache.tiers import ResponseCache, open_cache
 from router.config import AuthConfig, Config
 from router.core.admin import AdminRoutes, Guard
 from router.core.context import RequestContext
-from router.core.request import EMBEDDINGS
+from router.core.request import EMBEDDINGS, RESPONSES
 from router.core.stages import Origin
+from router.core.stream import EventState, StreamState
 from router.core.timing import CACHE as CACHE_STAGE
 from router.errors import UpstreamError
 from router.native import NativeError
@@ -69,24 +71,62 @@ def cache_headers(ctx: RequestContext, headers: MutableMapping[str, str]) -> Non
 
 
 class _Knobs(msgspec.Struct):
-    """The body fields the cacheability policy reads (everything else is skipped by the decoder)."""
+    """The body fields the cache reads (everything else is skipped by the decoder)."""
 
     temperature: Any = None
     n: Any = None
     tools: Any = None
     functions: Any = None
+    # Transport fields, left out of the fingerprint, that an answer still shows (_ECHOED).
+    metadata: Any = None
+    user: Any = None
+    service_tier: Any = None
+    prompt_cache_key: Any = None
+    safety_identifier: Any = None
+    stream_options: Any = None
 
 
 _KNOBS = msgspec.json.Decoder(_Knobs)
+_UNREADABLE = _Knobs(temperature="unreadable")
+# What a Responses object echoes of its request's transport fields; every other API's answer
+# shows only the service tier it ran on. `store` is left out: only `store: false` Responses
+# requests are cached at all (core.request: any other is stateful).
+_ECHOED = ("metadata", "user", "service_tier", "prompt_cache_key", "safety_identifier")
+_TIER = ("service_tier",)
+
+
+def fields_of(body: bytes) -> _Knobs:
+    """The fields the cache reads of a request body (the body is already validated JSON)."""
+    try:
+        return _KNOBS.decode(body)
+    except (msgspec.MsgspecError, RecursionError):
+        return _UNREADABLE
+
+
+def _policy(k: _Knobs) -> dict[str, Any]:
+    return {"temperature": k.temperature, "n": k.n, "tools": k.tools, "functions": k.functions}
 
 
 def knobs(body: bytes) -> dict[str, Any]:
     """The policy-relevant request fields as a mapping (the body is already validated JSON)."""
-    try:
-        k = _KNOBS.decode(body)
-    except (msgspec.MsgspecError, RecursionError):
-        return {"temperature": "unreadable", "n": None, "tools": None, "functions": None}
-    return {"temperature": k.temperature, "n": k.n, "tools": k.tools, "functions": k.functions}
+    return _policy(fields_of(body))
+
+
+def answer_shape(
+    k: _Knobs, endpoint: str, stream: bool, headers: tuple[tuple[str, str], ...]
+) -> bytes:
+    """What shapes the answer besides the fingerprint, for the key (b"": nothing does): the
+    forwarded headers, the transport fields the answer echoes, and a stream's options beyond
+    include_usage (vLLM's continuous_usage_stats puts usage in every chunk)."""
+    names = _ECHOED if endpoint == RESPONSES else _TIER
+    fields: list[tuple[str, Any]] = [(n, v) for n in names if (v := getattr(k, n)) is not None]
+    options = k.stream_options
+    if stream and isinstance(options, dict) and options.keys() - {"include_usage"}:
+        rest = {n: v for n, v in options.items() if n != "include_usage"}
+        fields.append(("stream_options", rest))
+    if not fields and not headers:
+        return b""
+    return msgspec.json.encode((headers, fields), order="sorted")
 
 
 class Tap:
@@ -126,7 +166,11 @@ class Tap:
         self._recorded = 0
 
     def chunk(self, data: bytes) -> None:
-        """Stream bytes just forwarded to the client."""
+        """Stream bytes just forwarded to the client (once detached: read for followers)."""
+        flight = self._flight
+        if flight is not None and flight.detached and not flight.followers:
+            self._abandon(flight)
+            return
         self._recorded += len(data)
         if self._recorded > self._max_entry and self._flight is None:
             # Too big to store and nobody follows: stop buffering it.
@@ -146,11 +190,21 @@ class Tap:
         if self._flight is not None:
             self._flight.detached = True
 
+    def _abandon(self, flight: Flight[Entry]) -> None:
+        """Its client and every follower left: nobody reads the exchange any more. The flight
+        fails (a later identical request leads anew) and the background read that called this
+        is cancelled, which closes the region's connection: the region stops generating."""
+        self._store = False
+        self._cache.flights.fail(flight)
+        task = asyncio.current_task()
+        if task is not None:
+            task.cancel()
+
     def end(self, clean: bool) -> None:
         """The stream ended: `clean` when the upstream finished without error or abort."""
         if not clean:
             self._recorder.fail()
-        entry = self._entry(chunks=tuple(self._recorder.chunks))
+        entry = self._entry(chunks=tuple(self._recorder.chunks), stream=True)
         # A fallback model's answer is not the answer to the model asked for: never stored.
         store = self._store and self.ctx.fallback is None
         if store and self._recorder.complete and self._recorded <= self._max_entry:
@@ -164,7 +218,8 @@ class Tap:
     def body(self, status: int, content_type: str | None, body: bytes) -> None:
         """A whole non-stream answer just relayed to the client."""
         # A region's final non-200 answer (a 4xx the attempt loop does not retry) is what any
-        # identical request would get: followers share it, but it is never stored.
+        # identical request would get: followers share it, but it is never stored. It is a
+        # whole body even when a stream was asked for, and followers get it so.
         entry = self._entry(body=body, content_type=content_type or "application/json")
         if status != 200:
             entry = msgspec.structs.replace(entry, status=status)
@@ -178,6 +233,22 @@ class Tap:
         if self._flight is not None:
             self._cache.flights.finish(self._flight, entry)
 
+    def refused(self, answer: web.Response) -> None:
+        """The answer when no region gave one (the last region's refusal, say a 429 with
+        Retry-After, or the router's 502/504): followers get it too, headers included, instead
+        of each asking the region again. Never stored."""
+        if self._flight is None:
+            return
+        body = answer.body
+        headers = answer.headers
+        entry = self._entry(
+            body=body if isinstance(body, bytes) else b"",
+            content_type=headers.get("Content-Type", "application/json"),
+        )
+        kept = tuple((k, v) for k, v in headers.items() if k.lower() not in _OWN_HEADERS)
+        entry = msgspec.structs.replace(entry, status=answer.status, headers=kept)
+        self._cache.flights.finish(self._flight, entry)
+
     @property
     def _max_entry(self) -> int:
         return self._cache.config.max_entry_bytes
@@ -188,18 +259,22 @@ class Tap:
         body: bytes = b"",
         chunks: tuple[bytes, ...] = (),
         content_type: str = "text/event-stream",
+        stream: bool = False,
     ) -> Entry:
-        parsed = self.ctx.request
         return self._cache.new_entry(
             namespace=self._namespace,
-            model=parsed.model,
+            model=self.ctx.request.model,
             rule=self._rule,
             content_type=content_type,
             body=body,
             chunks=chunks,
-            stream=parsed.stream,
+            stream=stream,
             framed=self.ctx.dialect.events,
         )
+
+
+# A refusal's headers each follower gets its own of (or that the entry holds apart).
+_OWN_HEADERS = frozenset({"content-length", "content-type", "x-request-id"})
 
 
 async def serve(
@@ -215,14 +290,17 @@ async def serve(
         # State only its region holds (a stored response, a chain): never shared or replayed.
         return await _origin(request, ctx, cache, XCache.BYPASS, origin, None)
     rule = cache.rule(parsed.model)
+    fields = fields_of(parsed.body)
     decision: Decision = decide(
-        knobs(parsed.body),
+        _policy(fields),
         rule,
         parse_cache_control(request.headers.get("Cache-Control")),
         sampled=parsed.endpoint != EMBEDDINGS,
     )
     if decision.bypass:
         return await _origin(request, ctx, cache, XCache.BYPASS, origin, None)
+    # A header or an echoed field can change the answer: no client may get another's.
+    shape = answer_shape(fields, parsed.endpoint, parsed.stream, _forwarded(request.headers))
     try:
         key = cache.key(
             parsed.body,
@@ -231,6 +309,7 @@ async def serve(
             endpoint=parsed.endpoint,
             stream=parsed.stream,
             usage=parsed.include_usage,
+            shape=shape,
         )
     except NativeError as exc:
         # The router already validated the body; a shape the fingerprint refuses is just uncached.
@@ -277,11 +356,10 @@ async def _lead_or_follow(
         if race:
             return await _race(request, ctx, cache, origin, tap, (key, namespace, model), None)
         return await _origin(request, ctx, cache, XCache.MISS, origin, tap)
-    # Only requests whose forwarded headers match share one upstream exchange: a header can
-    # change the answer (or the error), and no client may get another's.
-    flight_key = (key, _forwarded(request.headers))
+    # The key holds the forwarded headers: only requests whose headers match share one
+    # upstream exchange (a header can change the answer, or the error).
     for _ in range(FOLLOW_RETRIES + 1):
-        flight, leads = cache.flights.join(flight_key)
+        flight, leads = cache.flights.join(key)
         if leads:
             with cache.flights.lead(flight):
                 # A flight that ended while this request awaited tier 2 may have just stored it.
@@ -391,6 +469,12 @@ async def _replay(
     ctx.cache = Mark(XCache.HIT, entry.age(cache.clock()))
     if not entry.stream:
         headers = {"Content-Type": entry.content_type, "X-Request-Id": ctx.request_id}
+        if entry.headers:  # a coalesced leader's refusal: its Retry-After and the like too
+            return web.Response(
+                status=entry.status,
+                body=entry.body,
+                headers=CIMultiDict([*entry.headers, *headers.items()]),
+            )
         return web.Response(status=entry.status, body=entry.body, headers=headers)
     resp = StreamResponse(headers={**SSE_HEADERS, "X-Request-Id": ctx.request_id})
     await resp.prepare(request)
@@ -402,34 +486,71 @@ async def _replay(
     return resp
 
 
-# Headers that never change an answer: transport, identity, SDK telemetry, tracing.
+# Headers that never change an answer: transport, identity, SDK telemetry, tracing, and the
+# ones no region ever gets (core.upstream drops them: hop-by-hop, credentials, forwarding).
 _VOLATILE = frozenset(
     {
         "accept",
         "accept-encoding",
+        "api-key",
         "authorization",
         "cache-control",
         "connection",
+        "content-encoding",
         "content-length",
         "content-type",
+        "cookie",
+        "forwarded",
         "host",
+        "keep-alive",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
         "traceparent",
         "tracestate",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
         "user-agent",
         "x-api-key",
+        "x-forwarded-for",
+        "x-forwarded-host",
+        "x-forwarded-proto",
+        "x-real-ip",
         "x-request-id",
         "x-router-timeout-ms",
     }
 )
 
 
+# Header name as sent -> its lower case if it may shape an answer, else "" (every request
+# reads it: a dict lookup per header costs a third of lower-casing and testing each).
+_SHAPING: dict[str, str] = {}
+
+
+def _shaping(name: str) -> str:
+    low = name.lower()
+    shaping = "" if low in _VOLATILE or low.startswith("x-stainless-") else low
+    # Names come from clients: only short ones are noted, and at most 4096 of them.
+    if len(name) <= 64:
+        if len(_SHAPING) >= 4096:
+            _SHAPING.clear()
+        _SHAPING[name] = shaping
+    return shaping
+
+
 def _forwarded(headers: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
     """The request's headers that could change a region's answer, in a stable order."""
     out = []
+    names = _SHAPING
     for name, value in headers.items():
-        low = name.lower()
-        if low not in _VOLATILE and not low.startswith("x-stainless-"):
+        low = names.get(name)
+        if low is None:
+            low = _shaping(name)
+        if low:
             out.append((low, value))
+    if not out:
+        return ()
     out.sort()
     return tuple(out)
 
@@ -441,39 +562,57 @@ class _Rejoin(Exception):
 async def _follow(
     request: web.Request, ctx: RequestContext, cache: ResponseCache, flight: Flight[Entry]
 ) -> web.StreamResponse:
-    """Serve a coalesced request from its leader's flight (counted as a hit: no origin call)."""
-    if not ctx.request.stream:
-        try:
-            entry = await flight.result()
-        except FlightFailed:
-            raise _Rejoin from None
-        return await _replay(request, ctx, cache, entry)
-    resp: web.StreamResponse | None = None
-    # Typed-event streams are shared as whole events; OpenAI's as payloads.
-    framed = ctx.dialect.events
+    """Serve a coalesced request from its leader's flight (counted as a hit: no origin call);
+    however it ends, it no longer reads the flight."""
     try:
-        async for payload in flight.follow():
+        if not ctx.request.stream:
+            try:
+                entry = await flight.result()
+            except FlightFailed:
+                raise _Rejoin from None
+            return await _replay(request, ctx, cache, entry)
+        resp: web.StreamResponse | None = None
+        # Typed-event streams are shared as whole events; OpenAI's as payloads.
+        framed = ctx.dialect.events
+        try:
+            async for payload in flight.follow():
+                if resp is None:
+                    ctx.timer.end(CACHE_STAGE)
+                    cache.count(XCache.HIT)
+                    ctx.cache = Mark(XCache.HIT, 0)
+                    headers = {**SSE_HEADERS, "X-Request-Id": ctx.request_id}
+                    resp = StreamResponse(headers=headers)
+                    await resp.prepare(request)
+                await resp.write(payload if framed else sse.encode(payload))
+        except FlightFailed as exc:
             if resp is None:
-                ctx.timer.end(CACHE_STAGE)
-                cache.count(XCache.HIT)
-                ctx.cache = Mark(XCache.HIT, 0)
-                resp = StreamResponse(headers={**SSE_HEADERS, "X-Request-Id": ctx.request_id})
-                await resp.prepare(request)
-            await resp.write(payload if framed else sse.encode(payload))
-    except FlightFailed as exc:
-        if resp is None:
-            raise _Rejoin from None
-        log.warning("request %s: coalesced stream broke: %r", ctx.request_id, exc.cause)
-        failure = ctx.dialect.stream_failure(
-            "The region stopped mid-stream.", ctx.dialect.tracker()
-        )
-        await resp.write(failure)
-        await resp.write_eof()
+                raise _Rejoin from None
+            log.warning("request %s: coalesced stream broke: %r", ctx.request_id, exc.cause)
+            state = _relayed(ctx, flight.chunks[: exc.sent])
+            await resp.write(ctx.dialect.stream_failure("The region stopped mid-stream.", state))
+            await resp.write_eof()
+            return resp
+        if resp is None:  # no stream came: the leader's whole answer (a region's 4xx, say)
+            return await _replay(request, ctx, cache, await flight.result())
+        await resp.write_eof(b"" if framed else sse.encode_done())
         return resp
-    if resp is None:  # the leader finished with an empty stream; replay its (empty) entry
-        return await _replay(request, ctx, cache, await flight.result())
-    await resp.write_eof(b"" if framed else sse.encode_done())
-    return resp
+    finally:
+        flight.leave()
+
+
+def _relayed(ctx: RequestContext, sent: list[bytes]) -> StreamState | EventState:
+    """The API's stream state after what a follower relayed (payloads; typed events whole),
+    for the failure event that ends its stream (a Responses stream's id and numbering)."""
+    state = ctx.dialect.tracker()
+    if ctx.dialect.events:
+        for event in sent:
+            payload = sse.data_of(event)
+            if payload is not None:
+                state.note(payload)
+    else:
+        for payload in sent:
+            state.note(payload)
+    return state
 
 
 NamespaceOf = Callable[[RequestContext], str | None]

@@ -65,10 +65,11 @@ class ResponseCache:
         endpoint: str,
         stream: bool,
         usage: bool = False,
+        shape: bytes = b"",
     ) -> bytes:
-        """The tier key of one request body."""
+        """The tier key of one request body (`shape`: what else shapes its answer)."""
         fp = self.key_fn(body, namespace, level)
-        return storage_key(fp, endpoint=endpoint, stream=stream, usage=usage)
+        return storage_key(fp, endpoint=endpoint, stream=stream, usage=usage, shape=shape)
 
     async def get(self, key: bytes, namespace: str, model: str) -> Entry | None:
         """Tier 1, then tier 2 (promoted into tier 1); None on a miss."""

@@ -282,7 +282,10 @@ class Pipeline:
                     if more and fallbacks is not None and fallbacks.moves(exc):
                         continue
                     timer.end("upstream")
-                    return failure_response(exc, ctx.request_id, anthropic=ctx.dialect.anthropic)
+                    answer = failure_response(exc, ctx.request_id, anthropic=ctx.dialect.anthropic)
+                    if tap is not None:
+                        tap.refused(answer)  # identical requests coalesced behind it get it too
+                    return answer
                 timer.end("upstream")
                 region = opened.upstream.name
                 if opened.response is None:

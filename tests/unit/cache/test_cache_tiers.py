@@ -10,12 +10,12 @@ import pytest
 
 from router.cache.coalescing import Flight, FlightFailed
 from router.cache.policy import Entry, Level, Rule, XCache
-from router.cache.redis_tier import RedisTier
-from router.cache.serving import Tap, knobs
+from router.cache.redis_tier import RedisTier, redis_key
+from router.cache.serving import Tap, answer_shape, fields_of, knobs
 from router.cache.tiers import ResponseCache
 from router.config import CacheConfig, CacheModelConfig
 from router.core.context import RequestContext
-from router.core.request import CHAT, parse_body
+from router.core.request import CHAT, MESSAGES, RESPONSES, parse_body
 from router.net import sse
 
 
@@ -112,6 +112,49 @@ def test_rules_are_memoized_but_bounded() -> None:
 )
 def test_knobs_reads_only_the_policy_fields(body: bytes, expected: dict[str, object]) -> None:
     assert knobs(body) == expected
+
+
+def test_the_usual_request_adds_nothing_to_its_key() -> None:
+    usual = b'{"model":"m","user":"u","metadata":{"a":1},"stream_options":{"include_usage":true}}'
+    for endpoint in (CHAT, MESSAGES):
+        assert answer_shape(fields_of(usual), endpoint, True, ()) == b""
+    cache = make()
+    plain = cache.key(usual, namespace="a", level="exact", endpoint=CHAT, stream=True)
+    assert plain == cache.key(
+        usual, namespace="a", level="exact", endpoint=CHAT, stream=True, shape=b""
+    )
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "stream", "body", "headers"),
+    [
+        (CHAT, False, b"{}", (("anthropic-beta", "x"),)),
+        (CHAT, False, b'{"service_tier":"flex"}', ()),
+        (CHAT, True, b'{"stream_options":{"continuous_usage_stats":true}}', ()),
+        (RESPONSES, False, b'{"metadata":{"a":"1"}}', ()),
+        (RESPONSES, False, b'{"user":"u"}', ()),
+        (RESPONSES, False, b'{"prompt_cache_key":"k"}', ()),
+        (RESPONSES, False, b'{"safety_identifier":"s"}', ()),
+    ],
+)
+def test_what_shapes_an_answer_splits_both_tiers_keys(
+    endpoint: str, stream: bool, body: bytes, headers: tuple[tuple[str, str], ...]
+) -> None:
+    cache = make()
+    shape = answer_shape(fields_of(body), endpoint, stream, headers)
+    assert shape
+    plain = cache.key(body, namespace="a", level="exact", endpoint=endpoint, stream=stream)
+    shaped = cache.key(
+        body, namespace="a", level="exact", endpoint=endpoint, stream=stream, shape=shape
+    )
+    assert shaped != plain
+    assert redis_key("p", shaped, "a", "m") != redis_key("p", plain, "a", "m")
+
+
+def test_the_shape_does_not_depend_on_field_order() -> None:
+    one = fields_of(b'{"metadata":{"a":"1","b":"2"},"user":"u"}')
+    two = fields_of(b'{"user":"u","metadata":{"b":"2","a":"1"}}')
+    assert answer_shape(one, RESPONSES, False, ()) == answer_shape(two, RESPONSES, False, ())
 
 
 def test_rule_default_is_conservative() -> None:

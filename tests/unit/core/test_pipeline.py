@@ -25,7 +25,7 @@ from router.core import relay
 from router.core.context import RequestContext
 from router.core.pipeline import Features, Pipeline
 from router.core.request import CHAT, MESSAGES, RESPONSES
-from router.core.stages import Origin, ResponseCache
+from router.core.stages import Origin, ResponseCache, ResponseDecorator
 from router.core.transport import LocalReply, LocalTransport
 from router.core.upstream import Upstream, Upstreams
 from router.errors import Unavailable
@@ -54,9 +54,11 @@ def app_for(
     routing: RoutingConfig | None = None,
     kind: str = "vllm",
     cache: ResponseCache | None = None,
+    decorators: tuple[ResponseDecorator, ...] = (),
 ) -> tuple[web.Application, dict[str, LocalTransport]]:
-    """The pipeline with routing's retry state, hedger, continuation and headers (and `cache`)
-    in front of in-process regions (servers of `kind`), tried in the order given."""
+    """The pipeline with routing's retry state, hedger, continuation and headers (and `cache`,
+    and more `decorators`) in front of in-process regions (servers of `kind`), tried in the
+    order given."""
     configs = [
         msgspec.convert(
             {"name": n, "base_url": f"http://{n}:1/v1", "models": ["m"], "kind": kind},
@@ -76,7 +78,7 @@ def app_for(
             max_resumes=live.config.max_resumes,
             report=lambda region, outcome: None,
         ),
-        decorators=(routing_headers,),
+        decorators=(routing_headers, *decorators),
         cache=cache,
     )
     pipeline = Pipeline(features, LiveConfig(config), pools)
