@@ -173,6 +173,15 @@ def _stored(path: str, body: bytes, head: bytes) -> bytes:
         return _head("200 OK", "application/json", f"Content-Length: {len(data)}\r\n") + data
     if path.endswith("/resp_echo"):
         return _echo(head)
+    if path.endswith("/resp_redirect"):
+        return _head(
+            "302 Found", "text/plain", "Location: http://127.0.0.1:9/x\r\nContent-Length: 0\r\n"
+        )
+    if path.endswith("/resp_refused"):
+        data = b'{"error": {"message": "Incorrect API key provided"}}'
+        return (
+            _head("401 Unauthorized", "application/json", f"Content-Length: {len(data)}\r\n") + data
+        )
     data = b'{"id": "resp_gzip", "object": "response"}'
     extra = f"Content-Encoding: gzip\r\nContent-Length: {len(data)}\r\n"
     return _head("200 OK", "application/json", extra) + data

@@ -137,7 +137,7 @@ def test_item_15_a_stored_response_read_back_never_shows_the_key_or_false_encodi
     clean 502 (docs/APIS.md)."""
     secret = "sk-region-secret-0123456789"
     router = _router(router_proc, bad_upstream("stored"), env={"REGION_KEY": secret})
-    for name in ("echo", "gzip"):
+    for name in ("echo", "gzip", "redirect", "refused"):
         made = requests.post(
             router.url + "/v1/responses", json={"model": MODEL, "input": name}, timeout=30
         )
@@ -150,6 +150,15 @@ def test_item_15_a_stored_response_read_back_never_shows_the_key_or_false_encodi
     assert encoded.status_code == 502
     assert encoded.json()["error"]["code"] == "upstream_error"
     assert "Content-Encoding" not in encoded.headers
+    # A redirect (it would send the client elsewhere) and a refusal of the router's own key
+    # (not the client's) are never relayed: the attempt path's rules.
+    for name in ("redirect", "refused"):
+        read = requests.get(
+            router.url + f"/v1/responses/resp_{name}", timeout=30, allow_redirects=False
+        )
+        assert read.status_code == 502, name
+        assert read.json()["error"]["code"] == "upstream_error"
+        assert "Location" not in read.headers
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,7 @@ from router.core.failure import AttemptError, FailureKind, Origin, Spill
 from router.core.stages import AttemptObserver, Hedger, Opener, RetryPolicy, Slot, SlotGate
 from router.core.timing import QUEUE
 from router.core.transport import UpstreamResponse
-from router.core.upstream import Opened, Upstream, response_headers
+from router.core.upstream import Opened, Upstream
 from router.errors import UpstreamError
 from router.net import http1, sse
 from router.net.idle import Deadline
@@ -31,6 +31,8 @@ log = logging.getLogger("router")
 
 # Statuses that mean "this region cannot take it now, another may": retried before the first byte.
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+# A region refusing the router's credentials (the client's never reach it).
+CREDENTIALS = frozenset({401, 403, 407})
 # A region's answer body above this is a failure of the region ([server] max_response_bytes).
 DEFAULT_MAX_RESPONSE_BYTES = 64 << 20
 # What an SSE stream's first bytes may start with (a field name, or a comment).
@@ -266,18 +268,20 @@ async def open_attempt(
                         headers=CIMultiDict({"Content-Type": "application/json"}),
                         body=error.body(),
                     )
-                headers_out = response_headers(resp.headers)
+                headers_out = upstream.response_headers(resp.headers)
                 check_identity(name, headers_out)
                 _check_stream_start(name, headers_out, first)
                 return Opened(upstream, status, headers_out, response=resp, first=first)
             # Nothing is sent to the client until the whole body is read, so a failure reading
             # it can still go to another region; the pool's total timeout bounds it.
             deadline.lift()
-            whole = await read_capped(resp, name, max_bytes)
-            headers_out = response_headers(resp.headers)
-            if status >= 300:
-                whole = upstream.scrub(whole)
+            whole = upstream.scrub(await read_capped(resp, name, max_bytes))
+            headers_out = upstream.response_headers(resp.headers)
             check_identity(name, headers_out)
+            if status in CREDENTIALS:
+                # About the router's key, not the client's: never relayed as the client's own
+                # (nor its detail, which may quote the key); another region may take it.
+                raise AttemptError(name, FailureKind.INVALID, f"HTTP {status}: key refused")
             if 300 <= status < 400:
                 # Relayed, a redirect would send the client (and its prompt) somewhere else.
                 raise AttemptError(name, FailureKind.INVALID, f"HTTP {status} redirect")

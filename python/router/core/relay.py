@@ -48,6 +48,7 @@ async def _drain(
     tap: Tap,
     idle_timeout: float,
     room: int,
+    scrub: Callable[[bytes], bytes] | None,
 ) -> None:
     """Read the rest of a stream into the tap alone: others still read this exchange."""
     complete = False
@@ -65,7 +66,7 @@ async def _drain(
                     return
                 data = passable(splitter.feed(chunk), state, False)
                 if data:
-                    tap.chunk(data)
+                    tap.chunk(data if scrub is None else scrub(data))
         complete = not splitter.pending and state.complete
         if complete and state.owes_done:
             tap.chunk(DONE_EVENT)
@@ -86,10 +87,11 @@ def _hand_off(
     tap: Tap,
     idle_timeout: float,
     room: int,
+    scrub: Callable[[bytes], bytes] | None,
 ) -> None:
     tap.detach()
     task = asyncio.get_running_loop().create_task(
-        _drain(upstream, splitter, state, tap, idle_timeout, room)
+        _drain(upstream, splitter, state, tap, idle_timeout, room, scrub)
     )
     _DRAINING.add(task)
     task.add_done_callback(_DRAINING.discard)
@@ -156,6 +158,8 @@ async def relay_stream(
             meter.feed(data)
 
     plain = guard is None and tap is None and meter is None
+    # The region's own key never reaches the client in its events (nor the cache).
+    scrub = opened.upstream.scrub if opened.upstream.has_secret else None
     try:
         await resp.prepare(request)
         content = upstream.content
@@ -168,6 +172,8 @@ async def relay_stream(
                         raise _TooLarge
                     stripped: list[bytes] | None = [] if strip_usage else None
                     data = passable(splitter.feed(chunk), state, strip_usage, stripped)
+                    if scrub is not None and data:
+                        data = scrub(data)
                     if on_id is not None and isinstance(state, EventState) and state.response_id:
                         on_id(state.response_id)
                         on_id = None
@@ -206,7 +212,7 @@ async def relay_stream(
                 # A write to the client failed: it left, so there is nobody to tell; but the
                 # cache's coalesced readers of this exchange still get the whole answer.
                 if tap is not None and tap.wanted() and not isinstance(exc, _Truncated):
-                    _hand_off(upstream, splitter, state, tap, idle_timeout, max_bytes - size)
+                    _hand_off(upstream, splitter, state, tap, idle_timeout, max_bytes - size, scrub)
                     handed = True
                 return resp
             if state.complete and not splitter.pending and not isinstance(exc, _Truncated):
@@ -240,7 +246,7 @@ async def relay_stream(
         except asyncio.CancelledError:
             # The client left (aiohttp cancels its handler): others may still read this.
             if tap is not None and tap.wanted():
-                _hand_off(upstream, splitter, state, tap, idle_timeout, max_bytes - size)
+                _hand_off(upstream, splitter, state, tap, idle_timeout, max_bytes - size, scrub)
                 handed = True
             raise
         if state.invalid:

@@ -18,14 +18,14 @@ import logging
 from aiohttp import web
 
 from router.config import Config
-from router.core.attempt import check_identity, media_type, read_capped
+from router.core.attempt import CREDENTIALS, check_identity, media_type, read_capped
 from router.core.context import RequestContext
 from router.core.failure import AttemptError
 from router.core.relay import relay_stream
 from router.core.request import read_body
 from router.core.stages import StateHomes
 from router.core.transport import UpstreamResponse
-from router.core.upstream import Opened, Upstreams, response_headers
+from router.core.upstream import Opened, Upstreams
 from router.errors import NotFound, UpstreamError
 from router.net import http1
 
@@ -67,7 +67,7 @@ async def forward_stored(
     try:
         async with asyncio.timeout(config.timeouts.first_byte):
             answer = await upstream.pool.post(path, body, headers.items(), request.method.encode())
-            headers_out = response_headers(answer.headers)
+            headers_out = upstream.response_headers(answer.headers)
             streamed = answer.status == 200 and media_type(headers_out) == "text/event-stream"
             first = await answer.content.readany() if streamed else b""
             check_identity(upstream.name, headers_out)
@@ -108,7 +108,20 @@ async def forward_stored(
             max_event_bytes=config.server.max_event_bytes,
         )
     answer.release()
-    if answer.status >= 300:
-        whole = upstream.scrub(whole)
+    if 300 <= answer.status < 400 or answer.status >= 600 or answer.status in CREDENTIALS:
+        # A redirect would send the client elsewhere; a refusal of the router's key is not the
+        # client's; past 599 is no status: the same answers the attempt path never relays.
+        log.warning(
+            "request %s: stored response at %s: HTTP %d",
+            ctx.request_id,
+            upstream.name,
+            answer.status,
+        )
+        raise UpstreamError(
+            f"Region `{upstream.name}`, which holds the response, answered with an unusable "
+            "status.",
+            code="upstream_error",
+        )
+    whole = upstream.scrub(whole)
     headers_out["X-Request-Id"] = ctx.request_id
     return web.Response(status=answer.status, body=whole, headers=headers_out)

@@ -110,6 +110,7 @@ class Upstream:
 
     __slots__ = (
         "_base_path",
+        "_escaped",
         "_secret",
         "auth",
         "base",
@@ -129,6 +130,7 @@ class Upstream:
         self.pool = pool
         self.auth = f"Bearer {api_key}" if api_key else None
         self._secret = api_key.encode() if api_key else None
+        self._escaped = _escaped_forms(api_key) if api_key else None
         self.id_header = config.request_id_header
         # Whether its server sends a usage chunk when a stream asks for one.
         self.reports_usage = config.kind in _REPORTS_USAGE
@@ -162,12 +164,45 @@ class Upstream:
             out[self.id_header] = upstream_id(request_id)
         return out
 
+    @property
+    def has_secret(self) -> bool:
+        """Whether the region has a key of the router's to keep from clients."""
+        return self._secret is not None
+
     def scrub(self, body: bytes) -> bytes:
-        """A region's answer with its own API key blanked (a region may echo our headers)."""
+        """Bytes of the region's (a whole body, whole stream events) with its own API key
+        blanked, as written or JSON-escaped (`\\/`, `\\u002d`, ...): a region may echo our
+        headers."""
         secret = self._secret
-        if secret is not None and secret in body:
-            return body.replace(secret, b"***")
+        if secret is None:
+            return body
+        if secret in body:
+            body = body.replace(secret, b"***")
+        if self._escaped is not None and (b"\\u" in body or b"\\/" in body):
+            body = self._escaped.sub(b"***", body)
         return body
+
+    def response_headers(self, upstream: CIMultiDictProxy[str]) -> CIMultiDict[str]:
+        """`response_headers`, less any header whose value holds the region's key."""
+        out = response_headers(upstream)
+        secret = self._secret
+        if secret is not None:
+            key = secret.decode()
+            for name in [name for name, value in out.items() if key in value]:
+                del out[name]
+        return out
+
+
+def _escaped_forms(key: str) -> re.Pattern[bytes]:
+    """Every JSON spelling of `key`: each character as itself or as a \\uXXXX escape (either
+    case), `/` also as `\\/`."""
+    parts = []
+    for char in key:
+        forms = [re.escape(char.encode()), rb"\\u(?i:" + f"{ord(char):04x}".encode() + b")"]
+        if char == "/":
+            forms.append(rb"\\/")
+        parts.append(b"(?:" + b"|".join(forms) + b")")
+    return re.compile(b"".join(parts))
 
 
 class Opened:

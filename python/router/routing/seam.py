@@ -256,12 +256,16 @@ async def carry_on(
         return False
     splitter = sse.Splitter(max_event_bytes)
     complete = False
+    scrub = upstream.scrub if upstream.has_secret else None
     try:
         chunk = opened.first
         async with IdleWatch(idle_s) as idle:
             while chunk:
                 events = []
-                for event in sse.split_events(passable(splitter.feed(chunk), state, False)):
+                data = passable(splitter.feed(chunk), state, False)
+                if scrub is not None and data:
+                    data = scrub(data)
+                for event in sse.split_events(data):
                     kept = stitch.event(event + b"\n\n")
                     if kept is not None:
                         events.append(kept)

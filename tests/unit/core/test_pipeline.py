@@ -55,10 +55,11 @@ def app_for(
     kind: str = "vllm",
     cache: ResponseCache | None = None,
     decorators: tuple[ResponseDecorator, ...] = (),
+    key: str | None = None,
 ) -> tuple[web.Application, dict[str, LocalTransport]]:
     """The pipeline with routing's retry state, hedger, continuation and headers (and `cache`,
-    and more `decorators`) in front of in-process regions (servers of `kind`), tried in the
-    order given."""
+    and more `decorators`) in front of in-process regions (servers of `kind`, each with API
+    `key`), tried in the order given."""
     configs = [
         msgspec.convert(
             {"name": n, "base_url": f"http://{n}:1/v1", "models": ["m"], "kind": kind},
@@ -69,7 +70,7 @@ def app_for(
     transports = {n: LocalTransport(h) for n, h in regions.items()}
     config = Config(regions=tuple(configs), routing=routing or RoutingConfig())
     live = LiveRouting(config.routing)
-    pools = RegionPools(Upstreams(Upstream(c, transports[c.name], None) for c in configs))
+    pools = RegionPools(Upstreams(Upstream(c, transports[c.name], key) for c in configs))
     features = Features(
         retry=RetryState(live),
         hedger=hedger(lambda: live.config.hedge_endpoints, lambda region: 0.05),
@@ -366,6 +367,9 @@ async def test_a_client_gone_after_an_answer_began_is_let_go_quietly(
 class RecordingTap:
     """A cache's tee that others read (coalesced requests): records what it is given."""
 
+    def refused(self, answer: web.Response) -> None:
+        raise AssertionError("answered")
+
     def __init__(self) -> None:
         self.chunks: list[bytes] = []
         self.ended = asyncio.Event()
@@ -442,3 +446,78 @@ async def test_a_client_leaving_during_a_write_takes_nothing_from_the_others_rea
     assert writes >= 2
     assert tap.clean is True
     assert b"".join(tap.chunks) == b"".join(pieces)
+
+
+KEY = "sk-region-SECRET/0123456789"
+# The key as a region may echo it: as written, JSON-escaped (`\/`, `\u002d`, upper-case hex).
+ECHOES = [
+    KEY,
+    KEY.replace("/", "\\/"),
+    KEY.replace("-", "\\u002d"),
+    "\\u0073" + KEY[1:].replace("-", "\\u002D"),
+]
+
+
+def echoing(status: int, stream: bool = False) -> Handler:
+    """A region that echoes the router's key in its headers and in every form in its body."""
+
+    async def handle(path: str, raw: bytes, headers: CIMultiDict[str]) -> LocalReply:
+        assert headers["Authorization"] == f"Bearer {KEY}"
+        text = " ".join(ECHOES)
+        echoed = {"X-Echo-Auth": headers["Authorization"], "X-Fine": "kept"}
+        if stream:
+            end = {"index": 0, "delta": {}, "finish_reason": "stop"}
+            # Written as bytes: json.dumps would escape the escapes (no longer the key).
+            echo = b'data: {"id":"chatcmpl-a","choices":[{"index":0,"delta":{"content":"%s"}}]}\n\n'
+            events = [
+                echo % text.encode(),
+                event({"id": "chatcmpl-a", "choices": [end]}),
+                b"data: [DONE]\n\n",
+            ]
+            return LocalReply(status, {**SSE, **echoed}, events)
+        answer = b'{"choices":[{"index":0,"message":{"content":"' + text.encode() + b'"}}]}'
+        return LocalReply(status, {**JSON, **echoed}, [answer])
+
+    return handle
+
+
+@pytest.mark.parametrize(
+    ("status", "stream"), [(200, False), (200, True), (400, False), (503, False)]
+)
+async def test_the_regions_key_never_reaches_the_client(status: int, stream: bool) -> None:
+    app, _ = app_for({"a": echoing(status, stream)}, key=KEY)
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        resp = await client.post(CHAT, json=body(stream=stream))
+        raw = await resp.read()
+    assert resp.status == status
+    assert "X-Echo-Auth" not in resp.headers
+    assert resp.headers["X-Fine"] == "kept"
+    for form in ECHOES:
+        assert form.encode() not in raw, form
+    assert b"SECRET" not in raw
+    assert raw.count(b"***") >= len(ECHOES)
+
+
+@pytest.mark.parametrize("status", [401, 403, 407])
+async def test_a_region_refusing_the_routers_key_is_a_failed_attempt_never_relayed(
+    status: int,
+) -> None:
+    async def refuses(path: str, raw: bytes, headers: CIMultiDict[str]) -> LocalReply:
+        detail = b'{"error":{"message":"Incorrect API key provided: sk-regio****6789"}}'
+        return LocalReply(status, {**JSON, "openai-organization": "org-secret"}, [detail])
+
+    async def fine(path: str, raw: bytes, headers: CIMultiDict[str]) -> LocalReply:
+        return LocalReply(200, JSON, [b'{"choices":[]}'])
+
+    app, _ = app_for({"a": refuses, "b": fine}, key=KEY)
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        resp = await client.post(CHAT, json=body())
+        assert (resp.status, resp.headers["x-router-region"]) == (200, "b")
+    app, _ = app_for({"a": refuses}, key=KEY)
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        resp = await client.post(CHAT, json=body())
+        raw = await resp.read()
+    assert resp.status == 502
+    assert json.loads(raw)["error"]["code"] == "upstream_error"
+    assert b"sk-regio" not in raw
+    assert "openai-organization" not in resp.headers
