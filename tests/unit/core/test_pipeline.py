@@ -521,3 +521,17 @@ async def test_a_region_refusing_the_routers_key_is_a_failed_attempt_never_relay
     assert json.loads(raw)["error"]["code"] == "upstream_error"
     assert b"sk-regio" not in raw
     assert "openai-organization" not in resp.headers
+
+
+async def test_a_continuation_echoing_its_regions_key_is_blanked_too() -> None:
+    app, _ = app_for(
+        {"a": breaks_after("Hel", "lo"), "b": echoes("Hello", f" {KEY}")},
+        RoutingConfig(midstream="resume"),
+        kind="llama-server",
+        key=KEY,
+    )
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        resp = await client.post(CHAT, json=body(stream=True))
+        raw = await resp.read()
+    assert texts(raw) == ("Hello ***", [])
+    assert KEY.encode() not in raw
