@@ -86,6 +86,36 @@ def test_malformed_request_is_one_short_line_without_its_bytes(
     assert len(line) < 300, line
 
 
+def test_client_input_cannot_forge_plain_access_lines(
+    sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    header = '[observability]\nlog_format = "plain"\naccess_log_flush_ms = 0\n'
+    router = router_proc(regions_toml(sim_region("a"), header=header))
+    forged = "1999-01-01T00:00:00 forged-id POST /v1/chat/completions 200 tenant=root"
+    # aiohttp decodes %0a in the path; the model name is JSON with a real newline.
+    with socket.create_connection(("127.0.0.1", router.port), timeout=10) as sock:
+        sock.sendall(
+            f"POST /v1/nope%0a{forged.replace(' ', '%20')} HTTP/1.1\r\nHost: x\r\n"
+            "Content-Length: 0\r\nConnection: close\r\n\r\n".encode()
+        )
+        assert b" 404 " in sock.recv(65536).split(b"\r\n", 1)[0]
+    body = json.dumps({"model": "x\n" + forged, "messages": [{"role": "user", "content": "hi"}]})
+    request = urllib.request.Request(
+        router.url + "/v1/chat/completions",
+        data=body.encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(request, timeout=10)
+    assert caught.value.code == 404
+    caught.value.close()
+    out = router.wait_output('model="x\\n1999')
+    lines = out.splitlines()
+    assert not [ln for ln in lines if ln.startswith("1999-")], out
+    assert sum("forged-id" in ln for ln in lines) == 2, out
+    assert '"/v1/nope\\n1999-01-01T00:00:00 forged-id' in out
+
+
 def test_no_versions_in_server_and_no_internal_address_for_clients(
     router_proc: RouterFactory,
 ) -> None:

@@ -127,7 +127,7 @@ def _errors(pipeline: Pipeline) -> Middleware:
             )
             return error_response(error, _request_id(request), anthropic=anthropic)
         except Exception:
-            log.exception("unhandled error on %s %s", request.method, request.path)
+            log.exception("unhandled error on %s %r", request.method, request.path)
             error = ApiError("Internal router error.")
             return error_response(error, _request_id(request), anthropic=anthropic)
 
