@@ -66,7 +66,8 @@ class ServerConfig(_Section, frozen=True):
     max_header_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 16384
     # Most request headers (400 above it).
     max_headers: Annotated[int, msgspec.Meta(ge=8)] = 128
-    # Most messages (or prompt/input items) in one request (400 above it).
+    # Most messages (or prompt/input items) in one request (400 above it). Whatever this is, a
+    # `model` longer than 256 characters is a 400 naming `model`.
     max_messages: Annotated[int, msgspec.Meta(ge=1)] = 2048
     # Requests in flight from one client IP (0 = no cap; 429 above it).
     max_in_flight_per_ip: Annotated[int, msgspec.Meta(ge=0)] = 256

@@ -11,6 +11,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from tests.integration.conftest import MODEL, RouterFactory, SimFactory, regions_toml
@@ -85,6 +86,36 @@ def test_malformed_request_is_one_short_line_without_its_bytes(
     assert len(line) < 300, line
 
 
+def test_client_input_cannot_forge_plain_access_lines(
+    sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    header = '[observability]\nlog_format = "plain"\naccess_log_flush_ms = 0\n'
+    router = router_proc(regions_toml(sim_region("a"), header=header))
+    forged = "1999-01-01T00:00:00 forged-id POST /v1/chat/completions 200 tenant=root"
+    # aiohttp decodes %0a in the path; the model name is JSON with a real newline.
+    with socket.create_connection(("127.0.0.1", router.port), timeout=10) as sock:
+        sock.sendall(
+            f"POST /v1/nope%0a{forged.replace(' ', '%20')} HTTP/1.1\r\nHost: x\r\n"
+            "Content-Length: 0\r\nConnection: close\r\n\r\n".encode()
+        )
+        assert b" 404 " in sock.recv(65536).split(b"\r\n", 1)[0]
+    body = json.dumps({"model": "x\n" + forged, "messages": [{"role": "user", "content": "hi"}]})
+    request = urllib.request.Request(
+        router.url + "/v1/chat/completions",
+        data=body.encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(request, timeout=10)
+    assert caught.value.code == 404
+    caught.value.close()
+    out = router.wait_output('model="x\\n1999')
+    lines = out.splitlines()
+    assert not [ln for ln in lines if ln.startswith("1999-")], out
+    assert sum("forged-id" in ln for ln in lines) == 2, out
+    assert '"/v1/nope\\n1999-01-01T00:00:00 forged-id' in out
+
+
 def test_no_versions_in_server_and_no_internal_address_for_clients(
     router_proc: RouterFactory,
 ) -> None:
@@ -126,14 +157,24 @@ def test_ops_logs_are_json_lines_when_asked(
     assert record["logger"] == "router"
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://:hunter2-pw@127.0.0.1:{dead}/0",
+        # redis-py's documented query form, for a TCP server and a Unix socket.
+        "redis://127.0.0.1:{dead}/0?password=hunter2-pw",
+        "unix://{tmp}/gone.sock?db=0&password=hunter2-pw",
+    ],
+)
 def test_a_redis_password_never_reaches_the_log(
-    sim_region: SimFactory, router_proc: RouterFactory
+    sim_region: SimFactory, router_proc: RouterFactory, tmp_path: Path, url: str
 ) -> None:
     from router.access.auth import hash_key
 
     dead = free_port()
+    redis_url = url.format(dead=dead, tmp=tmp_path)
     header = (
-        f'[limits]\nbackend = "redis"\nredis_url = "redis://:hunter2-pw@127.0.0.1:{dead}/0"\n'
+        f'[limits]\nbackend = "redis"\nredis_url = "{redis_url}"\n'
         f'[auth]\n[[auth.keys]]\nsha256 = "{hash_key(SECRET)}"\ntenant = "t"\n'
         "requests_per_minute = 100\n"
     )
@@ -146,7 +187,47 @@ def test_a_redis_password_never_reaches_the_log(
     )
     with urllib.request.urlopen(request, timeout=10) as resp:
         assert resp.status == 200  # fail-open: local limits while Redis is out
-    out = router.wait_output(f"127.0.0.1:{dead}")
+    out = router.wait_output("global limits: redis at")
+    line = next(ln for ln in out.splitlines() if "global limits: redis at" in ln)
+    # Where it failed stays in the line; the password never does.
+    assert (f"127.0.0.1:{dead}/0" if "{dead}" in url else f"{tmp_path}/gone.sock") in line
     assert "hunter2-pw" not in out
-    assert "[redacted]" in out
     assert SECRET not in out
+
+
+async def test_admin_health_shows_region_urls_without_credentials() -> None:
+    from aiohttp.test_utils import TestServer
+
+    from router.access.auth import hash_key
+    from router.config import loads
+    from router.errors import ConfigError
+    from router.server.app import build_app
+
+    admin = "admin-ops-0123456789abcdef"
+    text = (
+        f'[auth]\nadmin_token_sha256 = "{hash_key(admin)}"\n[health]\nenabled = false\n'
+        '[[regions]]\nname = "a"\n'
+        f'base_url = "http://127.0.0.1:{free_port()}/v1?token=tok-secret&v=2"\n'
+        f'models = ["{MODEL}"]\n'
+    )
+    # A URL with user:pass@ is refused at start, and the refusal does not quote the password.
+    with pytest.raises(ConfigError) as refused:
+        build_app(loads(text.replace("http://", "http://app:hunter2-pw@"), "ops.toml"))
+    assert "hunter2-pw" not in str(refused.value)
+    server = TestServer(build_app(loads(text, "ops.toml")), host="127.0.0.1")
+    await server.start_server()
+    try:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(
+                server.make_url("/admin/health"), headers={"Authorization": f"Bearer {admin}"}
+            ) as resp,
+        ):
+            assert resp.status == 200
+            shown = await resp.text()
+    finally:
+        await server.close()
+    (region,) = json.loads(shown)["regions"]
+    assert "tok-secret" not in shown
+    assert region["url"].startswith("http://127.0.0.1:")
+    assert "token=[redacted]&v=2" in region["url"]

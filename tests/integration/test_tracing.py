@@ -5,6 +5,7 @@ own sent on to the region, GenAI attributes on the request and attempt spans."""
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 from collections.abc import AsyncIterator
 
@@ -162,3 +163,45 @@ async def test_spans_reach_a_real_otlp_http_receiver(
         a.key: a.value.string_value for a in spans[0][0].attributes if a.key == "service.name"
     }
     assert service == {"service.name": "router-under-test"}
+
+
+async def test_span_names_never_carry_what_a_client_made_up(
+    traced: tuple[str, InMemorySpanExporter, object, object],
+) -> None:
+    url, exporter, _, _ = traced
+    hi = [{"role": "user", "content": "hi"}]
+    asks = [
+        ("/v1/nope-a1b2c3", {"model": MODEL}, 404),
+        ("/v1/chat/completions", {"model": "made-up-9f8e", "messages": []}, 400),
+        ("/v1/chat/completions", {"model": "made-up-9f8e", "messages": hi}, 404),
+        ("/v1/chat/completions", {"model": "m" * 300_000, "messages": hi}, 400),
+    ]
+    answers = []
+    async with aiohttp.ClientSession() as session:
+        for path, body, status in asks:
+            async with session.post(url + path, json=body) as resp:
+                assert resp.status == status, path
+                answers.append(await resp.read())
+    names = [s.name for s in _by_kind(exporter.get_finished_spans(), SpanKind.SERVER)]
+    assert names == ["router unknown"] + ["router /v1/chat/completions"] * 3
+    # The model past the bound is refused in OpenAI's shape, without its 300 KB echoed.
+    assert len(answers[-1]) < 1000
+    error = json.loads(answers[-1])["error"]
+    assert (error["param"], error["type"]) == ("model", "invalid_request_error")
+    assert "256" in error["message"]
+
+
+async def test_a_model_past_the_bound_is_refused_in_anthropics_shape_on_messages(
+    traced: tuple[str, InMemorySpanExporter, object, object],
+) -> None:
+    url, _, _, _ = traced
+    body = {"model": "m" * 257, "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(url + "/v1/messages", json=body) as resp,
+    ):
+        assert resp.status == 400
+        answer = await resp.json()
+    assert answer["type"] == "error"
+    assert answer["error"]["type"] == "invalid_request_error"
+    assert "256" in answer["error"]["message"]

@@ -469,3 +469,73 @@ def test_stored_responses_are_pinned_whichever_worker_takes_the_follow_up(
             regions.add(follow.headers["x-router-region"])
             assert client.responses.retrieve(made_id).id == made_id
     assert regions == {"b"}
+
+
+def _raw(port: int, head: str, body: bytes = b"") -> tuple[str, dict[str, str], bytes]:
+    """One request on a fresh connection; the answer's status line, headers and body."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(head.encode() + body)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = sock.recv(65536)
+            assert chunk, data
+            data += chunk
+        top, _, rest = data.partition(b"\r\n\r\n")
+        status, *fields = top.decode().split("\r\n")
+        headers = {k.lower(): v.strip() for k, _, v in (f.partition(":") for f in fields)}
+        while len(rest) < int(headers.get("content-length", "0")):
+            chunk = sock.recv(65536)
+            assert chunk, rest
+            rest += chunk
+    return status, headers, rest
+
+
+@pytest.mark.timeout(90)
+def test_the_admin_listener_checks_the_token_first_and_answers_in_openais_shape(
+    sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    from router.access.auth import hash_key
+
+    admin = free_port()
+    config = (
+        f'[server]\nadmin_listen = "127.0.0.1:{admin}"\nworkers = 2\n'
+        f'[auth]\nadmin_token_sha256 = "{hash_key(ADMIN)}"\n'
+        f'[[auth.keys]]\nsha256 = "{hash_key(KEY)}"\ntenant = "t"\n' + region_toml(sim_region("a"))
+    )
+    router = router_proc(config)
+    wait_for_port(admin, proc=router.popen)
+    _until(lambda: len(_children(router.popen.pid)) == 2, "two workers")
+    drain = "POST /admin/regions/a/drain HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+    # A megabyte announced and never sent: refused on its headers, no worker asked.
+    for auth, code in (("", "401"), (f"Authorization: Bearer {KEY}\r\n", "403")):
+        status, headers, body = _raw(admin, f"{drain}{auth}Content-Length: 1048576\r\n\r\n")
+        assert status.split()[1] == code, (status, body)
+        assert headers["content-type"].startswith("application/json")
+        assert "x-router-workers" not in headers
+        assert json.loads(body)["error"]["message"]
+    # With the token, too large a body is a 413 in OpenAI's shape, an unknown path a 404.
+    token = f"Authorization: Bearer {ADMIN}\r\n"
+    status, headers, body = _raw(
+        admin, f"{drain}{token}Content-Length: {2 << 20}\r\n\r\n", b"x" * (2 << 20)
+    )
+    assert status.split()[1] == "413", status
+    assert json.loads(body)["error"]["type"] == "invalid_request_error"
+    status, headers, body = _raw(
+        admin, "GET /nope HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    assert status.split()[1] == "404", status
+    assert headers["content-type"].startswith("application/json")
+    assert json.loads(body)["error"]["code"] == "not_found"
+    # The token holder's call still reaches every worker.
+    _all_serving_admin(admin, 2)
+    status, headers, body = _raw(admin, f"{drain}{token}Content-Length: 0\r\n\r\n")
+    assert status.split()[1] == "200", (status, body)
+    assert headers["x-router-workers"] == "2/2"
+
+
+def _all_serving_admin(admin: int, workers: int) -> None:
+    _until(
+        lambda: len(_series(_metrics(admin), "router_config_generation")) == workers,
+        f"{workers} workers serving",
+        timeout=40.0,
+    )

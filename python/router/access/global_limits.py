@@ -21,6 +21,7 @@ from router.access.leasing import (
     want,
 )
 from router.native import BucketTable
+from router.net.redaction import display_url
 from router.net.redis_client import OUTAGE, Client, hash_tagged, key_fault, open_redis, ping
 
 if TYPE_CHECKING:
@@ -138,7 +139,8 @@ class GlobalLeases:
         cluster: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.url = url
+        # Where, as the log names it: no credentials.
+        self.where = display_url(url)
         self.timeout_s = timeout_s
         self.retry_s = retry_s
         self.prefix = prefix
@@ -436,7 +438,7 @@ class GlobalLeases:
                 "global limits: key %s failed in redis at %s (%s: %s); local limits only for "
                 "it, tried again every %.1f s",
                 key,
-                self.url,
+                self.where,
                 type(exc).__name__,
                 exc,
                 self.retry_s,
@@ -495,7 +497,7 @@ class GlobalLeases:
         log.warning(
             "global limits: redis at %s unreachable or refusing the lease script (%s: %s); "
             "serving with local limits only until it answers again",
-            self.url,
+            self.where,
             type(exc).__name__,
             exc,
         )
@@ -522,7 +524,7 @@ class GlobalLeases:
             self.available = True
             log.warning(
                 "global limits: redis at %s answers again after %.1f s; global limits resumed",
-                self.url,
+                self.where,
                 time.monotonic() - began,
             )
             return

@@ -412,7 +412,7 @@ async def _failed(
     if started is None:
         if isinstance(exc, ApiError):
             return error_response(exc, ctx.request_id, anthropic=anthropic), False
-        log.exception("unhandled error on %s %s", request.method, request.path)
+        log.exception("unhandled error on %s %r", request.method, request.path)
         return error_response(
             ApiError("Internal router error."), ctx.request_id, anthropic=anthropic
         ), None

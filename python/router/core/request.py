@@ -389,6 +389,9 @@ def _check_depth(body: bytes) -> None:
         raise InvalidRequest(_TOO_DEEP)
 
 
+# Longest model name a request may give (longer is a 400).
+MAX_MODEL_CHARS = 256
+
 # Built once: a `X | Y` written in the isinstance call is a new union object per request.
 _TYPED_APIS = _Responses | _Messages
 _OPENAI_TEXT = _Chat | _Completion
@@ -458,6 +461,14 @@ def parse_body(endpoint: str, body: bytes, *, max_items: int = 2048) -> ParsedRe
         include_usage = stream and options is not None and bool(options.include_usage)
     if not decoded.model:
         raise InvalidRequest("`model` must not be empty.", param="model")
+    if len(decoded.model) > MAX_MODEL_CHARS:
+        # Echoed in errors, logged, counted: a client's megabyte-long name goes no further.
+        raise InvalidRequest(
+            f"`model` is {len(decoded.model)} characters long; this router accepts at most "
+            f"{MAX_MODEL_CHARS}.",
+            param="model",
+            code="string_above_max_length",
+        )
     return ParsedRequest(
         endpoint=endpoint,
         model=decoded.model,

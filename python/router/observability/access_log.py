@@ -94,6 +94,34 @@ def render_json(record: AccessRecord, ts: float) -> str:
     return _encode(line).decode()
 
 
+# A plain field holding one of these, or anything unprintable (control characters, line and
+# paragraph separators), is written double-quoted with them escaped.
+_QUOTED = frozenset(' "\\')
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t", '"': '\\"', "\\": "\\\\"}
+
+
+def _field(value: str | None) -> str:
+    """A client-controlled value as one plain-format field: as it is when printable without a
+    space, quote or backslash, else quoted and escaped, so it can neither end the line nor pose
+    as another field."""
+    if not value:
+        return "-"
+    if value.isprintable() and _QUOTED.isdisjoint(value):
+        return value
+    return '"' + "".join(map(_escaped, value)) + '"'
+
+
+def _escaped(char: str) -> str:
+    if char in _ESCAPES:
+        return _ESCAPES[char]
+    if char.isprintable():
+        return char
+    code = ord(char)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
 def render_plain(record: AccessRecord, ts: float) -> str:
     """A compact human line: `<id> POST /v1/chat/completions 200 eu-west miss 2 12.3ms ...`."""
     total = record.stages.get("total")
@@ -101,9 +129,9 @@ def render_plain(record: AccessRecord, ts: float) -> str:
     stages = " ".join(f"{n}={ns / 1e6:.3f}" for n, ns in record.stages.items() if n != "total")
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts))
     return (
-        f"{stamp} {record.request_id} {record.method} {record.path} {record.status} "
-        f"tenant={record.tenant or '-'} model={record.model or '-'} "
-        f"region={record.region or '-'} cache={record.cache} attempts={record.attempts} "
+        f"{stamp} {_field(record.request_id)} {_field(record.method)} {_field(record.path)} "
+        f"{record.status} tenant={_field(record.tenant)} model={_field(record.model)} "
+        f"region={_field(record.region)} cache={record.cache} attempts={record.attempts} "
         f"tokens={record.tokens_in or 0}/{record.tokens_out or 0} total={total_ms} {stages}"
     ).rstrip()
 

@@ -4,35 +4,15 @@ malformed request as one short line instead of aiohttp's traceback with the raw 
 from __future__ import annotations
 
 import logging
-import re
 import sys
 import time
 from typing import IO, Literal
 
 import msgspec
 
+from router.net.redaction import redact
+
 LogFormat = Literal["json", "plain"]
-
-# What a line must never carry: a password in a URL, an Authorization / x-api-key value (as a
-# header line, a dict entry or a bare bearer token), an OpenAI-style secret key anywhere.
-_URL_PASSWORD = re.compile(r"(?P<keep>\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s:/@'\"]*:)[^\s@/'\"]+@")
-_HEADER_VALUE = re.compile(
-    r"(?P<keep>\b(?:authorization|x-api-key|api-key|proxy-authorization)['\"]?\s*[:=]\s*['\"]?)"
-    r"(?:(?:bearer|basic)\s+)?[^\s'\",}\\]+",
-    re.IGNORECASE,
-)
-_BEARER = re.compile(r"(?P<keep>\bbearer\s+)[A-Za-z0-9._~+/=-]+", re.IGNORECASE)
-_SECRET_KEY = re.compile(r"\bsk-[A-Za-z0-9_-]{8,}")
-REDACTED = "[redacted]"
-
-
-def redact(text: str) -> str:
-    """`text` with credentials replaced by [redacted]."""
-    if "://" in text:
-        text = _URL_PASSWORD.sub(rf"\g<keep>{REDACTED}@", text)
-    text = _HEADER_VALUE.sub(rf"\g<keep>{REDACTED}", text)
-    text = _BEARER.sub(rf"\g<keep>{REDACTED}", text)
-    return _SECRET_KEY.sub(REDACTED, text)
 
 
 class Redactor(logging.Filter):

@@ -109,7 +109,7 @@ class Tracing:
                 return await handler(request)
             parent = self._propagator.extract(request.headers, getter=self._getter)
             span = self.tracer.start_span(
-                "router " + request.path, context=parent, kind=SpanKind.SERVER
+                _route_name(request), context=parent, kind=SpanKind.SERVER
             )
             headers: dict[str, str] = {}
             self._propagator.inject(headers, context=trace.set_span_in_context(span))
@@ -153,9 +153,8 @@ class Tracing:
         start = end - int(seconds * 1e9)
         operation = _OPERATIONS.get(ctx.endpoint, "chat")
         parsed = ctx.parsed
-        model = parsed.model if parsed is not None else None
         span = self.tracer.start_span(
-            f"{operation} {model}" if model else operation,
+            _model_name(operation, ctx) or operation,
             context=trace.set_span_in_context(parent),
             kind=SpanKind.CLIENT,
             start_time=start,
@@ -186,6 +185,24 @@ class Tracing:
         self.provider.shutdown()
 
 
+def _route_name(request: web.Request) -> str:
+    """The request span's first name: the route's template, never the path a client sent
+    (an unknown path would make a new span name per request)."""
+    info = request.match_info
+    if info.http_exception is not None:
+        return "router unknown"
+    return "router " + (info.route.resource.canonical if info.route.resource else "unknown")
+
+
+def _model_name(operation: str, ctx: RequestContext) -> str | None:
+    """`chat gpt-4o` (GenAI conventions) once the model is one the router serves; a model it
+    does not know is the client's free text, kept out of span names."""
+    parsed = ctx.parsed
+    if parsed is None or ctx.assignment is None:
+        return None
+    return f"{operation} {parsed.model}"
+
+
 def _request_attributes(
     span: Span,
     path: str,
@@ -206,7 +223,9 @@ def _request_attributes(
         if parsed is not None:
             attributes["gen_ai.request.model"] = parsed.model
             attributes["gen_ai.response.model"] = parsed.upstream_model or parsed.model
-            span.update_name(f"{operation} {parsed.model}")
+            name = _model_name(operation, ctx)
+            if name is not None:
+                span.update_name(name)
         if ctx.region is not None:
             attributes["router.region"] = ctx.region
         attributes["router.attempts"] = ctx.attempts

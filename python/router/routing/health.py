@@ -19,6 +19,7 @@ from aiohttp import web
 from router.config import HealthConfig, RegionConfig, RoutingConfig
 from router.errors import ConfigError
 from router.native import Prober
+from router.net.redaction import display_url, redact
 from router.routing.selection import AdminState, Candidate, Selection, select
 from router.routing.shared_health import RegionView, SharedHealth
 
@@ -124,7 +125,8 @@ class Health:
             try:
                 self.prober.upsert_region(name, region.base_url, path=region.probe_path())
             except ValueError as exc:
-                raise ConfigError(f"regions.{name}.base_url: {exc}") from None
+                # The native message quotes the URL, credentials and all.
+                raise ConfigError(f"regions.{name}.base_url: {redact(str(exc))}") from None
             self._bias_s[name] = region.bias_ms / 1000
             self._admin.setdefault(name, AdminState.ACTIVE)
 
@@ -230,7 +232,8 @@ class Health:
             regions.append(
                 {
                     "name": h.name,
-                    "url": h.url,
+                    # A base_url may carry credentials (user:pass@, ?token=): never shown.
+                    "url": display_url(h.url),
                     "admin": self._admin_of(h.name).value,
                     "available": h.available,
                     "healthy": h.healthy,
@@ -253,7 +256,7 @@ class Health:
                     "probe_failures": h.probe_failures,
                     "passive_reports": h.passive_reports,
                     "last_probe_age_s": h.last_probe_age_s,
-                    "last_error": h.last_error,
+                    "last_error": None if h.last_error is None else redact(h.last_error),
                 }
             )
         return {"probing": self.probing, "regions": regions}

@@ -17,7 +17,7 @@ from router.access.limits import Limiter, Limits, auth_preparer, rate_limit_head
 from router.cache.admin import CACHE
 from router.cache.serving import CacheLayer, cache_headers
 from router.config import Config
-from router.core.admin import AdminRoutes
+from router.core.admin import AdminRoutes, Handler
 from router.core.client_limit import InFlightPerIp
 from router.core.context import request_id
 from router.core.dialect import DIALECTS, dialect_of
@@ -102,9 +102,10 @@ def _models_body(config: Config, tenant: Tenant) -> bytes:
     return msgspec.json.encode({"object": "list", "data": data})
 
 
-def _errors(pipeline: Pipeline) -> Middleware:
-    """Errors outside the pipeline leave in OpenAI's shape too: aiohttp's 404/405, and bugs. A
-    POST to an unknown /v1/ path goes through the pipeline's own 404 (auth first, logged)."""
+def error_middleware(unknown: Handler | None = None) -> Middleware:
+    """Errors outside the pipeline leave in OpenAI's shape too: aiohttp's 404/405/413, and
+    bugs. With `unknown` (the pipeline's own 404: auth first, logged), a POST to an unknown /v1/
+    path goes there."""
 
     @web.middleware
     async def errors(
@@ -118,8 +119,13 @@ def _errors(pipeline: Pipeline) -> Middleware:
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
-            if exc.status == 404 and request.method == "POST" and request.path.startswith("/v1/"):
-                return await pipeline.unknown(request)
+            if (
+                unknown is not None
+                and exc.status == 404
+                and request.method == "POST"
+                and request.path.startswith("/v1/")
+            ):
+                return await unknown(request)
             error: ApiError = (
                 NotFound(f"Unknown path {request.path}.")
                 if exc.status == 404
@@ -127,7 +133,7 @@ def _errors(pipeline: Pipeline) -> Middleware:
             )
             return error_response(error, _request_id(request), anthropic=anthropic)
         except Exception:
-            log.exception("unhandled error on %s %s", request.method, request.path)
+            log.exception("unhandled error on %s %r", request.method, request.path)
             error = ApiError("Internal router error.")
             return error_response(error, _request_id(request), anthropic=anthropic)
 
@@ -266,7 +272,7 @@ def build_app(
     if tracing is not None:
         # Outermost, so the request span sees the status every other layer settled on.
         app.middlewares.append(tracing.middleware())
-    app.middlewares.append(_errors(pipeline))
+    app.middlewares.append(error_middleware(pipeline.unknown))
     hide_versions()
     for endpoint in DIALECTS:
         app.router.add_post(endpoint, pipeline.handler(endpoint))
@@ -298,10 +304,10 @@ def build_app(
         probes.router.add_get("/healthz", healthz)
         probes.router.add_get("/readyz", readyz)
     if ops is not app:
-        ops.middlewares.append(_errors(pipeline))
+        ops.middlewares.append(error_middleware(pipeline.unknown))
     if machine is not None and config.server.admin_listen is None:
         # The client listener's operator routes answer for the machine, not for one worker.
-        add_machine_routes(app, machine.socket)
+        add_machine_routes(app, machine.socket, auth.check_admin)
     routing_admin.add_routes(admin)
     rollout_admin.add_routes(admin)
     reload.add_routes(admin)

@@ -19,6 +19,8 @@ import aiohttp
 from aiohttp import web
 
 from router.access.shared_buckets import SharedBucketTable
+from router.core.admin import Guard
+from router.errors import Unavailable
 from router.routing.shared_health import SharedHealth
 from router.routing.shared_pins import SharedPins
 
@@ -87,9 +89,18 @@ class Machine:
         self.limits.close()
 
 
-def add_machine_routes(app: web.Application, socket: str) -> None:
+# Operator requests one worker passes to the supervisor at once (each is answered by every
+# worker: a flood would multiply); more are refused with a 503 at once, never queued.
+MACHINE_IN_FLIGHT = 4
+
+
+def add_machine_routes(app: web.Application, socket: str, guard: Guard) -> None:
     """The client listener's /metrics, /status* and /admin/* (no admin listener), answered by
-    the supervisor for the whole machine instead of by whichever worker took the connection."""
+    the supervisor for the whole machine instead of by whichever worker took the connection.
+
+    An /admin/* call without the admin token is refused here (`guard`), before its body is read
+    or anything is passed on; at most MACHINE_IN_FLIGHT calls are passed on at once."""
+    passing = 0
 
     async def session(app: web.Application) -> AsyncIterator[None]:
         app[_SESSION] = aiohttp.ClientSession(
@@ -101,19 +112,38 @@ def add_machine_routes(app: web.Application, socket: str) -> None:
         await app[_SESSION].close()
 
     async def ask(request: web.Request) -> web.Response:
-        headers = {
-            k: v
-            for k, v in request.headers.items()
-            if k.lower() not in ("host", "connection", "content-length", "transfer-encoding")
-        }
-        body = await request.read()
-        async with app[_SESSION].request(
-            request.method, f"http://machine{request.path_qs}", headers=headers, data=body or None
-        ) as resp:
-            passed = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP}
-            return web.Response(status=resp.status, body=await resp.read(), headers=passed)
+        nonlocal passing
+        if request.path.startswith("/admin/"):
+            guard(request.headers)
+        if passing >= MACHINE_IN_FLIGHT:
+            raise Unavailable(
+                f"Too many operator requests in flight on this worker (limit "
+                f"{MACHINE_IN_FLIGHT}); retry, or use [server] admin_listen.",
+                code="operator_requests_busy",
+                headers={"Retry-After": "1"},
+            )
+        passing += 1
+        try:
+            return await _pass(app[_SESSION], request)
+        finally:
+            passing -= 1
 
     app.cleanup_ctx.append(session)
     for path in MACHINE_PATHS:
         app.router.add_get(path, ask)
     app.router.add_route("*", "/admin/{tail:.*}", ask)
+
+
+async def _pass(session: aiohttp.ClientSession, request: web.Request) -> web.Response:
+    """`request` asked of the supervisor; its answer as the client's."""
+    headers = {
+        k: v
+        for k, v in request.headers.items()
+        if k.lower() not in ("host", "connection", "content-length", "transfer-encoding")
+    }
+    body = await request.read()
+    async with session.request(
+        request.method, f"http://machine{request.path_qs}", headers=headers, data=body or None
+    ) as resp:
+        passed = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP}
+        return web.Response(status=resp.status, body=await resp.read(), headers=passed)

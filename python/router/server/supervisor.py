@@ -6,8 +6,9 @@ limit and admission slots it held), checks a reload once and then has every work
 all reach the same generation), and on SIGTERM has every worker drain. It runs the machine's
 one health prober (routing.machine_prober). It answers for the machine: /metrics and
 /status.json merged from every worker (each answers on a private Unix socket), /admin/reload for
-all, other /admin/* calls passed to every worker; on `admin_listen` when that is set, and on a
-private socket the workers pass the client listener's operator routes to when it is not.
+all, other /admin/* calls passed to every worker once the admin token checks out; on
+`admin_listen` when that is set, and on a private socket the workers pass the client listener's
+operator routes to when it is not.
 """
 
 from __future__ import annotations
@@ -38,12 +39,12 @@ from router.access import shared_buckets
 from router.access.auth import Authenticator
 from router.config import Config, load, parse_listen
 from router.core.admin import json_response
-from router.errors import ApiError, ConfigError, InvalidRequest, StartupError
+from router.errors import ConfigError, InvalidRequest, StartupError
 from router.observability.merge import merge_metrics, merge_status
 from router.routing import shared_pins
 from router.routing.admin import admin_change
 from router.routing.machine_prober import MachineProber
-from router.server.app import hide_versions
+from router.server.app import error_middleware, hide_versions
 from router.server.machine import MachineDir
 from router.server.run import listen_error
 from router.server.tls import Listeners
@@ -254,7 +255,8 @@ class Supervisor:
         listener's to, and on admin_listen when set."""
         listen = self.config.server.admin_listen
         hide_versions()
-        app = web.Application()
+        # Errors (aiohttp's 404/405/413 included) in OpenAI's shape, as the workers answer them.
+        app = web.Application(middlewares=[error_middleware()])
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/status.json", self._status_json)
         app.router.add_get("/status", self._passed_to_one)
@@ -329,7 +331,9 @@ class Supervisor:
 
     async def _passed_to_all(self, request: web.Request) -> web.Response:
         """An admin call every worker must apply (drain a region, set weights...); the first
-        worker's answer is returned, with how many workers applied it."""
+        worker's answer is returned, with how many workers applied it. Without the admin token
+        it is refused here, before its body is read or any worker is asked."""
+        self.auth.check_admin(request.headers)
         body = await request.read()
         headers = {k: v for k, v in request.headers.items() if k.lower() != "host"}
         answers = await self._gather(request.method, request.path_qs, headers, body)
@@ -349,14 +353,10 @@ class Supervisor:
         return json_response({"status": "ok", "workers": len(self.alive())})
 
     async def _reload(self, request: web.Request) -> web.Response:
-        try:
-            self.auth.check_admin(request.headers)
-        except ApiError as exc:
-            return web.Response(body=exc.body(), status=exc.status, content_type="application/json")
+        self.auth.check_admin(request.headers)
         applied, message = self.reload()
         if not applied:
-            error = InvalidRequest(message, code="invalid_config")
-            return web.Response(body=error.body(), status=400, content_type="application/json")
+            raise InvalidRequest(message, code="invalid_config")
         return json_response(
             {"status": "applied", "generation": self.generation, "message": message}
         )

@@ -10,7 +10,12 @@ import pytest
 from router.core.request import (
     CHAT,
     COMPLETIONS,
+    COUNT_TOKENS,
     EMBEDDINGS,
+    INPUT_TOKENS,
+    MAX_MODEL_CHARS,
+    MESSAGES,
+    RESPONSES,
     UnsupportedMediaType,
     check_content_type,
     nesting,
@@ -253,3 +258,26 @@ def test_an_error_quotes_a_clients_value_cut_short() -> None:
         parse_body(CHAT, raw)
     assert "got 'xxx" in str(caught.value)
     assert len(str(caught.value)) < 200
+
+
+_ONE_OF_EACH = {
+    CHAT: CHAT_BODY,
+    COMPLETIONS: {"prompt": "hi"},
+    EMBEDDINGS: {"input": "hi"},
+    RESPONSES: {"input": "hi"},
+    INPUT_TOKENS: {"input": "hi"},
+    MESSAGES: {"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]},
+    COUNT_TOKENS: {"messages": [{"role": "user", "content": "hi"}]},
+}
+
+
+@pytest.mark.parametrize("endpoint", list(_ONE_OF_EACH))
+def test_a_model_name_is_at_most_256_characters(endpoint: str) -> None:
+    assert MAX_MODEL_CHARS == 256
+    fields = _ONE_OF_EACH[endpoint]
+    assert parse_body(endpoint, body({**fields, "model": "é" * 256})).model == "é" * 256
+    with pytest.raises(InvalidRequest) as refused:
+        parse_body(endpoint, body({**fields, "model": "m" * 300_000}))
+    assert refused.value.param == "model"
+    assert refused.value.status == 400
+    assert len(str(refused.value)) < 200

@@ -7,6 +7,7 @@ import contextlib
 import io
 import json
 import logging
+import shlex
 from collections.abc import Iterator
 
 import pytest
@@ -71,8 +72,48 @@ def test_plain_format_and_level(stream: io.StringIO) -> None:
         log.close()
     out = stream.getvalue()
     assert "ok" not in out.split()
-    assert " bad POST  502 " in out
+    assert " bad POST - 502 " in out
     assert "total=3.0ms" in out
+
+
+FORGED = "2026-12-05T11:47:00 00000000-0000-4000-8000-000000000000 POST /v1/x 200 tenant=admin"
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "shown"),
+    [
+        ("model", f"x\n{FORGED}", '"x\\n2026-12-05T11:47:00 '),
+        ("model", "m tenant=admin", '"m tenant=admin"'),
+        ("path", f"/v1/nope\r\n{FORGED}", '"/v1/nope\\r\\n2026-12-05T11:47:00 '),
+        ("path", '/v1/a\u2028b\x1b[2J\\"', '"/v1/a\\u2028b\\x1b[2J\\\\\\""'),
+        ("tenant", "t\x85x", '"t\\x85x"'),
+    ],
+)
+def test_plain_fields_cannot_forge_lines_or_fields(
+    stream: io.StringIO, field: str, value: str, shown: str
+) -> None:
+    log = AccessLog(stream=stream, fmt="plain")
+    try:
+        log.emit(AccessRecord(request_id="r1", status=404, **{field: value}))
+    finally:
+        log.close()
+    (line,) = stream.getvalue().splitlines()
+    assert shown in line
+    # Read back as shell-style words, the value is one word: it made no field of its own.
+    words = shlex.split(line)
+    assert sum(w.startswith("tenant=") for w in words) == 1
+    assert len(words) == 12
+    # A plain field is the value itself when nothing in it needs escaping.
+    stream.seek(0)
+    stream.truncate()
+    log = AccessLog(stream=stream, fmt="plain")
+    try:
+        log.emit(
+            AccessRecord(request_id="r2", status=200, path="/v1/chat/completions", model="é/m-1")
+        )
+    finally:
+        log.close()
+    assert " POST /v1/chat/completions 200 tenant=- model=é/m-1 " in stream.getvalue()
 
 
 def test_disabled_log_writes_nothing(stream: io.StringIO) -> None:

@@ -8,7 +8,8 @@ import logging
 
 import pytest
 
-from router.observability.logs import REDACTED, configure, redact
+from router.net.redaction import REDACTED, display_url, redact
+from router.observability.logs import configure
 
 CASES = [
     ("redis down: redis://:hunter2@10.0.0.5:6379/0", "hunter2"),
@@ -20,6 +21,13 @@ CASES = [
     ("x-api-key=abcdefgh", "abcdefgh"),
     ("region echoed sk-proj-ABCDEFGH12345678 back", "sk-proj-ABCDEFGH12345678"),
     ("bearer eyJhbGciOi.eyJzdWIi.sig", "eyJhbGciOi.eyJzdWIi.sig"),
+    # redis-py's documented forms: the password as a query parameter, any case.
+    ("redis at unix:///tmp/r.sock?db=0&password=Sup3rPw unreachable", "Sup3rPw"),
+    ("redis at redis://10.0.0.5/0?PASSWORD=Sup3rPw down", "Sup3rPw"),
+    ("base_url https://h/v1?pass=p4ss&x=1", "p4ss"),
+    ("base_url https://h/v1?a=1&Pwd=p4ss", "p4ss"),
+    ("base_url https://h/v1?token=t0k3n", "t0k3n"),
+    ("base_url https://h/v1?x=1;secret=s3cr3t", "s3cr3t"),
 ]
 
 
@@ -36,8 +44,27 @@ def test_redact_keeps_what_is_not_a_secret() -> None:
         "listening on https://127.0.0.1:8443",
         "redis://10.0.0.5:6379/0 unavailable",
         "request r-1: attempt 1 failed: timeout at http://10.0.0.7:8000",
+        "redis at unix:///tmp/r.sock?db=0 unreachable",
+        "https://h/v1?passage=1&tokens=2",
     ):
         assert redact(line) == line
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("unix:///tmp/r.sock?db=0&password=Sup3rPw", "unix:///tmp/r.sock?db=0&password=[redacted]"),
+        ("redis://:Sup3rPw@10.0.0.5:6379/0", "redis://10.0.0.5:6379/0"),
+        (
+            "rediss://app:Sup3rPw@[::1]:6380/2?Token=Sup3rPw",
+            "rediss://[::1]:6380/2?Token=[redacted]",
+        ),
+        ("https://u:p4ss@h:8443/v1?api=2&pwd=p4ss", "https://h:8443/v1?api=2&pwd=[redacted]"),
+        ("http://10.0.0.7:8000/v1", "http://10.0.0.7:8000/v1"),
+    ],
+)
+def test_display_url_shows_where_never_the_credentials(url: str, shown: str) -> None:
+    assert display_url(url) == shown
 
 
 @pytest.fixture
