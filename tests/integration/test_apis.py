@@ -126,7 +126,8 @@ def test_responses_fail_over_before_the_first_byte(
             assert events[-1].type == "response.completed"
         else:
             assert raw.parse().status == "completed"
-    assert sim_stats(a)["by_path"]["/v1/responses"] == 2
+    # The second request goes to a again only if its 503's Retry-After (1 s) ran out first.
+    assert 1 <= sim_stats(a)["by_path"]["/v1/responses"] <= 2
 
 
 def test_responses_stream_cut_mid_way_ends_in_response_failed(
@@ -184,8 +185,9 @@ def test_stored_responses_are_pinned_to_their_region_and_never_cached(
         model=MODEL, input="x", previous_response_id=made_id
     )
     assert again.headers["x-router-region"] == "b"
-    # a saw only the two requests it refused, none of the pinned ones.
-    assert sim_stats(a)["by_path"]["/v1/responses"] - before == 1
+    # a saw at most the stream it refused (its Retry-After may send that to b first), none of
+    # the pinned ones.
+    assert sim_stats(a)["by_path"]["/v1/responses"] - before <= 1
 
 
 def test_responses_with_store_false_are_cached_and_replayed_as_streams(

@@ -6,6 +6,8 @@ import asyncio
 import hashlib
 import json
 import time
+import urllib.error
+import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,6 +20,8 @@ import pytest
 from router.sim import text
 from tests.integration.conftest import (
     MODEL,
+    RouterFactory,
+    SimFactory,
     region_toml,
     sim_config,
     sim_stats,
@@ -504,3 +508,33 @@ async def test_a_burst_in_flight_when_the_nearest_region_dies_is_not_turned_into
         three.a.kill()
         statuses = Counter(await asyncio.gather(*burst))
     assert statuses == {200: 40}
+
+
+def test_a_region_shedding_load_with_retry_after_is_left_alone_that_long(
+    sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    """a answers 429 with Retry-After: 1 (the sim's) while its health probe is fine; b serves.
+    Each request fails over at once, but a is asked again only after its Retry-After."""
+    a, b = sim_region("a"), sim_region("b")
+    config = "[auth]\nenabled = false\n" + region_toml(a) + region_toml(b, bias_ms=100)
+    router = router_proc(config)
+    url = router.url + "/v1/chat/completions"
+    body = json.dumps({"model": MODEL, "messages": messages(1)}).encode()
+    shed = {"Content-Type": "application/json", "x-sim-fail": "429", "x-sim-only": "a"}
+    began = time.monotonic()
+    answers = [_post(url, body, shed) for _ in range(30)]
+    elapsed = time.monotonic() - began
+    assert [status for status, _ in answers] == [200] * 30
+    assert {headers["x-router-region"] for _, headers in answers} == {"b"}
+    # Once per Retry-After at most (and the first), not once per request.
+    assert sim_stats(a)["requests"] <= 1 + int(elapsed)
+
+
+def _post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str, str]]:
+    request = urllib.request.Request(url, data=body, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            resp.read()
+            return resp.status, {k.lower(): v for k, v in resp.headers.items()}
+    except urllib.error.HTTPError as exc:
+        return exc.code, {k.lower(): v for k, v in exc.headers.items()}

@@ -359,6 +359,7 @@ class Attempts:
         "priority",
         "retry",
         "slots",
+        "started",
     )
 
     def __init__(
@@ -389,27 +390,28 @@ class Attempts:
         tenant = ctx.tenant
         self.priority = tenant.priority if tenant is not None else 0
         self.held: list[Slot] = []
+        self.started: set[str] = set()
         ctx.candidates = list(candidates)
 
     async def open(self, upstream: Upstream, body: bytes | None = None) -> Opened:
         """One attempt at `upstream` (the request's body, or another such as a continuation)."""
         ctx = self.ctx
+        # Started here, by the attempt loop or beside it (a hedge): no region gets it twice.
+        self.started.add(upstream.name)
         slot: Slot | None = None
         if self.slots is not None:
             try:
-                slot = await self.slots.acquire(
-                    upstream.name, priority=self.priority, last=upstream is self.candidates[-1]
-                )
+                slot = await self.slots.acquire(upstream.name, priority=self.priority)
             except Spill as spill:
-                # 429 "this region is full" says nothing of its health; relayed (with
-                # Retry-After) only if no other attempt follows.
+                # "This region is full here" says nothing of its health; the next region may
+                # take it. When none does, this is the answer: 503 overloaded, Retry-After.
                 full = self.slots.unavailable(upstream.name, spill.reason)
                 full_headers = CIMultiDict({"Content-Type": "application/json", **full.headers})
                 raise AttemptError(
                     upstream.name,
                     FailureKind.SPILL,
                     spill.reason,
-                    status=429,
+                    status=full.status,
                     headers=full_headers,
                     body=full.body(),
                     origin=Origin.INTERNAL,
@@ -479,6 +481,8 @@ class Attempts:
             except AttemptError as exc:
                 self.observe(upstream, exc, time.perf_counter() - began)
                 ctx.last_failure = exc.kind
+                if exc.kind == FailureKind.SPILL:
+                    ctx.spills += 1  # no region saw it: not one of max_attempts
                 repeated = (
                     last is not None
                     and exc.kind == last.kind == FailureKind.STATUS
@@ -504,7 +508,7 @@ class Attempts:
     ) -> tuple[Upstream | None, float]:
         """The next region to try and how long to wait first (None: nothing left to try)."""
         for upstream in self.candidates:
-            if upstream.name not in tries:
+            if upstream.name not in self.started:
                 return upstream, 0.0
         if len(self.candidates) > 1:
             # Another region serves the model: its failure is the answer, not a reason to wait.
@@ -528,7 +532,9 @@ class Attempts:
 
     async def again(self, upstream: Upstream, body: bytes) -> Opened:
         """A further attempt after bytes reached the client (a continuation), counted and
-        observed like any other."""
+        observed like any other. The attempts before it have ended (the stream broke): their
+        admission slots are given back first."""
+        self.release()
         ctx = self.ctx
         ctx.attempts += 1
         began = time.perf_counter()

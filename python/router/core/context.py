@@ -133,6 +133,7 @@ class RequestContext:
         "region",
         "reported",
         "request_id",
+        "spills",
         "tenant",
         "timer",
         "tracker",
@@ -149,6 +150,8 @@ class RequestContext:
         # Name of the region that answered (or the last one tried).
         self.region: str | None = None
         self.attempts = 0
+        # Attempts that spilled past a full admission queue (no region saw them).
+        self.spills = 0
         self.timer = StageTimer()
         # Who asked (auth), and how long finding out took.
         self.tenant: Principal | None = None

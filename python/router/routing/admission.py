@@ -401,9 +401,10 @@ class Admission:
         return gate.queue.in_flight
 
     async def acquire(
-        self, region: str, *, priority: int = 0, deadline: float | None = None, last: bool = False
+        self, region: str, *, priority: int = 0, deadline: float | None = None
     ) -> Slot:
-        """A slot of `region`; Spill to try the next region, or 503 when this is the `last`."""
+        """A slot of `region`, or Spill: the next region may take it (the attempt path answers
+        `unavailable` when none did)."""
         gate = self._gates.get(region)
         if type(gate) is RegionGate and gate.queue.try_acquire():
             # A free slot (the usual case): taken here, without the gate's wait machinery
@@ -411,12 +412,7 @@ class Admission:
             return Slot(region, 0.0, 0, gate, time.monotonic())
         limit = self._clock() + self.max_wait_s
         deadline = limit if deadline is None else min(deadline, limit)
-        try:
-            return await self.gate(region).acquire(priority, deadline)
-        except Spill as spill:
-            if last:
-                raise self.unavailable(region, spill.reason) from None
-            raise
+        return await self.gate(region).acquire(priority, deadline)
 
     def unavailable(self, region: str, reason: str) -> Unavailable:
         """The 503 when no region can take the request, with a Retry-After hint."""

@@ -52,6 +52,9 @@ class Circuits:
         if circuit is None or circuit.until == 0.0:
             return True
         if now >= circuit.until and not circuit.trial:
+            if circuit.opened == 0:
+                circuit.until = 0.0  # a hold (Retry-After) ran out: as it was before
+                return True
             circuit.trial = True
             return True
         return False
@@ -73,6 +76,16 @@ class Circuits:
             circuit.until = now + min(self.max_s, self.base_s * 2 ** (circuit.opened - 1))
             return True
         return False
+
+    def hold(self, region: str, model: str, seconds: float, now: float) -> None:
+        """The region asked to be left alone for `seconds` (Retry-After on a 429 or 5xx): the
+        pair goes last until then (at most max_s), then takes requests as before; no failure
+        is counted, since shedding load is not failing."""
+        circuit = self._circuits.get((region, model))
+        if circuit is None:
+            circuit = self._circuits[(region, model)] = _Circuit()
+        circuit.until = max(circuit.until, now + min(seconds, self.max_s))
+        circuit.trial = False
 
     def open_pairs(self, now: float) -> list[tuple[str, str, float]]:
         """(region, model, seconds until its trial) of every open circuit."""

@@ -165,6 +165,9 @@ def passive_hook(health: Health, circuits: Circuits | None = None) -> AttemptObs
             if circuits is not None:
                 circuits.record(name, model, True, time.monotonic())
             return
+        if circuits is not None and error.retry_after_s is not None:
+            # A region shedding load said for how long: others first until then.
+            circuits.hold(name, model, error.retry_after_s, time.monotonic())
         outcome = health_outcome(error.kind, error.status)
         if outcome is None:  # admission's "full here", the request's own fault: nothing
             return
@@ -216,7 +219,7 @@ class RetryState:
         if ctx.attempts == 0:
             budget.record_request(now)
             return True
-        if ctx.attempts >= live.config.max_attempts:
+        if ctx.attempts - ctx.spills >= live.config.max_attempts:
             return False
         deadline = ctx.deadline
         if deadline is not None and now >= deadline:

@@ -29,6 +29,7 @@ from router.core.stages import Origin, ResponseCache, ResponseDecorator
 from router.core.transport import LocalReply, LocalTransport
 from router.core.upstream import Upstream, Upstreams
 from router.errors import Unavailable
+from router.routing.admission import Admission
 from router.routing.continuation import MidstreamPolicy
 from router.routing.hedge import hedger
 from router.routing.runtime import LiveRouting, RetryState, routing_headers
@@ -56,6 +57,7 @@ def app_for(
     cache: ResponseCache | None = None,
     decorators: tuple[ResponseDecorator, ...] = (),
     key: str | None = None,
+    slots: Admission | None = None,
 ) -> tuple[web.Application, dict[str, LocalTransport]]:
     """The pipeline with routing's retry state, hedger, continuation and headers (and `cache`,
     and more `decorators`) in front of in-process regions (servers of `kind`, each with API
@@ -81,6 +83,7 @@ def app_for(
         ),
         decorators=(routing_headers, *decorators),
         cache=cache,
+        slots=slots,
     )
     pipeline = Pipeline(features, LiveConfig(config), pools)
     app = web.Application()
@@ -535,3 +538,80 @@ async def test_a_continuation_echoing_its_regions_key_is_blanked_too() -> None:
         raw = await resp.read()
     assert texts(raw) == ("Hello ***", [])
     assert KEY.encode() not in raw
+
+
+def answers(text: str = "{}") -> Handler:
+    async def handle(path: str, raw: bytes, headers: CIMultiDict[str]) -> LocalReply:
+        return LocalReply(200, JSON, [text.encode()])
+
+    return handle
+
+
+async def test_a_full_region_is_spilled_past_without_using_up_max_attempts() -> None:
+    slots = Admission(max_in_flight=1, queue_size=0, max_wait_s=0.5)
+    held = [await slots.acquire("a"), await slots.acquire("b")]
+    regions = {"a": answers(), "b": answers(), "c": answers('{"from":"c"}')}
+    app, _ = app_for(regions, RoutingConfig(max_attempts=2), slots=slots)
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        resp = await client.post(CHAT, json=body())
+        assert (resp.status, await resp.json()) == (200, {"from": "c"})
+        held.append(await slots.acquire("c"))
+        # Every region full: 503 overloaded with a Retry-After, in the API's shape.
+        full = await client.post(CHAT, json=body())
+        assert full.status == 503
+        assert int(full.headers["Retry-After"]) >= 1
+        error = (await full.json())["error"]
+        assert (error["type"], error["code"]) == ("server_error", "overloaded")
+    for slot in held:
+        slot.release()
+
+
+async def test_a_hedge_at_a_full_region_leaves_the_first_attempt_to_answer() -> None:
+    async def slow(path: str, raw: bytes, headers: CIMultiDict[str]) -> LocalReply:
+        await asyncio.sleep(0.3)
+        return LocalReply(200, JSON, [b'{"from":"a"}'])
+
+    slots = Admission(max_in_flight=1, queue_size=0, max_wait_s=0.5)
+    held = await slots.acquire("b")
+    routing = RoutingConfig(hedge_endpoints=(CHAT,))
+    app, _ = app_for({"a": slow, "b": answers()}, routing, slots=slots)
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        resp = await client.post(CHAT, json=body())
+        assert (resp.status, await resp.json()) == (200, {"from": "a"})
+    held.release()
+
+
+async def test_a_region_a_hedge_already_tried_is_not_tried_again() -> None:
+    async def hangs(path: str, raw: bytes, headers: CIMultiDict[str]) -> LocalReply:
+        await asyncio.sleep(5)
+        return LocalReply(200, JSON, [b"{}"])
+
+    async def busy(path: str, raw: bytes, headers: CIMultiDict[str]) -> LocalReply:
+        return LocalReply(503, JSON, [b'{"error":{"message":"busy"}}'])
+
+    routing = RoutingConfig(hedge_endpoints=(CHAT,), ttft_timeout_s=0.3)
+    app, transports = app_for({"a": hangs, "b": busy}, routing)
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        resp = await client.post(CHAT, json=body())
+        assert resp.status == 504  # the attempt loop's last failure: a's silence
+        assert resp.headers["x-router-hedged"] == "b"
+    assert len(transports["b"].requests) == 1
+
+
+async def test_a_continued_stream_gives_back_the_broken_regions_slot() -> None:
+    slots = Admission(max_in_flight=1, queue_size=0, max_wait_s=0.5)
+    seen: list[tuple[int, int]] = []
+
+    async def continues(path: str, raw: bytes, headers: CIMultiDict[str]) -> LocalReply:
+        # Asked while the client's stream goes on: the region that broke holds nothing now.
+        seen.append((slots.in_flight("a"), slots.in_flight("b")))
+        return await echoes("Hello", " world")(path, raw, headers)
+
+    routing = RoutingConfig(midstream="resume")
+    regions = {"a": breaks_after("Hel", "lo"), "b": continues}
+    app, _ = app_for(regions, routing, kind="llama-server", slots=slots)
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        resp = await client.post(CHAT, json=body(stream=True))
+        assert texts(await resp.read()) == ("Hello world", [])
+    assert seen == [(0, 1)]
+    assert (slots.in_flight("a"), slots.in_flight("b")) == (0, 0)

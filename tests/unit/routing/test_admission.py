@@ -11,7 +11,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from router.errors import Unavailable
 from router.routing.admission import Admission, SlotQueue, Spill, Ticket
 
 
@@ -140,15 +139,13 @@ async def test_per_region_caps_are_separate() -> None:
     assert (adm.in_flight("a"), adm.in_flight("b")) == (0, 0)
 
 
-async def test_full_queue_spills_then_last_region_answers_503() -> None:
+async def test_full_queue_spills_and_the_answer_when_no_region_took_it_is_503() -> None:
     adm = _admission(cap=1, queue=0)
     held = await adm.acquire("a")
     with pytest.raises(Spill) as spill:
         await adm.acquire("a")
     assert spill.value.region == "a"
-    with pytest.raises(Unavailable) as unavailable:
-        await adm.acquire("a", last=True)
-    err = unavailable.value
+    err = adm.unavailable("a", spill.value.reason)
     assert err.status == 503
     assert int(err.headers["Retry-After"]) >= 1
     assert json.loads(err.body())["error"]["code"] == "overloaded"

@@ -62,3 +62,17 @@ def test_primary_down_for_a_minute_then_back() -> None:
 def test_bad_parameters() -> None:
     with pytest.raises(ValueError, match="failures_to_open"):
         Circuits(failures_to_open=0)
+
+
+def test_a_hold_sends_the_pair_last_until_it_runs_out_and_counts_no_failure() -> None:
+    circuits = Circuits(failures_to_open=1, base_s=5.0, max_s=30.0)
+    circuits.hold("a", "m", 2.0, now=0.0)
+    assert not circuits.closed("a", "m", now=1.9)
+    assert circuits.closed("a", "m", now=2.0)
+    # Ran out: as before it, not a half-open trial (one failure now opens it for base_s only).
+    assert circuits.closed("a", "m", now=2.1)
+    assert circuits.record("a", "m", ok=False, now=3.0)
+    assert [round(left) for *_, left in circuits.open_pairs(3.0)] == [5]
+    # At most max_s, whatever the region asked.
+    circuits.hold("b", "m", 3600.0, now=0.0)
+    assert [round(left) for r, _, left in circuits.open_pairs(0.0) if r == "b"] == [30]
