@@ -218,7 +218,8 @@ class Limiter:
             prompt = len(parsed.body) // 4 + 1
         if parsed.endpoint.endswith("/embeddings"):
             return encoding, prompt, 0
-        return encoding, prompt, completion_budget(parsed.body, self.default_max_tokens)
+        budget = completion_budget(parsed.body, self.default_max_tokens, parsed.endpoint)
+        return encoding, prompt, budget
 
     async def admit(self, tenant: Tenant, tokens: int) -> Grant:
         """Reserve one request and `tokens` for the tenant, or raise 429 (503 if fail-closed).

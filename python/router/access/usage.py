@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from router.core.request import whole_number
+from router.core.request import CHAT, COMPLETIONS, MESSAGES, RESPONSES, whole_number
 from router.errors import InvalidRequest
 from router.native import count_tokens
 from router.net import sse
@@ -26,22 +26,34 @@ class _Budget(msgspec.Struct):
 _BUDGET = msgspec.json.Decoder(_Budget)
 
 
-def completion_budget(body: bytes, default: int) -> int:
-    """Tokens the answer may use: (max_completion_tokens or max_tokens or max_output_tokens or
-    default) * n, each read as a region would read it; a value no region would read is a 400,
-    never the default."""
+# The fields that bound an answer's length where each API's regions read them, first first:
+# chat takes max_completion_tokens over max_tokens; the others one field each, and no `n`.
+_BOUNDS: dict[str, tuple[str, ...]] = {
+    CHAT: ("max_completion_tokens", "max_tokens"),
+    COMPLETIONS: ("max_tokens",),
+    RESPONSES: ("max_output_tokens",),
+    MESSAGES: ("max_tokens",),
+}
+
+
+def completion_budget(body: bytes, default: int, endpoint: str = CHAT) -> int:
+    """Tokens the answer may use: the first of the API's length fields that is set (else
+    `default`), times `n` (chat, completions), each read as a region would read it; a value no
+    region would read is a 400, never the default. Another API's field bounds nothing: its
+    regions ignore it."""
     try:
         budget = _BUDGET.decode(body)
     except msgspec.MsgspecError:
         raise InvalidRequest("The request's token fields cannot be read.") from None
-    most = (
-        whole_number(budget.max_completion_tokens, "max_completion_tokens")
-        or whole_number(budget.max_tokens, "max_tokens")
-        or whole_number(budget.max_output_tokens, "max_output_tokens")
-        or default
-    )
-    n = whole_number(budget.n, "n", minimum=1) or 1
-    return max(0, most) * n
+    most = 0
+    for name in _BOUNDS.get(endpoint, _BOUNDS[CHAT]):
+        most = whole_number(getattr(budget, name), name) or 0
+        if most:
+            break
+    n = 1
+    if endpoint in (CHAT, COMPLETIONS):
+        n = whole_number(budget.n, "n", minimum=1) or 1
+    return max(0, most or default) * n
 
 
 class _Usage(msgspec.Struct):
@@ -132,8 +144,20 @@ class _Choice(msgspec.Struct):
     text: str | None = None  # completions
 
 
+class _EventDelta(msgspec.Struct):
+    # Anthropic's content_block_delta: text, a tool call's JSON, or thinking.
+    text: str | None = None
+    partial_json: str | None = None
+    thinking: str | None = None
+
+
 class _Chunk(msgspec.Struct):
+    # OpenAI chat and completions.
     choices: list[_Choice] = []
+    # Typed events: the Responses API's output_text.delta (a string), Anthropic's
+    # content_block_delta (an object).
+    type: str | None = None
+    delta: str | _EventDelta | None = None
 
 
 _CHUNK = msgspec.json.Decoder(_Chunk)
@@ -171,28 +195,37 @@ class StreamUsage:
         for payload in self._decoder.feed(chunk):
             found = reported_usage(payload)
             if found is not None:
+                if found.prompt is not None:
+                    self._prompt = found.prompt
+                if found.completion is not None and b'"message_start"' not in payload:
+                    # (Anthropic's opening event reports input tokens and a placeholder output.)
+                    self._completion = found.completion
                 if found.total is not None:
                     self.total_tokens = found.total
-                else:
-                    if found.prompt is not None:
-                        self._prompt = found.prompt
-                    if found.completion is not None:
-                        self._completion = found.completion
-                    self.total_tokens = (self._prompt or 0) + (self._completion or 0)
+                elif self._completion is not None:
+                    self.total_tokens = (self._prompt or 0) + self._completion
             elif self.encoding is not None and self.total_tokens is None and payload != sse.DONE:
                 self._collect(payload)
 
     def _collect(self, payload: bytes) -> None:
         try:
-            choices = _CHUNK.decode(payload).choices
+            chunk = _CHUNK.decode(payload)
         except (msgspec.MsgspecError, RecursionError):
             return
-        for choice in choices:
-            text = choice.delta.content if choice.delta is not None else choice.text
-            if text:
-                self._size += len(text)
-                if self._size <= _MAX_TEXT:
-                    self._text.append(text)
+        for choice in chunk.choices:
+            self._keep(choice.delta.content if choice.delta is not None else choice.text)
+        delta = chunk.delta
+        if isinstance(delta, str):
+            if chunk.type == "response.output_text.delta":
+                self._keep(delta)
+        elif delta is not None:
+            self._keep(delta.text or delta.partial_json or delta.thinking)
+
+    def _keep(self, text: str | None) -> None:
+        if text:
+            self._size += len(text)
+            if self._size <= _MAX_TEXT:
+                self._text.append(text)
 
     def used(self) -> int | None:
         """Total tokens: as reported, else prompt + the counted completion, else None."""
@@ -202,4 +235,6 @@ class StreamUsage:
         counted = count_tokens(text, self.encoding)
         if self._size > len(text):
             counted = counted * self._size // max(1, len(text))  # past the cap: scale up
-        return self.prompt_tokens + counted
+        # The input the stream reported (Anthropic's opening event), else the estimate.
+        prompt = self._prompt if self._prompt is not None else self.prompt_tokens
+        return prompt + counted

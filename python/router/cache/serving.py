@@ -478,11 +478,14 @@ async def _replay(
         return web.Response(status=entry.status, body=entry.body, headers=headers)
     resp = StreamResponse(headers={**SSE_HEADERS, "X-Request-Id": ctx.request_id})
     await resp.prepare(request)
-    # Headers, events and the chunked terminator in one write.
     if entry.framed:
-        await resp.write_eof(b"".join(entry.chunks))
+        data = b"".join(entry.chunks)
     else:
-        await resp.write_eof(b"".join(sse.encode(c) for c in entry.chunks) + sse.encode_done())
+        data = b"".join(sse.encode(c) for c in entry.chunks) + sse.encode_done()
+    if ctx.meter is not None:
+        ctx.meter.feed(data)  # settled as a live stream is: its usage event, else its text
+    # Headers, events and the chunked terminator in one write.
+    await resp.write_eof(data)
     return resp
 
 
@@ -583,7 +586,10 @@ async def _follow(
                     headers = {**SSE_HEADERS, "X-Request-Id": ctx.request_id}
                     resp = StreamResponse(headers=headers)
                     await resp.prepare(request)
-                await resp.write(payload if framed else sse.encode(payload))
+                data = payload if framed else sse.encode(payload)
+                if ctx.meter is not None:
+                    ctx.meter.feed(data)
+                await resp.write(data)
         except FlightFailed as exc:
             if resp is None:
                 raise _Rejoin from None

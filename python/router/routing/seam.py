@@ -12,7 +12,7 @@ from typing import Any, Protocol
 import msgspec
 from aiohttp import web
 
-from router.core.context import RequestContext
+from router.core.context import RequestContext, UsageMeter
 from router.core.failure import AttemptError
 from router.core.stream import (
     DEFAULT_MAX_EVENT_BYTES,
@@ -270,13 +270,13 @@ async def carry_on(
                     if kept is not None:
                         events.append(kept)
                 if events:
-                    await _write(out, b"".join(events), tracker)
+                    await _write(out, b"".join(events), tracker, ctx.meter)
                 idle.waiting()
                 chunk = await resp.content.readany()
                 idle.busy()
         complete = not splitter.pending and state.complete and stitch.through
         if complete and state.owes_done:
-            await _write(out, DONE_EVENT, tracker)
+            await _write(out, DONE_EVENT, tracker, ctx.meter)
         return complete
     except (http1.ClientError, TimeoutError, sse.EventTooLarge, Diverged) as exc:
         log.warning("request %s: resume on %s failed: %s", ctx.request_id, upstream.name, exc)
@@ -288,8 +288,13 @@ async def carry_on(
             resp.close()
 
 
-async def _write(out: web.StreamResponse, data: bytes, tracker: SentEvents) -> None:
-    # Through the tracker so a second break resumes from the right text.
+async def _write(
+    out: web.StreamResponse, data: bytes, tracker: SentEvents, meter: UsageMeter | None
+) -> None:
+    # Through the tracker so a second break resumes from the right text; through the meter
+    # so the key is charged for the continuation too.
     tracker.feed(data)
+    if meter is not None:
+        meter.feed(data)
     await out.write(data)
     tracker.settle()

@@ -235,3 +235,44 @@ async def test_unlimited_tenant_is_always_admitted() -> None:
     limiter = Limiter([ANONYMOUS_TENANT])
     for _ in range(100):
         (await limiter.admit(ANONYMOUS_TENANT, 10**9)).finish(None)
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "body", "expected"),
+    [
+        # Another API's length field bounds nothing: its regions never read it.
+        ("/v1/messages", {"max_tokens": 5000, "max_completion_tokens": 1}, 5000),
+        ("/v1/responses", {"max_output_tokens": 5000, "max_tokens": 1}, 5000),
+        ("/v1/chat/completions", {"max_output_tokens": 1}, 256),
+        ("/v1/completions", {"max_tokens": 7, "max_completion_tokens": 1, "n": 2}, 14),
+        ("/v1/messages", {"max_tokens": 10, "n": 3}, 10),
+    ],
+)
+def test_completion_budget_reads_the_fields_of_the_requests_api(
+    endpoint: str, body: dict[str, int], expected: int
+) -> None:
+    assert completion_budget(json.dumps(body).encode(), 256, endpoint) == expected
+
+
+def _events(*payloads: dict[str, object]) -> bytes:
+    return b"".join(b"data: " + json.dumps(p).encode() + b"\n\n" for p in payloads)
+
+
+def test_typed_event_streams_are_counted_by_their_text_until_their_usage_comes() -> None:
+    from router.native import count_tokens
+
+    words = ["Hello", " there", ", friend"]
+    responses = StreamUsage(10, "cl100k_base")
+    responses.feed(_events(*({"type": "response.output_text.delta", "delta": w} for w in words)))
+    assert responses.used() == 10 + count_tokens("".join(words), "cl100k_base")
+    # Messages: message_start reports the input (and a placeholder output): counting goes on.
+    messages = StreamUsage(10, "cl100k_base")
+    start = {"type": "message_start", "message": {"usage": {"input_tokens": 7, "output_tokens": 1}}}
+    texts = (
+        {"type": "content_block_delta", "delta": {"type": "text_delta", "text": w}} for w in words
+    )
+    messages.feed(_events(start, *texts))
+    assert messages.used() == 7 + count_tokens("".join(words), "cl100k_base")
+    # Its closing usage is the answer's.
+    messages.feed(_events({"type": "message_delta", "usage": {"output_tokens": 30}}))
+    assert messages.used() == 37

@@ -18,8 +18,9 @@ from router.cache.tiers import ResponseCache
 from router.config import AuthConfig, CacheConfig, Config
 from router.core.request import CHAT, MESSAGES, RESPONSES
 from router.core.transport import LocalReply, LocalTransport
+from router.native import count_tokens
 from tests.unit.core.test_event_streams import OPENING, ev, events_of
-from tests.unit.core.test_pipeline import JSON, SSE, Handler, app_for, delta
+from tests.unit.core.test_pipeline import JSON, SSE, Handler, Metered, app_for, delta, event
 
 STREAMS: dict[str, dict[str, Any]] = {
     CHAT: {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
@@ -198,3 +199,24 @@ async def test_an_exchange_nobody_reads_any_more_stops() -> None:
         await asyncio.wait_for(stopped.wait(), 10)
         assert len(cache.memory) == 0
         assert len(cache.flights) == 0
+
+
+async def test_a_stream_hit_is_metered_as_the_stream_it_replays() -> None:
+    metered = Metered()
+    end = {"index": 0, "delta": {}, "finish_reason": "stop"}
+    stream = [delta("Hello"), delta(" world"), event({"id": "x", "choices": [end]})]
+
+    async def region(path: str, raw: bytes, headers: CIMultiDict[str]) -> LocalReply:
+        return LocalReply(200, SSE, [*stream, b"data: [DONE]\n\n"])
+
+    config = Config(regions=(), auth=AuthConfig(enabled=False), cache=CacheConfig(enabled=True))
+    layer = CacheLayer(config)
+    app, _ = app_for({"a": region}, cache=layer, decorators=(cache_headers,), filters=(metered,))
+    app.cleanup_ctx.append(layer.lifetime)
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        for outcome in ("MISS", "HIT"):
+            async with client.post(CHAT, json=ask(CHAT)) as resp:
+                await resp.read()
+                assert resp.headers["x-cache"] == outcome
+    miss, hit = metered.meters
+    assert hit.used() == miss.used() == count_tokens("Hello world", "cl100k_base")

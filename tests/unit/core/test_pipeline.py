@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -20,15 +20,17 @@ from aiohttp import ClientPayloadError, web
 from aiohttp.test_utils import TestClient, TestServer
 from multidict import CIMultiDict
 
+from router.access.usage import StreamUsage
 from router.config import Config, RegionConfig, RoutingConfig
 from router.core import relay
 from router.core.context import RequestContext
 from router.core.pipeline import Features, Pipeline
 from router.core.request import CHAT, MESSAGES, RESPONSES
-from router.core.stages import Origin, ResponseCache, ResponseDecorator
+from router.core.stages import Origin, RequestFilter, ResponseCache, ResponseDecorator
 from router.core.transport import LocalReply, LocalTransport
 from router.core.upstream import Upstream, Upstreams
 from router.errors import Unavailable
+from router.native import count_tokens
 from router.routing.admission import Admission
 from router.routing.continuation import MidstreamPolicy
 from router.routing.hedge import hedger
@@ -58,6 +60,7 @@ def app_for(
     decorators: tuple[ResponseDecorator, ...] = (),
     key: str | None = None,
     slots: Admission | None = None,
+    filters: tuple[RequestFilter, ...] = (),
 ) -> tuple[web.Application, dict[str, LocalTransport]]:
     """The pipeline with routing's retry state, hedger, continuation and headers (and `cache`,
     and more `decorators`) in front of in-process regions (servers of `kind`, each with API
@@ -84,6 +87,7 @@ def app_for(
         decorators=(routing_headers, *decorators),
         cache=cache,
         slots=slots,
+        filters=filters,
     )
     pipeline = Pipeline(features, LiveConfig(config), pools)
     app = web.Application()
@@ -615,3 +619,30 @@ async def test_a_continued_stream_gives_back_the_broken_regions_slot() -> None:
         assert texts(await resp.read()) == ("Hello world", [])
     assert seen == [(0, 1)]
     assert (slots.in_flight("a"), slots.in_flight("b")) == (0, 0)
+
+
+class Metered:
+    """A request filter giving each stream a token meter, as a token-limited key's grant has."""
+
+    def __init__(self) -> None:
+        self.meters: list[StreamUsage] = []
+
+    async def admit(self, ctx: RequestContext, headers: Mapping[str, str]) -> None:
+        if ctx.request.stream:
+            ctx.meter = meter = StreamUsage(0, "cl100k_base")
+            self.meters.append(meter)
+
+
+async def test_a_continuation_is_metered_like_the_stream_it_continues() -> None:
+    metered = Metered()
+    app, _ = app_for(
+        {"a": breaks_after("Hel", "lo"), "b": echoes("Hello", " world")},
+        RoutingConfig(midstream="resume"),
+        kind="llama-server",
+        filters=(metered,),
+    )
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        resp = await client.post(CHAT, json=body(stream=True))
+        assert texts(await resp.read()) == ("Hello world", [])
+    (meter,) = metered.meters
+    assert meter.used() == count_tokens("Hello world", "cl100k_base")
