@@ -224,6 +224,7 @@ async def test_max_concurrent_counts_until_finish() -> None:
     with pytest.raises(RateLimited) as caught:
         await limiter.admit(tenant, 0)
     assert caught.value.code == "concurrency_limit_exceeded"
+    assert caught.value.headers == {"Retry-After": "1", "retry-after-ms": "1000"}
     a.finish(None)
     c = await limiter.admit(tenant, 0)
     assert a.headers == {}
