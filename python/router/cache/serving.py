@@ -167,10 +167,6 @@ class Tap:
 
     def chunk(self, data: bytes) -> None:
         """Stream bytes just forwarded to the client (once detached: read for followers)."""
-        flight = self._flight
-        if flight is not None and flight.detached and not flight.followers:
-            self._abandon(flight)
-            return
         self._recorded += len(data)
         if self._recorded > self._max_entry and self._flight is None:
             # Too big to store and nobody follows: stop buffering it.
@@ -189,16 +185,6 @@ class Tap:
         """The exchange goes on without its leader's client; its end settles the flight."""
         if self._flight is not None:
             self._flight.detached = True
-
-    def _abandon(self, flight: Flight[Entry]) -> None:
-        """Its client and every follower left: nobody reads the exchange any more. The flight
-        fails (a later identical request leads anew) and the background read that called this
-        is cancelled, which closes the region's connection: the region stops generating."""
-        self._store = False
-        self._cache.flights.fail(flight)
-        task = asyncio.current_task()
-        if task is not None:
-            task.cancel()
 
     def end(self, clean: bool) -> None:
         """The stream ended: `clean` when the upstream finished without error or abort."""

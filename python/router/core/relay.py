@@ -50,7 +50,8 @@ async def _drain(
     room: int,
     scrub: Callable[[bytes], bytes] | None,
 ) -> None:
-    """Read the rest of a stream into the tap alone: others still read this exchange."""
+    """Read the rest of a stream into the tap alone while others still read this exchange;
+    once none does, stop (closing the connection tells the region to stop generating)."""
     complete = False
     content = upstream.content
     try:
@@ -62,7 +63,7 @@ async def _drain(
                 if not chunk:
                     break
                 room -= len(chunk)
-                if room < 0:
+                if room < 0 or not tap.wanted():
                     return
                 data = passable(splitter.feed(chunk), state, False)
                 if data:
