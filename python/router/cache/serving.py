@@ -37,6 +37,7 @@ from router.core.request import EMBEDDINGS, RESPONSES
 from router.core.stages import Origin
 from router.core.stream import EventState, StreamState
 from router.core.timing import CACHE as CACHE_STAGE
+from router.core.upstream import REQUEST_DROP
 from router.errors import UpstreamError
 from router.native import NativeError
 from router.net import sse
@@ -475,41 +476,17 @@ async def _replay(
     return resp
 
 
-# Headers that never change an answer: transport, identity, SDK telemetry, tracing, and the
-# ones no region ever gets (core.upstream drops them: hop-by-hop, credentials, forwarding).
-_VOLATILE = frozenset(
-    {
-        "accept",
-        "accept-encoding",
-        "api-key",
-        "authorization",
-        "cache-control",
-        "connection",
-        "content-encoding",
-        "content-length",
-        "content-type",
-        "cookie",
-        "forwarded",
-        "host",
-        "keep-alive",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "traceparent",
-        "tracestate",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "user-agent",
-        "x-api-key",
-        "x-forwarded-for",
-        "x-forwarded-host",
-        "x-forwarded-proto",
-        "x-real-ip",
-        "x-request-id",
-        "x-router-timeout-ms",
-    }
-)
+# Headers that never change an answer: the ones no region ever gets (core.upstream drops them:
+# hop-by-hop, credentials, forwarding), and transport, SDK telemetry and tracing ones.
+_VOLATILE = REQUEST_DROP | {
+    "accept",
+    "cache-control",
+    "content-type",
+    "traceparent",
+    "tracestate",
+    "user-agent",
+    "x-router-timeout-ms",
+}
 
 
 # Header name as sent -> its lower case if it may shape an answer, else "" (every request

@@ -48,7 +48,7 @@ _HOP = frozenset(
 # The body forwarded is the one aiohttp decoded, so no content-encoding describes it; the
 # router asks for identity bytes itself. Client-supplied forwarding headers are spoofable and
 # name the client to the provider: neither is passed on, and the router adds none.
-_REQUEST_DROP = _HOP | {
+REQUEST_DROP = _HOP | {
     "authorization",
     "x-api-key",
     "api-key",
@@ -154,7 +154,7 @@ class Upstream:
             [
                 (key, value)
                 for key, value in client.items()
-                if (low := key.lower()) not in _REQUEST_DROP and low not in hop
+                if (low := key.lower()) not in REQUEST_DROP and low not in hop
             ]
         )
         if self.auth is not None:
