@@ -32,7 +32,7 @@ log = logging.getLogger("router")
 # Statuses that mean "this region cannot take it now, another may": retried before the first byte.
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 # A region refusing the router's credentials (the client's never reach it).
-CREDENTIALS = frozenset({401, 403, 407})
+_CREDENTIALS = frozenset({401, 403, 407})
 # A region's answer body above this is a failure of the region ([server] max_response_bytes).
 DEFAULT_MAX_RESPONSE_BYTES = 64 << 20
 # What an SSE stream's first bytes may start with (a field name, or a comment).
@@ -168,6 +168,21 @@ def media_type(headers: CIMultiDict[str]) -> str:
     return headers.get("Content-Type", "").partition(";")[0].strip().lower()
 
 
+def unrelayable(status: int) -> str | None:
+    """Why a region's answer with `status` is never relayed to the client, or None."""
+    if status in _CREDENTIALS:
+        # About the router's key, not the client's: never relayed as the client's own (nor its
+        # detail, which may quote the key); another region may take it.
+        return "key refused"
+    if 300 <= status < 400:
+        # Relayed, a redirect would send the client (and its prompt) somewhere else.
+        return "redirect"
+    if status >= 600:
+        # Three digits the parser took, but no HTTP status (RFC 9110 15: 100-599).
+        return "not a status"
+    return None
+
+
 def check_identity(region: str, headers: CIMultiDict[str]) -> None:
     """An answer asked for in identity bytes must come so: anything else cannot be checked,
     cached, scrubbed or trusted."""
@@ -278,16 +293,9 @@ async def open_attempt(
             whole = upstream.scrub(await read_capped(resp, name, max_bytes))
             headers_out = upstream.response_headers(resp.headers)
             check_identity(name, headers_out)
-            if status in CREDENTIALS:
-                # About the router's key, not the client's: never relayed as the client's own
-                # (nor its detail, which may quote the key); another region may take it.
-                raise AttemptError(name, FailureKind.INVALID, f"HTTP {status}: key refused")
-            if 300 <= status < 400:
-                # Relayed, a redirect would send the client (and its prompt) somewhere else.
-                raise AttemptError(name, FailureKind.INVALID, f"HTTP {status} redirect")
-            if status >= 600:
-                # Three digits the parser took, but no HTTP status (RFC 9110 15: 100-599).
-                raise AttemptError(name, FailureKind.INVALID, f"HTTP {status} is not a status")
+            why = unrelayable(status)
+            if why is not None:
+                raise AttemptError(name, FailureKind.INVALID, f"HTTP {status}: {why}")
             if status in RETRY_STATUSES:
                 if caused_by_request(whole):
                     raise AttemptError(

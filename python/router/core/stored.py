@@ -18,7 +18,7 @@ import logging
 from aiohttp import web
 
 from router.config import Config
-from router.core.attempt import CREDENTIALS, check_identity, media_type, read_capped
+from router.core.attempt import check_identity, media_type, read_capped, unrelayable
 from router.core.context import RequestContext
 from router.core.failure import AttemptError
 from router.core.relay import relay_stream
@@ -108,14 +108,15 @@ async def forward_stored(
             max_event_bytes=config.server.max_event_bytes,
         )
     answer.release()
-    if 300 <= answer.status < 400 or answer.status >= 600 or answer.status in CREDENTIALS:
-        # A redirect would send the client elsewhere; a refusal of the router's key is not the
-        # client's; past 599 is no status: the same answers the attempt path never relays.
+    why = unrelayable(answer.status)
+    if why is not None:
+        # The same answers the attempt path never relays.
         log.warning(
-            "request %s: stored response at %s: HTTP %d",
+            "request %s: stored response at %s: HTTP %d: %s",
             ctx.request_id,
             upstream.name,
             answer.status,
+            why,
         )
         raise UpstreamError(
             f"Region `{upstream.name}`, which holds the response, answered with an unusable "
