@@ -405,3 +405,25 @@ def test_streams_count_the_tokens_they_report(tmp_path: Path, sim_region: Any) -
             )
     finally:
         router.kill()
+
+
+def test_cache_hits_count_tokens_as_documented(tmp_path: Path, sim_region: Any) -> None:
+    """A whole answer's hit counts what it holds, under region "none"; a replayed stream none."""
+    a = sim_region("a")
+    router = start_router(tmp_path, HEADER + CACHE + region_toml(a))
+    try:
+        whole = [chat(router, "count me", temperature=0) for _ in range(2)]
+        usage = {"stream_options": {"include_usage": True}}
+        streams = [chat(router, "count me", temperature=0, stream=True, **usage) for _ in range(2)]
+        assert [w.headers["x-cache"] for w in whole + streams] == ["MISS", "HIT", "MISS", "HIT"]
+        held = json.loads(whole[1].body)["usage"]
+        assert _reported(streams[1].body) == _reported(streams[0].body) != (None, None)
+        log = router.access_lines(4)
+        tokens = [(line.get("tokens_in"), line.get("tokens_out")) for line in log]
+        assert tokens[1] == (held["prompt_tokens"], held["completion_tokens"])
+        assert tokens[3] == (None, None)
+        m = samples(router)
+        out = value(m, "router_tokens_total", model=MODEL, region="none", direction="out")
+        assert out == held["completion_tokens"]
+    finally:
+        router.kill()

@@ -559,6 +559,8 @@ async def test_a_full_region_is_spilled_past_without_using_up_max_attempts() -> 
     async with TestClient(TestServer(app, host="127.0.0.1")) as client:
         resp = await client.post(CHAT, json=body())
         assert (resp.status, await resp.json()) == (200, {"from": "c"})
+        # The header counts the spills too (README), though max_attempts does not.
+        assert resp.headers["x-router-attempts"] == "3"
         held.append(await slots.acquire("c"))
         # Every region full: 503 overloaded with a Retry-After, in the API's shape.
         full = await client.post(CHAT, json=body())
