@@ -487,7 +487,9 @@ class Attempts:
             try:
                 opened = await opener(upstream)
             except AttemptError as exc:
-                self.observe(upstream, exc, time.perf_counter() - began)
+                # A hedge that failed at both regions raises the failure of one of them.
+                failed = self._named(exc.region, upstream)
+                self.observe(failed, exc, time.perf_counter() - began)
                 ctx.last_failure = exc.kind
                 if exc.kind == FailureKind.SPILL:
                     ctx.spills += 1  # no region saw it: not one of max_attempts
@@ -498,7 +500,7 @@ class Attempts:
                     and exc.body == last.body
                     and exc.region != last.region
                 )
-                last = failures[upstream.name] = exc
+                last = failures[failed.name] = exc
                 if not exc.retryable or repeated:
                     # Two regions with the same answer: the request, not the region, decides it.
                     break
@@ -510,6 +512,12 @@ class Attempts:
         if last is None:
             raise AttemptError("-", FailureKind.CONNECT, "no candidate regions", retryable=False)
         raise last
+
+    def _named(self, name: str, default: Upstream) -> Upstream:
+        """The candidate called `name` (`default` when none is)."""
+        if name == default.name:
+            return default
+        return next((u for u in self.candidates if u.name == name), default)
 
     def _next(
         self, tries: dict[str, int], failures: dict[str, AttemptError]

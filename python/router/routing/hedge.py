@@ -74,12 +74,24 @@ async def _race(
     open_one: Opener,
     hooks: Sequence[AttemptObserver],
 ) -> Opened:
-    """First of the two attempts to produce a byte; the loser is cancelled (its request closed)."""
+    """First of the two attempts to produce a byte; the loser is cancelled (its request closed).
+
+    When both fail, the failure raised is the one the attempt loop would have ended with had it
+    asked the two in turn: the primary's when it may not be retried, else the backup's (a
+    region's own answer rather than the primary's silence). The loop observes the raised one;
+    every other failure is observed here, against its own region."""
     began = time.perf_counter()
     secondary = asyncio.ensure_future(open_one(backup))
     region = {primary: first, secondary: backup}
     pending: set[asyncio.Future[Opened]] = {primary, secondary}
-    errors: dict[asyncio.Future[Opened], AttemptError] = {}
+    errors: dict[asyncio.Future[Opened], tuple[AttemptError, float]] = {}
+
+    def observe_all_but(raised: asyncio.Future[Opened] | None) -> None:
+        for task, (err, seconds) in errors.items():
+            if task is not raised:
+                for hook in hooks:
+                    hook(ctx, region[task], err, seconds)
+
     try:
         while pending:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
@@ -88,22 +100,15 @@ async def _race(
                 if exc is None:
                     winner = task.result()
                     ctx.region = winner.upstream.name
-                    # The primary's error (if any) is reported by the attempt loop only if we
-                    # raise, so report the one the loop will not see.
-                    for lost, err in errors.items():
-                        if lost is primary:
-                            for hook in hooks:
-                                hook(ctx, first, err, time.perf_counter() - began)
+                    observe_all_but(None)
                     return winner
                 if not isinstance(exc, AttemptError):
                     raise exc
-                errors[task] = exc
-                if task is secondary:
-                    for hook in hooks:
-                        hook(ctx, region[task], exc, time.perf_counter() - began)
-        # Both failed: the attempt loop reports the primary's error and moves on.
-        ctx.region = first.name
-        raise errors[primary]
+                errors[task] = (exc, time.perf_counter() - began)
+        raised = primary if not errors[primary][0].retryable else secondary
+        observe_all_but(raised)
+        ctx.region = region[raised].name
+        raise errors[raised][0]
     finally:
         for task in pending:
             task.cancel()

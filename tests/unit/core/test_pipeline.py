@@ -26,7 +26,14 @@ from router.core import relay
 from router.core.context import RequestContext
 from router.core.pipeline import Features, Pipeline
 from router.core.request import CHAT, MESSAGES, RESPONSES
-from router.core.stages import Origin, RequestFilter, ResponseCache, ResponseDecorator
+from router.core.failure import AttemptError, FailureKind
+from router.core.stages import (
+    AttemptObserver,
+    Origin,
+    RequestFilter,
+    ResponseCache,
+    ResponseDecorator,
+)
 from router.core.transport import LocalReply, LocalTransport
 from router.core.upstream import Upstream, Upstreams
 from router.errors import Unavailable
@@ -61,6 +68,7 @@ def app_for(
     key: str | None = None,
     slots: Admission | None = None,
     filters: tuple[RequestFilter, ...] = (),
+    observers: tuple[AttemptObserver, ...] = (),
 ) -> tuple[web.Application, dict[str, LocalTransport]]:
     """The pipeline with routing's retry state, hedger, continuation and headers (and `cache`,
     and more `decorators`) in front of in-process regions (servers of `kind`, each with API
@@ -88,6 +96,7 @@ def app_for(
         cache=cache,
         slots=slots,
         filters=filters,
+        observers=observers,
     )
     pipeline = Pipeline(features, LiveConfig(config), pools)
     app = web.Application()
@@ -595,13 +604,45 @@ async def test_a_region_a_hedge_already_tried_is_not_tried_again() -> None:
     async def busy(path: str, raw: bytes, headers: CIMultiDict[str]) -> LocalReply:
         return LocalReply(503, JSON, [b'{"error":{"message":"busy"}}'])
 
+    seen: list[tuple[str, str | None]] = []
+
+    def observe(
+        ctx: RequestContext, upstream: Upstream, error: AttemptError | None, seconds: float
+    ) -> None:
+        seen.append((upstream.name, error.kind if error is not None else None))
+
     routing = RoutingConfig(hedge_endpoints=(CHAT,), ttft_timeout_s=0.3)
-    app, transports = app_for({"a": hangs, "b": busy}, routing)
+    app, transports = app_for({"a": hangs, "b": busy}, routing, observers=(observe,))
     async with TestClient(TestServer(app, host="127.0.0.1")) as client:
         resp = await client.post(CHAT, json=body())
-        assert resp.status == 504  # the attempt loop's last failure: a's silence
+        # What asking a, then b would have answered: b's own answer, not a's silence.
+        assert resp.status == 503
+        assert await resp.json() == {"error": {"message": "busy"}}
         assert resp.headers["x-router-hedged"] == "b"
+        assert resp.headers["x-router-region"] == "b"
     assert len(transports["b"].requests) == 1
+    # Each failure is held against its own region, once.
+    assert sorted(seen) == [("a", FailureKind.TIMEOUT), ("b", FailureKind.STATUS)]
+
+
+async def test_a_hedge_failing_at_both_ends_on_a_refusal_the_request_caused() -> None:
+    async def hangs(path: str, raw: bytes, headers: CIMultiDict[str]) -> LocalReply:
+        await asyncio.sleep(5)
+        return LocalReply(200, JSON, [b"{}"])
+
+    too_long = b'{"error":{"message":"too long","code":"context_length_exceeded"}}'
+
+    async def refuses(path: str, raw: bytes, headers: CIMultiDict[str]) -> LocalReply:
+        return LocalReply(400, JSON, [too_long])
+
+    routing = RoutingConfig(hedge_endpoints=(CHAT,), ttft_timeout_s=0.3)
+    regions = {"a": hangs, "b": refuses, "c": answers()}
+    app, transports = app_for(regions, routing)
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        resp = await client.post(CHAT, json=body())
+        # Every region would refuse it: the refusal is the answer, c is not asked.
+        assert (resp.status, await resp.read()) == (400, too_long)
+    assert transports["c"].requests == []
 
 
 async def test_a_continued_stream_gives_back_the_broken_regions_slot() -> None:
