@@ -202,14 +202,16 @@ class Tap:
             else:
                 self._cache.flights.fail(self._flight)
 
-    def body(self, status: int, content_type: str | None, body: bytes) -> None:
+    def body(self, status: int, headers: Mapping[str, str], body: bytes) -> None:
         """A whole non-stream answer just relayed to the client."""
         # A region's final non-200 answer (a 4xx the attempt loop does not retry) is what any
-        # identical request would get: followers share it, but it is never stored. It is a
-        # whole body even when a stream was asked for, and followers get it so.
-        entry = self._entry(body=body, content_type=content_type or "application/json")
+        # identical request would get: followers share it, headers included, but it is never
+        # stored. It is a whole body even when a stream was asked for, and followers get it so.
+        entry = self._entry(
+            body=body, content_type=headers.get("Content-Type") or "application/json"
+        )
         if status != 200:
-            entry = msgspec.structs.replace(entry, status=status)
+            entry = msgspec.structs.replace(entry, status=status, headers=_kept(headers))
         elif (
             self._store
             and self.ctx.fallback is None
@@ -232,8 +234,7 @@ class Tap:
             body=body if isinstance(body, bytes) else b"",
             content_type=headers.get("Content-Type", "application/json"),
         )
-        kept = tuple((k, v) for k, v in headers.items() if k.lower() not in _OWN_HEADERS)
-        entry = msgspec.structs.replace(entry, status=answer.status, headers=kept)
+        entry = msgspec.structs.replace(entry, status=answer.status, headers=_kept(headers))
         self._cache.flights.finish(self._flight, entry)
 
     @property
@@ -260,8 +261,13 @@ class Tap:
         )
 
 
-# A refusal's headers each follower gets its own of (or that the entry holds apart).
+# A shared answer's headers each follower gets its own of (or that the entry holds apart).
 _OWN_HEADERS = frozenset({"content-length", "content-type", "x-request-id"})
+
+
+def _kept(headers: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """The headers of an answer followers share, but for the ones each gets its own of."""
+    return tuple((k, v) for k, v in headers.items() if k.lower() not in _OWN_HEADERS)
 
 
 async def serve(

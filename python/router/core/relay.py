@@ -105,7 +105,7 @@ def whole(ctx: RequestContext, opened: Opened, tap: Tap | None) -> web.Response:
     if opened.status >= 400 and ctx.dialect.anthropic:
         body = anthropic_relayed(opened.status, body)
     if tap is not None:
-        tap.body(opened.status, opened.headers.get("Content-Type"), body)
+        tap.body(opened.status, opened.headers, body)
     opened.headers["X-Request-Id"] = ctx.request_id
     return web.Response(status=opened.status, body=body, headers=opened.headers)
 

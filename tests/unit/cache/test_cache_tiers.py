@@ -180,7 +180,7 @@ async def test_tap_shares_a_regions_error_with_followers_but_never_stores_it() -
     follower = asyncio.create_task(flight.result())
     tap = Tap(cache, ctx, b"k", "t", cache.rule("m"), store=True, flight=flight)
     with cache.flights.lead(flight):
-        tap.body(400, "application/json", b'{"error":{"message":"bad"}}')
+        tap.body(400, {"Content-Type": "application/json"}, b'{"error":{"message":"bad"}}')
     shared = await follower
     assert shared.status == 400
     assert shared.body == b'{"error":{"message":"bad"}}'
@@ -191,10 +191,10 @@ async def test_tap_stores_a_clean_body_and_respects_no_store() -> None:
     cache = make()
     ctx = ctx_for(CHAT_BODY)
     Tap(cache, ctx, b"k", "t", cache.rule("m"), store=True, flight=None).body(
-        200, "application/json", OK_BODY
+        200, {"Content-Type": "application/json"}, OK_BODY
     )
     Tap(cache, ctx, b"n", "t", cache.rule("m"), store=False, flight=None).body(
-        200, "application/json", OK_BODY
+        200, {"Content-Type": "application/json"}, OK_BODY
     )
     stored = await cache.get(b"k", "t", "m")
     assert stored is not None

@@ -61,13 +61,14 @@ def ask(endpoint: str, stream: bool = True) -> dict[str, Any]:
     return {**STREAMS[endpoint], "temperature": 0, "stream": stream}
 
 
-Answer = tuple[int, str | None, str | None, str | None, bytes]
+Answer = tuple[int, str | None, str | None, str | None, bytes, str | None]
 
 
 async def answer(resp: ClientResponse) -> Answer:
     body = await resp.read()
     h = resp.headers
-    return resp.status, h.get("Content-Type"), h.get("Retry-After"), h.get("x-cache"), body
+    status, kind, retry = resp.status, h.get("Content-Type"), h.get("Retry-After")
+    return status, kind, retry, h.get("x-cache"), body, h.get("x-region-trace")
 
 
 async def burst(client: TestClient[Any, Any], endpoint: str, body: object, n: int) -> list[Answer]:
@@ -93,7 +94,7 @@ def held(reply: LocalReply, release: asyncio.Event) -> Handler:
 async def test_stream_followers_of_a_region_4xx_get_that_answer(endpoint: str) -> None:
     release = asyncio.Event()
     refusal = b'{"error":{"message":"bad","type":"invalid_request_error"}}'
-    region = held(LocalReply(400, JSON, [refusal]), release)
+    region = held(LocalReply(400, {**JSON, "x-region-trace": "t-1"}, [refusal]), release)
     async with cached({"a": region}) as (client, cache, transports):
         answers = asyncio.create_task(burst(client, endpoint, ask(endpoint), 4))
         await joined(cache, 3)
@@ -101,8 +102,9 @@ async def test_stream_followers_of_a_region_4xx_get_that_answer(endpoint: str) -
         got = await answers
     assert len(transports["a"].requests) == 1
     assert sorted(a[3] or "" for a in got) == ["HIT", "HIT", "HIT", "MISS"]
-    # Each its leader's answer as it was: a 400 JSON body, never an empty 200 stream.
-    assert {a[:3] for a in got} == {(400, "application/json", None)}
+    # Each its leader's answer as it was: a 400 JSON body, never an empty 200 stream, with the
+    # region's headers.
+    assert {(*a[:3], a[5]) for a in got} == {(400, "application/json", None, "t-1")}
     assert len({a[4] for a in got}) == 1
     assert b"bad" in got[0][4]
 

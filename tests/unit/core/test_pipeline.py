@@ -398,7 +398,7 @@ class RecordingTap:
         self.clean = clean
         self.ended.set()
 
-    def body(self, status: int, content_type: str | None, body: bytes) -> None:
+    def body(self, status: int, headers: Mapping[str, str], body: bytes) -> None:
         raise AssertionError("a stream")
 
     def wanted(self) -> bool:
