@@ -89,7 +89,8 @@ def judge(policy: CanaryConfig, stable: WindowStats, canary: WindowStats) -> str
         and stable.ttft_p95 > 0
     ):
         ratio = canary.ttft_p95 / stable.ttft_p95
-        if ratio > policy.max_ttft_p95_ratio:
+        slower_ms = (canary.ttft_p95 - stable.ttft_p95) * 1000
+        if ratio > policy.max_ttft_p95_ratio and slower_ms >= policy.min_ttft_p95_delta_ms:
             return (
                 f"TTFT p95 {canary.ttft_p95 * 1000:.1f}ms vs stable {stable.ttft_p95 * 1000:.1f}ms "
                 f"(ratio {ratio:.2f} > {policy.max_ttft_p95_ratio})"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+import msgspec
 import pytest
 
 from router.config import CanaryConfig
@@ -95,6 +96,15 @@ def test_judge_ttft_ratio_threshold() -> None:
     reason = judge(POLICY, stats(100, 0, 0.1), stats(100, 0, 0.25))
     assert reason is not None
     assert "TTFT p95 250.0ms" in reason
+
+
+def test_judge_ttft_needs_an_absolute_difference_too() -> None:
+    # Two fast versions: 3x slower but 2 ms apart is noise, not a worse canary.
+    assert judge(POLICY, stats(100, 0, 0.001), stats(100, 0, 0.003)) is None
+    assert judge(POLICY, stats(100, 0, 0.001), stats(100, 0, 0.0209)) is None
+    assert judge(POLICY, stats(100, 0, 0.001), stats(100, 0, 0.021)) is not None
+    lax = msgspec.structs.replace(POLICY, min_ttft_p95_delta_ms=0.0)
+    assert judge(lax, stats(100, 0, 0.001), stats(100, 0, 0.003)) is not None
 
 
 def test_judge_ttft_needs_min_ttft_samples() -> None:
