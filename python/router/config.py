@@ -463,7 +463,8 @@ class StateConfig(_Section, frozen=True):
     """[state]: which region holds each stored Responses API response (its follow-ups and
     reads go there), noted per router and optionally shared through Redis."""
 
-    # Responses noted in this router's memory, least recently used first out.
+    # Responses noted in this router's memory; past it, the least recently used note of the
+    # tenant holding the most goes.
     max_responses: _POSITIVE = 100_000
     # Redis the routers of a deployment share the notes through, so a follow-up may reach any
     # of them; unset: each router knows only the responses it relayed.

@@ -4,7 +4,8 @@ A response created with `store` (the Responses API's default), in background mod
 conversation exists only on the region that made it; a request continuing it
 (`previous_response_id`) or reading it (`GET /v1/responses/{id}`) must go there and nowhere
 else. The router notes the region of each such response it relays, for the tenant that made it
-(bounded, least recently used first out), with workers in a table the machine's workers share
+(bounded: past the bound, the least recently used note of the tenant holding the most goes, so
+no tenant's notes push out another's smaller share), with workers in a table the machine's workers share
 (routing.shared_pins), and, with `[state] redis_url`, shares the notes with the other routers
 of the deployment: written in the background, read only when a follow-up's
 id is not in memory (one Redis round trip, bounded by `redis_timeout_s`; no answer, or a value
@@ -44,14 +45,16 @@ class ResponseHomes:
     """Response id -> the region that holds it and the tenant it belongs to
     (core.stages.StateHomes). Another tenant's response is not found."""
 
-    __slots__ = ("_failures", "_homes", "_redis", "capacity", "config", "shared")
+    __slots__ = ("_by_owner", "_failures", "_homes", "_redis", "capacity", "config", "shared")
 
     def __init__(self, config: StateConfig | None = None, shared: SharedPins | None = None) -> None:
         self.config = config or StateConfig()
         # With workers: the machine's table, so a sibling's notes are found too.
         self.shared = shared
         self.capacity = self.config.max_responses
-        self._homes: OrderedDict[str, tuple[str, str]] = OrderedDict()
+        # id -> (region, owner), and each owner's ids, least recently used first.
+        self._homes: dict[str, tuple[str, str]] = {}
+        self._by_owner: dict[str, OrderedDict[str, None]] = {}
         self._redis: Client | None = None
         self._failures = 0
 
@@ -101,18 +104,35 @@ class ResponseHomes:
             return None
         if found[1] != owner:
             raise _foreign(response_id)
-        self._homes.move_to_end(response_id)
+        self._by_owner[owner].move_to_end(response_id)
         return found[0]
 
     def __len__(self) -> int:
         return len(self._homes)
 
     def _remember(self, response_id: str, region: str, owner: str) -> None:
-        homes = self._homes
+        homes, by_owner = self._homes, self._by_owner
+        before = homes.get(response_id)
+        if before is not None and before[1] != owner:
+            self._forget(response_id, before[1])
         homes[response_id] = (region, owner)
-        homes.move_to_end(response_id)
+        ids = by_owner.get(owner)
+        if ids is None:
+            ids = by_owner[owner] = OrderedDict()
+        ids[response_id] = None
+        ids.move_to_end(response_id)
         while len(homes) > self.capacity:
-            homes.popitem(last=False)
+            # The tenant holding the most gives up its least recently used note.
+            heaviest = max(by_owner, key=lambda o: len(by_owner[o]))
+            oldest = next(iter(by_owner[heaviest]))
+            self._forget(oldest, heaviest)
+
+    def _forget(self, response_id: str, owner: str) -> None:
+        del self._homes[response_id]
+        ids = self._by_owner[owner]
+        del ids[response_id]
+        if not ids:
+            del self._by_owner[owner]
 
     def _key(self, response_id: str) -> str:
         return hash_tagged(self.config.redis_prefix, response_id)

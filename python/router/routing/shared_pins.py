@@ -3,8 +3,9 @@
 One file (in the supervisor's private directory) every worker maps: a fixed number of slots,
 each a response id's digest, its owner's digest and its region's index in the config (regions
 cannot change while workers run), sealed with a checksum. A response id maps to 4 candidate
-slots; a note goes to the one already holding it, else an empty one, else over the first of
-the 4 (that note is forgotten). No lock: two workers writing one slot at the same
+slots; a note goes to the one already holding it, else an empty one, else over a note of the
+same owner, else over the first of the 4 (that note is forgotten): a tenant filling the table
+mostly replaces its own notes. No lock: two workers writing one slot at the same
 instant leave it torn, and a torn slot fails its checksum and reads as empty, so a reader sees
 a note whole or not at all, never a wrong region.
 """
@@ -65,8 +66,9 @@ class SharedPins:
         except ValueError:
             return
         key = _digest(response_id, 16)
-        body = _BODY.pack(key, _digest(owner, 8), index)
-        target = None
+        own = _digest(owner, 8)
+        body = _BODY.pack(key, own, index)
+        target = mine = None
         for offset in self._ways(key):
             found = self._read(offset)
             if found is not None and found[0] == key:
@@ -74,8 +76,10 @@ class SharedPins:
                 break
             if target is None and found is None:
                 target = offset
+            if mine is None and found is not None and found[1] == own:
+                mine = offset
         if target is None:
-            target = next(iter(self._ways(key)))
+            target = mine if mine is not None else next(iter(self._ways(key)))
         self._map[target : target + SLOT_BYTES] = body + _CHECK.pack(_check(body))
 
     def home(self, response_id: str, owner: str) -> tuple[str, bool] | None:

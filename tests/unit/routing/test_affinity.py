@@ -21,3 +21,34 @@ async def test_homes_remember_the_most_recently_used_per_tenant() -> None:
     with pytest.raises(NotFound):
         await homes.home("r3", "two")  # another tenant's response
     assert len(homes) == 2
+
+
+async def test_a_tenant_making_many_responses_pushes_out_only_its_own() -> None:
+    homes = ResponseHomes(StateConfig(max_responses=10))
+    for i in range(3):
+        homes.record(f"quiet{i}", "a", "quiet")
+    for i in range(1000):
+        homes.record(f"busy{i}", "b", "busy")
+    # The quiet tenant's notes all stay; the busy one keeps its most recent within the rest.
+    assert [await homes.home(f"quiet{i}", "quiet") for i in range(3)] == ["a"] * 3
+    kept = [i for i in range(1000) if await homes.home(f"busy{i}", "busy") is not None]
+    assert kept == list(range(993, 1000))
+    assert len(homes) == 10
+
+
+async def test_past_the_bound_the_heaviest_tenant_gives_up_its_oldest() -> None:
+    homes = ResponseHomes(StateConfig(max_responses=4))
+    homes.record("x1", "a", "x")
+    homes.record("y1", "a", "y")
+    homes.record("y2", "a", "y")
+    homes.record("x2", "a", "x")
+    homes.record("x3", "a", "x")  # x holds 3 of 5: its oldest, x1, goes
+    assert await homes.home("x1", "x") is None
+    assert [await homes.home(r, o) for r, o in (("y1", "y"), ("y2", "y"), ("x3", "x"))] == [
+        "a",
+        "a",
+        "a",
+    ]
+    homes.record("y3", "a", "y")  # a tie (2 and 3 after y3): y holds more now, y1 goes
+    assert await homes.home("y1", "y") is None
+    assert len(homes) == 4

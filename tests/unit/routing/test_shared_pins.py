@@ -45,3 +45,22 @@ def test_a_torn_slot_reads_as_empty_and_a_full_table_forgets(tmp_path: Path) -> 
         assert 0 < found <= 8
     finally:
         pins.close()
+
+
+def test_a_tenant_filling_the_table_mostly_replaces_its_own_notes(tmp_path: Path) -> None:
+    path = str(tmp_path / "pins.table")
+    shared_pins.create(path, 256)
+    pins = SharedPins(path, ["a"])
+    try:
+        quiet = [f"quiet_{i}" for i in range(16)]
+        for rid in quiet:
+            pins.record(rid, "a", "quiet")
+        kept = sum(pins.home(rid, "quiet") is not None for rid in quiet)
+        for i in range(5000):
+            pins.record(f"busy_{i}", "a", "busy")
+        # Over the first of the 4 only when none of them is empty or the writer's own: the
+        # busy tenant's notes take the free slots, then replace each other.
+        after = sum(pins.home(rid, "quiet") is not None for rid in quiet)
+        assert after == kept == len(quiet)
+    finally:
+        pins.close()
