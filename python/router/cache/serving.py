@@ -187,13 +187,14 @@ class Tap:
         if self._flight is not None:
             self._flight.detached = True
 
-    def end(self, clean: bool) -> None:
-        """The stream ended: `clean` when the upstream finished without error or abort."""
+    def end(self, clean: bool, *, storable: bool = True) -> None:
+        """The stream ended: `clean` when the client got a whole answer; `storable` unless it
+        is two regions' answer (a continued stream): shared with followers, never stored."""
         if not clean:
             self._recorder.fail()
         entry = self._entry(chunks=tuple(self._recorder.chunks), stream=True)
         # A fallback model's answer is not the answer to the model asked for: never stored.
-        store = self._store and self.ctx.fallback is None
+        store = storable and self._store and self.ctx.fallback is None
         if store and self._recorder.complete and self._recorded <= self._max_entry:
             self._cache.put(self._key, entry)
         if self._flight is not None:

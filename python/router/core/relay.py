@@ -143,6 +143,8 @@ async def relay_stream(
     state = ctx.dialect.tracker()
     ctx.reported = state.usage
     complete = False
+    # Whether another region finished the stream (a continuation after a break).
+    continued = False
     # Whether the rest of the stream went to a background reader (the client left, others read).
     handed = False
     size = 0
@@ -157,6 +159,13 @@ async def relay_stream(
             guard.settle()
         if meter is not None:
             meter.feed(data)
+
+    async def send_on(data: bytes) -> None:
+        # A continuation's events (its seam tracks and meters them): to the client and to
+        # whoever else reads this exchange.
+        if tap is not None:
+            tap.chunk(data)
+        await resp.write(data)
 
     plain = guard is None and tap is None and meter is None
     # The region's own key never reaches the client in its events (nor the cache).
@@ -232,10 +241,11 @@ async def relay_stream(
             timeout = isinstance(exc, TimeoutError)
             reason = "idle timeout" if timeout else str(exc) or "disconnect"
             log.warning("request %s: stream from %s broke: %s", ctx.request_id, ctx.region, reason)
-            resumed = False
             if continuer is not None and attempts is not None:
-                resumed = await continuer.resume(ctx, resp, attempts.again, reason, idle_timeout)
-            if not resumed:
+                continued = await continuer.resume(
+                    ctx, send_on, attempts.again, reason, idle_timeout
+                )
+            if not continued:
                 message = f"The region stopped mid-stream ({reason})."
                 await resp.write(ctx.dialect.stream_failure(message, state))
         except _TooLarge:
@@ -271,7 +281,7 @@ async def relay_stream(
     finally:
         if not handed:
             if tap is not None:
-                tap.end(complete)
+                tap.end(complete or continued, storable=not continued)
             if complete:
                 upstream.release()
             else:

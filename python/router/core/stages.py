@@ -153,7 +153,7 @@ class Continuer(Protocol):
     async def resume(
         self,
         ctx: RequestContext,
-        out: web.StreamResponse,
+        write: Callable[[bytes], Awaitable[None]],
         open_one: Callable[[Upstream, bytes], Awaitable[Opened]],
         reason: str,
         idle_s: float,
@@ -164,7 +164,10 @@ class Tap(Protocol):
     """Sees what a cache miss sends the client (the response cache's tee)."""
 
     def chunk(self, data: bytes) -> None: ...
-    def end(self, clean: bool) -> None: ...
+    def end(self, clean: bool, *, storable: bool = True) -> None:
+        """The stream ended (`clean`: whole); one that may not be stored is only shared."""
+        ...
+
     def body(self, status: int, headers: Mapping[str, str], body: bytes) -> None:
         """A whole answer relayed as it came (`headers`: what the client got of the region's)."""
         ...

@@ -13,7 +13,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
-from aiohttp import web
 
 from router.config import RegionConfig, RoutingConfig
 from router.core.context import RequestContext
@@ -29,6 +28,7 @@ from router.routing.seam import (
     FirstStream,
     SentEvents,
     Stitch,
+    cap_cached,
     carry_on,
     json_object,
     with_prefill,
@@ -200,6 +200,7 @@ def whole_usage(event: bytes, sent: int) -> bytes:
     usage["prompt_tokens"] = max(0, prompt - sent)
     usage["completion_tokens"] = completion + sent
     usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+    cap_cached(usage, "prompt_tokens", "prompt_tokens_details")
     return b"data: " + _ENCODE.encode(obj) + b"\n\n"
 
 
@@ -245,7 +246,7 @@ class MidstreamPolicy:
     async def resume(
         self,
         ctx: RequestContext,
-        out: web.StreamResponse,
+        write: Callable[[bytes], Awaitable[None]],
         open_one: Callable[[Upstream, bytes], Awaitable[Opened]],
         reason: str,
         idle_s: float,
@@ -308,7 +309,9 @@ class MidstreamPolicy:
             else:
                 assert isinstance(tracker, StreamTracker)
                 state, stitch = StreamState(), ChatStitch(tracker, prefill=prefill)
-            ok = await carry_on(ctx, upstream, body, open_one, out, tracker, idle_s, state, stitch)
+            ok = await carry_on(
+                ctx, upstream, body, open_one, write, tracker, idle_s, state, stitch
+            )
             if ok:
                 ctx.region = upstream.name
                 return True

@@ -27,6 +27,7 @@ from router.routing.seam import (
     Diverged,
     FirstStream,
     SentEvents,
+    cap_cached,
     json_object,
     with_prefill,
 )
@@ -261,3 +262,4 @@ class Stitcher:
             if isinstance(inputs, int) and isinstance(outputs, int):
                 usage["input_tokens"] = max(0, inputs - self.sent)
                 usage["output_tokens"] = outputs + self.sent
+                cap_cached(usage, "input_tokens", "input_tokens_details")

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import msgspec
-from aiohttp import web
 
 from router.core.context import RequestContext, UsageMeter
 from router.core.failure import AttemptError
@@ -19,6 +18,7 @@ from router.core.stream import (
     DONE_EVENT,
     EventState,
     StreamState,
+    kept_usage,
     passable,
 )
 from router.core.upstream import Opened, Upstream
@@ -37,6 +37,17 @@ def json_object(payload: bytes) -> dict[str, Any] | None:
     except (msgspec.DecodeError, RecursionError):
         return None
     return obj if isinstance(obj, dict) else None
+
+
+def cap_cached(usage: dict[str, Any], tokens: str, details: str) -> None:
+    """A rewritten usage's cached prompt tokens, at most its prompt tokens: a continuation's
+    cache covered the prefill too, which the rewrite moved to the completion."""
+    held = usage.get(details)
+    prompt = usage.get(tokens)
+    if isinstance(held, dict) and isinstance(prompt, int):
+        cached = held.get("cached_tokens")
+        if isinstance(cached, int) and cached > prompt:
+            held["cached_tokens"] = prompt
 
 
 class SentEvents:
@@ -223,15 +234,17 @@ async def carry_on(
     upstream: Upstream,
     body: bytes,
     open_one: Callable[[Upstream, bytes], Awaitable[Opened]],
-    out: web.StreamResponse,
+    write: Callable[[bytes], Awaitable[None]],
     tracker: SentEvents,
     idle_s: float,
     state: StreamState | EventState,
     stitch: Stitch,
     max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
 ) -> bool | None:
-    """Stream the continuation from `upstream` into `out`, each event through `stitch`: True
-    once it finished, False if it broke or diverged, None if the attempt itself failed."""
+    """Stream the continuation from `upstream` to `write`, each event through `stitch`: True
+    once it finished, False if it broke or diverged, None if the attempt itself failed. The
+    usage it reports (rewritten by `stitch` to cover the whole answer) is the request's
+    (`ctx.reported`)."""
     try:
         opened = await open_one(upstream, body)
     except AttemptError as exc:
@@ -269,14 +282,16 @@ async def carry_on(
                     kept = stitch.event(event + b"\n\n")
                     if kept is not None:
                         events.append(kept)
+                        if b'"usage"' in kept:
+                            _note_usage(ctx, kept)
                 if events:
-                    await _write(out, b"".join(events), tracker, ctx.meter)
+                    await _write(write, b"".join(events), tracker, ctx.meter)
                 idle.waiting()
                 chunk = await resp.content.readany()
                 idle.busy()
         complete = not splitter.pending and state.complete and stitch.through
         if complete and state.owes_done:
-            await _write(out, DONE_EVENT, tracker, ctx.meter)
+            await _write(write, DONE_EVENT, tracker, ctx.meter)
         return complete
     except (http1.ClientError, TimeoutError, sse.EventTooLarge, Diverged) as exc:
         log.warning("request %s: resume on %s failed: %s", ctx.request_id, upstream.name, exc)
@@ -288,13 +303,23 @@ async def carry_on(
             resp.close()
 
 
+def _note_usage(ctx: RequestContext, event: bytes) -> None:
+    """A usage event the client got from a continuation: what the request reported."""
+    payload = sse.data_of(event.rstrip(b"\n"))
+    if payload is not None:
+        kept_usage(ctx.reported, payload)
+
+
 async def _write(
-    out: web.StreamResponse, data: bytes, tracker: SentEvents, meter: UsageMeter | None
+    write: Callable[[bytes], Awaitable[None]],
+    data: bytes,
+    tracker: SentEvents,
+    meter: UsageMeter | None,
 ) -> None:
     # Through the tracker so a second break resumes from the right text; through the meter
     # so the key is charged for the continuation too.
     tracker.feed(data)
     if meter is not None:
         meter.feed(data)
-    await out.write(data)
+    await write(data)
     tracker.settle()

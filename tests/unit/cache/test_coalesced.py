@@ -15,12 +15,22 @@ from multidict import CIMultiDict
 
 from router.cache.serving import CacheLayer, cache_headers
 from router.cache.tiers import ResponseCache
-from router.config import AuthConfig, CacheConfig, Config
+from router.config import AuthConfig, CacheConfig, Config, RoutingConfig
 from router.core.request import CHAT, MESSAGES, RESPONSES
 from router.core.transport import LocalReply, LocalTransport
 from router.native import count_tokens
 from tests.unit.core.test_event_streams import OPENING, ev, events_of
-from tests.unit.core.test_pipeline import JSON, SSE, Handler, Metered, app_for, delta, event
+from tests.unit.core.test_pipeline import (
+    JSON,
+    SSE,
+    Handler,
+    Metered,
+    app_for,
+    delta,
+    echoes,
+    event,
+    texts,
+)
 
 STREAMS: dict[str, dict[str, Any]] = {
     CHAT: {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
@@ -222,3 +232,42 @@ async def test_a_stream_hit_is_metered_as_the_stream_it_replays() -> None:
                 assert resp.headers["x-cache"] == outcome
     miss, hit = metered.meters
     assert hit.used() == miss.used() == count_tokens("Hello world", "cl100k_base")
+
+
+async def test_followers_of_a_continued_stream_get_it_whole_and_it_is_never_stored() -> None:
+    """Issue: a leader's stream continued on another region reached its own client whole, while
+    its followers got the first region's part, then an error, and were counted as hits."""
+    release = asyncio.Event()
+
+    async def breaks(path: str, raw: bytes, headers: CIMultiDict[str]) -> LocalReply:
+        async def chunks() -> AsyncIterator[bytes]:
+            yield delta("Hel")
+            await release.wait()
+            yield delta("lo")
+            raise ConnectionResetError("region died")
+
+        return LocalReply(200, SSE, chunks())
+
+    config = Config(regions=(), auth=AuthConfig(enabled=False), cache=CacheConfig(enabled=True))
+    layer = CacheLayer(config)
+    app, transports = app_for(
+        {"a": breaks, "b": echoes("Hello", " world")},
+        RoutingConfig(midstream="resume"),
+        kind="llama-server",
+        cache=layer,
+        decorators=(cache_headers,),
+    )
+    app.cleanup_ctx.append(layer.lifetime)
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        assert layer.cache is not None
+        answers = asyncio.create_task(burst(client, CHAT, ask(CHAT), 3))
+        await joined(layer.cache, 2)
+        release.set()
+        got = await answers
+        assert sorted(a[3] or "" for a in got) == ["HIT", "HIT", "MISS"]
+        assert [(a[0], texts(a[4])) for a in got] == [(200, ("Hello world", []))] * 3
+        assert all(a[4].endswith(b"data: [DONE]\n\n") for a in got)
+        # Two regions' answer: shared with the requests that waited for it, never stored.
+        again = (await burst(client, CHAT, ask(CHAT), 1))[0]
+        assert (again[3], texts(again[4])) == ("MISS", ("Hello world", []))
+    assert len(transports["a"].requests) == len(transports["b"].requests) == 2

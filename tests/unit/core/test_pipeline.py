@@ -24,9 +24,9 @@ from router.access.usage import StreamUsage
 from router.config import Config, RegionConfig, RoutingConfig
 from router.core import relay
 from router.core.context import RequestContext
+from router.core.failure import AttemptError, FailureKind
 from router.core.pipeline import Features, Pipeline
 from router.core.request import CHAT, MESSAGES, RESPONSES
-from router.core.failure import AttemptError, FailureKind
 from router.core.stages import (
     AttemptObserver,
     Origin,
@@ -689,3 +689,53 @@ async def test_a_continuation_is_metered_like_the_stream_it_continues() -> None:
         assert texts(await resp.read()) == ("Hello world", [])
     (meter,) = metered.meters
     assert meter.used() == count_tokens("Hello world", "cl100k_base")
+
+
+class Seen:
+    """A request filter keeping each request's context, to read what it settled on."""
+
+    def __init__(self) -> None:
+        self.contexts: list[RequestContext] = []
+
+    async def admit(self, ctx: RequestContext, headers: Mapping[str, str]) -> None:
+        self.contexts.append(ctx)
+
+
+async def test_a_continuations_usage_is_the_requests_and_never_more_cached_than_prompt() -> None:
+    async def continues(path: str, raw: bytes, headers: CIMultiDict[str]) -> LocalReply:
+        reply = await echoes("Hello", " world")(path, raw, headers)
+        assert isinstance(reply.chunks, list)
+        # The region's prompt held the prefill, and its cache covered most of it.
+        usage = {
+            "prompt_tokens": 30,
+            "completion_tokens": 3,
+            "total_tokens": 33,
+            "prompt_tokens_details": {"cached_tokens": 29},
+        }
+        return LocalReply(200, SSE, [*reply.chunks[:-1], event({"choices": [], "usage": usage})])
+
+    seen = Seen()
+    app, _ = app_for(
+        {"a": breaks_after("Hel", "lo"), "b": continues},
+        RoutingConfig(midstream="resume"),
+        kind="llama-server",
+        filters=(seen,),
+    )
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        ask = body(stream=True, stream_options={"include_usage": True})
+        resp = await client.post(CHAT, json=ask)
+        raw = await resp.read()
+    assert texts(raw) == ("Hello world", [])
+    usage = next(
+        json.loads(line[6:])["usage"] for line in raw.split(b"\n") if b'"usage"' in line
+    )
+    # The two events the client had moved from the prompt to the completion.
+    assert usage == {
+        "prompt_tokens": 28,
+        "completion_tokens": 5,
+        "total_tokens": 33,
+        "prompt_tokens_details": {"cached_tokens": 28},
+    }
+    # What the request reports (metrics, access log, traces) is that usage.
+    (ctx,) = seen.contexts
+    assert [json.loads(p)["usage"] for p in ctx.reported] == [usage]
