@@ -180,7 +180,9 @@ _PROBE_PATHS = {
     "sim": "/health",
 }
 
-FallbackOn = Literal["unavailable", "overloaded", "server_error", "timeout", "context_length"]
+FallbackOn = Literal[
+    "unavailable", "overloaded", "server_error", "timeout", "context_length", "unsupported"
+]
 
 
 class ModelsConfig(_Section, frozen=True):
@@ -190,7 +192,8 @@ class ModelsConfig(_Section, frozen=True):
     aliases: dict[str, str] = msgspec.field(default_factory=dict)
     # Per client-facing model, the models to try in order when no region could answer it
     # (each with its own regions). Never on an error the request caused, except too long a
-    # prompt when "context_length" is listed (a larger-context model can take it).
+    # prompt when "context_length" is listed (a larger-context model can take it), and an
+    # input no region of the model can take when "unsupported" is (images to a text model).
     fallbacks: dict[str, tuple[str, ...]] = msgspec.field(default_factory=dict)
     # The failures that move a request on to the next model of its fallback chain.
     fallback_on: tuple[FallbackOn, ...] = (
@@ -199,6 +202,7 @@ class ModelsConfig(_Section, frozen=True):
         "server_error",
         "timeout",
         "context_length",
+        "unsupported",
     )
 
 

@@ -538,3 +538,54 @@ def _post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str
             return resp.status, {k.lower(): v for k, v in resp.headers.items()}
     except urllib.error.HTTPError as exc:
         return exc.code, {k.lower(): v for k, v in exc.headers.items()}
+
+
+def _ask(url: str, content: object) -> tuple[int, dict[str, str], dict[str, Any]]:
+    """POST one non-stream chat request; (status, headers, JSON body)."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 3}
+    req = urllib.request.Request(
+        url + "/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, dict(resp.headers), json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), json.loads(exc.read())
+
+
+def test_an_input_a_region_cannot_take_goes_elsewhere_and_counts_against_no_one(
+    tmp_path: Path,
+) -> None:
+    """Issue: llama-server answers an image to a text model with a 500; the router held it
+    against the region (circuits opened), spent the retry budget on it, and then could not fail
+    a real outage over."""
+    env = start_three(tmp_path, kind="llama-server")
+    try:
+        sim_config(env.c, multimodal=True)  # only c has a vision model
+        image = [
+            {"type": "text", "text": "What is this?"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+        ]
+        for _ in range(12):
+            status, headers, _ = _ask(env.router.url, image)
+            assert (status, headers["x-router-region"]) == (200, "c")
+        assert env.region("a")["passive_failures"] == env.region("b")["passive_failures"] == 0
+        # a is still the nearest for text, and a real outage there still fails over.
+        status, headers, _ = _ask(env.router.url, "hello")
+        assert (status, headers["x-router-region"]) == (200, "a")
+        sim_config(env.a, fail_mode="hang")
+        status, headers, _ = _ask(env.router.url, "hello")
+        assert (status, headers["x-router-region"]) == (200, "b")
+        sim_config(env.a, fail_mode="none")
+        # No region can take it: one clear 400 (not the region's 500, which SDKs retry).
+        sim_config(env.c, multimodal=False)
+        status, headers, answer = _ask(env.router.url, image)
+        assert status == 400
+        assert answer["error"]["code"] == "unsupported_by_region"
+        assert answer["error"]["type"] == "invalid_request_error"
+        assert "image input is not supported" in answer["error"]["message"]
+    finally:
+        for proc in (env.router, env.a, env.b, env.c):
+            proc.kill()

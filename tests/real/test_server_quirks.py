@@ -98,6 +98,20 @@ def test_llama_server_context_overflow_is_400_also_when_streamed(llama_server: P
         assert json.loads(payload)["error"]["type"] == "exceed_context_size_error"
 
 
+def test_llama_server_without_a_vision_model_answers_an_image_with_a_500(
+    llama_server: Proc,
+) -> None:
+    # A request error all the same: the router's core.attempt.server_refusal reads it so.
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    body = {**chat(1), "messages": [{"role": "user", "content": [image]}]}
+    for stream in (False, True):
+        status, _, payload = post(llama_server, "/v1/chat/completions", {**body, "stream": stream})
+        assert status == 500
+        error = json.loads(payload)["error"]
+        assert error["type"] == "server_error"
+        assert error["message"].startswith("image input is not supported")
+
+
 def test_llama_cpp_python_streamed_overflow_is_200_and_empty(llama_cpp_server: Proc) -> None:
     status, _, payload = post(
         llama_cpp_server, "/v1/chat/completions", {**chat(16), "messages": OVERFLOW}

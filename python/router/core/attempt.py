@@ -23,7 +23,7 @@ from router.core.stages import AttemptObserver, Hedger, Opener, RetryPolicy, Slo
 from router.core.timing import QUEUE
 from router.core.transport import UpstreamResponse
 from router.core.upstream import Opened, Upstream
-from router.errors import UpstreamError
+from router.errors import InvalidRequest, UpstreamError
 from router.net import http1, sse
 from router.net.idle import Deadline
 
@@ -50,7 +50,25 @@ _REQUEST_CODES = frozenset(
     }
 )
 # Failures after which the next attempt is free of the retry budget (see RequestContext).
-_FREE = frozenset({FailureKind.CONNECT, FailureKind.SPILL})
+_FREE = frozenset({FailureKind.CONNECT, FailureKind.SPILL, FailureKind.UNSUPPORTED})
+# How llama.cpp's server words the request errors it answers with a 500 (a std::runtime_error
+# while reading the request: tools/server/server-common.cpp, server-chat.cpp): an input or a
+# parameter this server cannot take, or a request it cannot read.
+_SERVER_REFUSALS = (
+    " input is not supported",
+    "Unsupported param: ",
+    " param requires --jinja flag",
+    "Multimodal data provided, but model does not support",
+    "Only no echo is supported",
+    "Cannot use both json_schema and grammar",
+    '"prompt" ',
+    "'messages' is required",
+    "Invalid base64 value",
+    "Failed to download image",
+    "Failed to load image or audio file",
+    "Failed to tokenize prompt",
+    "for mtmd, input prompt must be a string",
+)
 # Same-region retries wait this long (times 2^n, jittered), unless the region said how long.
 _BACKOFF_S = 0.25
 # At most this many attempts at one region for one request.
@@ -60,6 +78,7 @@ _PER_REGION = 2
 class _ErrorDetail(msgspec.Struct):
     type: str | None = None
     code: str | int | None = None
+    message: str | None = None
 
 
 class _ErrorBody(msgspec.Struct):
@@ -145,6 +164,36 @@ def caused_by_request(body: bytes) -> bool:
         return False
     return error.type == "invalid_request_error" or (
         isinstance(error.code, str) and error.code in _REQUEST_CODES
+    )
+
+
+def server_refusal(body: bytes) -> str | None:
+    """The message of a 500 that is llama.cpp's server refusing the request it read (an
+    input or parameter it cannot take), else None."""
+    if b"error" not in body:
+        return None
+    try:
+        error = _ERROR.decode(body).error
+    except (msgspec.MsgspecError, RecursionError):
+        return None
+    if not isinstance(error, _ErrorDetail) or not isinstance(error.message, str):
+        return None
+    message = error.message
+    return message if any(part in message for part in _SERVER_REFUSALS) else None
+
+
+def _unsupported(name: str, message: str) -> AttemptError:
+    """A region's 500 refusing the request, as the 400 it is (SDKs retry a 500 by themselves)."""
+    error = InvalidRequest(
+        f"The region cannot serve this request: {message[:300]}", code="unsupported_by_region"
+    )
+    return AttemptError(
+        name,
+        FailureKind.UNSUPPORTED,
+        f"HTTP 500: {message[:200]}",
+        status=400,
+        headers=CIMultiDict({"Content-Type": "application/json"}),
+        body=error.body(),
     )
 
 
@@ -297,6 +346,9 @@ async def open_attempt(
             if why is not None:
                 raise AttemptError(name, FailureKind.INVALID, f"HTTP {status}: {why}")
             if status in RETRY_STATUSES:
+                refusal = server_refusal(whole) if status == 500 else None
+                if refusal is not None:
+                    raise _unsupported(name, refusal)
                 if caused_by_request(whole):
                     raise AttemptError(
                         name,

@@ -27,6 +27,10 @@ class FailureKind(StrEnum):
     # The request caused it (a validation error, context length, content policy): every region
     # would answer the same, so it is returned as it is, retried nowhere, held against no one.
     REQUEST = "request"
+    # The region cannot serve this request, and said so with a server error (llama-server
+    # answers an input it has no model for, or a parameter it does not take, with a 500):
+    # another region may serve it; held against no one, free of the retry budget.
+    UNSUPPORTED = "unsupported"
 
 
 class Origin(StrEnum):
@@ -41,7 +45,7 @@ def health_outcome(kind: FailureKind | str | None, status: int | None) -> str | 
     """A failure as a prober outcome (what it says about the region); None: nothing at all."""
     if kind is None:
         return "ok"
-    if kind in (FailureKind.SPILL, FailureKind.REQUEST):
+    if kind in (FailureKind.SPILL, FailureKind.REQUEST, FailureKind.UNSUPPORTED):
         return None
     if kind == FailureKind.CONNECT:
         return "connect_error"

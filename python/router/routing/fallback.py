@@ -19,6 +19,8 @@ def reason(error: AttemptError | None) -> str | None:
     kind = error.kind
     if kind == FailureKind.REQUEST:
         return "context_length" if b"context_length_exceeded" in error.body else None
+    if kind == FailureKind.UNSUPPORTED:
+        return "unsupported"
     if kind == FailureKind.SPILL or (kind == FailureKind.STATUS and error.status == 429):
         return "overloaded"
     if kind in (FailureKind.TIMEOUT, FailureKind.CONNECT):

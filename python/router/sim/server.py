@@ -24,7 +24,8 @@ FAIL_MODES = ("none", "refuse", "500", "503", "429", "hang", "die-mid-stream", "
 # vllm      continues a trailing assistant message (chat: only with continue_final_message, else
 #           it opens a new turn after it); honours stream_options.include_usage.
 # llama-server  the same, but answers the prefill back first, in one event with the first new
-#           token.
+#           token; without a vision model (`multimodal`) an image or audio part is a 500
+#           server_error, as its request errors are.
 # llama-cpp-python  refuses a non-UUID X-Request-Id with an empty 400; opens a new turn after a
 #           trailing assistant message; ignores include_usage; a new request interrupts a running
 #           stream (ended with [DONE] and no finish_reason); request errors are 500s; a streamed
@@ -58,6 +59,8 @@ class SimOptions(msgspec.Struct, kw_only=True):
     embedding_dims: int = 16
     # Which real server to behave like (KINDS).
     kind: str = "vllm"
+    # Takes image and audio parts (llama-server started with a vision model's mmproj).
+    multimodal: bool = False
 
 
 class SimStats(msgspec.Struct):
@@ -127,6 +130,25 @@ def _error(status: int, message: str, kind: str) -> web.Response:
     )
     headers = {"Retry-After": "1"} if status in (429, 503) else None
     return web.Response(status=status, body=body, content_type="application/json", headers=headers)
+
+
+def _llama_server_error(message: str) -> web.Response:
+    """llama-server's answer to a request it could not read: a 500 in its own error shape."""
+    body = _ENCODE.encode({"error": {"code": 500, "message": message, "type": "server_error"}})
+    return web.Response(status=500, body=body, content_type="application/json")
+
+
+def _media_part(messages: list[Any]) -> str | None:
+    """The first media kind ("image", "audio") among the messages' content parts, if any."""
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        for part in content if isinstance(content, list) else ():
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind in ("image_url", "input_image", "image"):
+                return "image"
+            if kind in ("input_audio", "audio"):
+                return "audio"
+    return None
 
 
 class _Dropped(Exception):
@@ -276,6 +298,12 @@ class SimRegion:
             if messages is None:
                 field = "input" if api == "responses" else "messages"
                 return _error(bad, f"`{field}` is required", "invalid_request_error")
+            media = None if self.options.multimodal else _media_part(messages)
+            if media is not None and kind == "llama-server":
+                return _llama_server_error(
+                    f"{media} input is not supported - hint: if this is unexpected, you may "
+                    "need to provide the mmproj"
+                )
             if lcp and messages and messages[-1].get("role") == "assistant":
                 # It closes the prefill and opens a new turn: no continuation.
                 messages = [*messages, {"role": "assistant", "content": "(new turn)"}]

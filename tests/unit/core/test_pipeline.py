@@ -726,9 +726,7 @@ async def test_a_continuations_usage_is_the_requests_and_never_more_cached_than_
         resp = await client.post(CHAT, json=ask)
         raw = await resp.read()
     assert texts(raw) == ("Hello world", [])
-    usage = next(
-        json.loads(line[6:])["usage"] for line in raw.split(b"\n") if b'"usage"' in line
-    )
+    usage = next(json.loads(line[6:])["usage"] for line in raw.split(b"\n") if b'"usage"' in line)
     # The two events the client had moved from the prompt to the completion.
     assert usage == {
         "prompt_tokens": 28,

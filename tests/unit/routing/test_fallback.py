@@ -16,6 +16,7 @@ FAILURES: dict[str, AttemptError | None] = {
     "context_length": AttemptError(
         "a", FailureKind.REQUEST, "HTTP 400", status=400, body=b'{"code":"context_length_exceeded"}'
     ),
+    "unsupported": AttemptError("a", FailureKind.UNSUPPORTED, "HTTP 500: image input", status=400),
 }
 
 
@@ -25,7 +26,9 @@ def test_every_failure_has_its_name() -> None:
     assert reason(refusal) is None
 
 
-@pytest.mark.parametrize("listed", [("timeout",), ("overloaded", "context_length"), ()])
+@pytest.mark.parametrize(
+    "listed", [("timeout",), ("overloaded", "context_length"), ("unsupported",), ()]
+)
 def test_only_the_listed_failures_move_a_request_on(listed: tuple[str, ...]) -> None:
     fallbacks = Fallbacks(ModelsConfig(fallbacks={"big": ("small",)}, fallback_on=listed))  # type: ignore[arg-type]
     assert {n for n, error in FAILURES.items() if fallbacks.moves(error)} == set(listed)
