@@ -446,7 +446,8 @@ class RoutingConfig(_Section, frozen=True):
     # See hedge_endpoints.
     hedge_delay_ms: _SECONDS | None = None
     # A stream that breaks after tokens were sent: "error" ends it with an SSE error event,
-    # "resume" continues on another region with the streamed text as an assistant prefill.
+    # "resume" continues on another region with the streamed text as an assistant prefill
+    # (completions: after the prompt), or regenerates a deterministic request and catches up.
     midstream: Literal["error", "resume"] = "error"
     # Continuations of one broken stream at most (midstream = "resume").
     max_resumes: Annotated[int, msgspec.Meta(ge=0)] = 2

@@ -371,16 +371,23 @@ def read_stream(raw: bytes) -> tuple[str, int, int, set[str]]:
             continue
         ids.add(event["id"])
         for choice in event["choices"]:
-            pieces.append(choice["delta"].get("content") or "")
+            piece = choice["delta"].get("content") if "delta" in choice else choice.get("text")
+            pieces.append(piece or "")
     return "".join(pieces), done, errors, ids
 
 
-async def broken_stream(url: str, i: int, after: int) -> tuple[int, bytes]:
-    body = {"model": MODEL, "messages": messages(i), "stream": True}
+async def broken_stream(
+    url: str, i: int, after: int, prompt: str | None = None
+) -> tuple[int, bytes]:
+    """A stream that region a cuts after `after` tokens: chat, or completions of `prompt`."""
+    body: dict[str, Any] = {"model": MODEL, "messages": messages(i), "stream": True}
+    path = "/v1/chat/completions"
+    if prompt is not None:
+        body, path = {"model": MODEL, "prompt": prompt, "stream": True}, "/v1/completions"
     headers = {"x-sim-fail": "die-mid-stream", "x-sim-only": "a", "x-sim-after-tokens": str(after)}
     async with (
         aiohttp.ClientSession() as session,
-        session.post(url + "/v1/chat/completions", json=body, headers=headers) as resp,
+        session.post(url + path, json=body, headers=headers) as resp,
     ):
         return resp.status, await resp.read()
 
@@ -412,6 +419,16 @@ def test_resume_mode_continues_on_the_next_region_exactly(tmp_path: Path) -> Non
         assert b["requests"] == 3
         assert '"role":"assistant"' in b["last_body"]
         assert env.region("a")["passive_failures"] >= 1
+        # A completions stream goes on from its prompt and the text so far.
+        for i, after in enumerate((2, 7)):
+            prompt = f"Story number {i}:"
+            status, raw = asyncio.run(broken_stream(env.router.url, 0, after, prompt))
+            assert status == 200
+            streamed, done, errors, ids = read_stream(raw)
+            assert (done, errors, len(ids)) == (1, 0, 1)
+            assert streamed == "".join(text.completion_tokens(MODEL, prompt))
+        sent = json.loads(sim_stats(env.b)["last_body"])
+        assert sent["prompt"].startswith("Story number 1:") and len(sent["prompt"]) > 15
 
         # SIGKILL under load: streams cut on a are finished by b, nobody sees an error.
         async def kill_under_load() -> Outcomes:

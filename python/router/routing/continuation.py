@@ -1,9 +1,11 @@
-"""Mid-stream resume: continue a broken chat stream on another region from the text already sent.
+"""Mid-stream resume: continue a broken chat or completions stream on another region from the
+text already sent.
 
 The relay hands complete SSE events only to the client (`StreamTracker`), so a break never
 leaves half an event behind. On a break the text streamed so far goes to the next region as an
-assistant prefill; its stream is relayed minus the role preamble, with the first stream's id,
-so the client sees one stream with nothing duplicated or lost.
+assistant prefill (completions: after the prompt); its stream is relayed minus the role
+preamble, with the first stream's id, so the client sees one stream with nothing duplicated or
+lost.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import msgspec
 
 from router.config import RegionConfig, RoutingConfig
 from router.core.context import RequestContext
-from router.core.request import CHAT, MESSAGES
+from router.core.request import CHAT, COMPLETIONS, MESSAGES
 from router.core.stream import EventState, StreamState
 from router.core.upstream import Opened, Upstream
 from router.net import sse
@@ -48,13 +50,26 @@ _CONTINUES_PREFILL = frozenset({"llama-server", "sim"})
 _MAY_ECHO = frozenset({"llama-server", "sim", "generic"})
 
 
+def _piece_of(choice: object, completions: bool) -> tuple[dict[str, Any] | None, str]:
+    """Where a chunk's choice holds its text: (the dict, its key); chat: `delta.content`,
+    completions: `text`."""
+    if not isinstance(choice, dict):
+        return None, ""
+    if completions:
+        return choice, "text"
+    delta = choice.get("delta")
+    return (delta if isinstance(delta, dict) else None), "content"
+
+
 class StreamTracker(SentEvents):
-    """SentEvents of a chat stream: its text, and the id / created / model of its chunks."""
+    """SentEvents of a chat (or `completions`) stream: its text, and the id / created / model
+    of its chunks."""
 
-    __slots__ = ("ident",)
+    __slots__ = ("completions", "ident")
 
-    def __init__(self) -> None:
+    def __init__(self, *, completions: bool = False) -> None:
         super().__init__()
+        self.completions = completions
         # id / created / model of the first stream, stamped on resumed events.
         self.ident: dict[str, Any] = {}
 
@@ -69,9 +84,9 @@ class StreamTracker(SentEvents):
             self.ident = {k: obj[k] for k in ("id", "created", "model") if k in obj}
         choices = obj.get("choices")
         for choice in choices if isinstance(choices, list) else ():
-            delta = choice.get("delta") if isinstance(choice, dict) else None
-            if isinstance(delta, dict):
-                piece = delta.get("content")
+            holder, key = _piece_of(choice, self.completions)
+            if holder is not None:
+                piece = holder.get(key)
                 if isinstance(piece, str) and piece:
                     self.pieces.append(piece)
                     self.events += 1
@@ -102,6 +117,41 @@ def continuation_body(
         if isinstance(limit, int):
             fields[key] = max(1, limit - tokens_sent)
     return _ENCODE.encode(fields), prefill
+
+
+class _Prompt(msgspec.Struct):
+    prompt: Any = None
+    echo: Any = None
+    n: Any = None
+    best_of: Any = None
+
+
+_PROMPT = msgspec.json.Decoder(_Prompt)
+
+
+def resumable_completion(body: bytes) -> bool:
+    """Whether a completions stream can be carried on: one text prompt, one choice, no echo."""
+    try:
+        fields = _PROMPT.decode(body)
+    except msgspec.MsgspecError:
+        return False
+    return (
+        isinstance(fields.prompt, str)
+        and fields.echo in (None, False)
+        and fields.n in (None, 1)
+        and fields.best_of in (None, 1)
+    )
+
+
+def completion_body(body: bytes, sent: str, tokens_sent: int) -> bytes:
+    """The completions request again, its prompt followed by the text the client has (which the
+    region carries on, as it would its own), its length limit less what was sent."""
+    fields = _DECODE.decode(body)
+    fields["prompt"] = fields["prompt"] + sent
+    limit = fields.get("max_tokens")
+    if isinstance(limit, int):
+        fields["max_tokens"] = max(1, limit - tokens_sent)
+    return _ENCODE.encode(fields)
 
 
 def restamp(event: bytes, ident: dict[str, Any]) -> bytes | None:
@@ -229,13 +279,16 @@ class MidstreamPolicy:
         self.max_resumes = routing.max_resumes
 
     def track(self, ctx: RequestContext) -> SentEvents | None:
-        """A tracker for a stream that may be resumed; None when it never will be: chat, and
-        Responses / Messages streams whose state no other region has."""
+        """A tracker for a stream that may be resumed; None when it never will be: chat,
+        completions of one text prompt (one choice, no echo), and Responses / Messages streams
+        whose state no other region has."""
         if self.mode != "resume" or self.max_resumes == 0:
             return None
         tracker: SentEvents
         if ctx.endpoint == CHAT:
             tracker = StreamTracker()
+        elif ctx.endpoint == COMPLETIONS and resumable_completion(ctx.request.body):
+            tracker = StreamTracker(completions=True)
         elif ctx.dialect.events and not ctx.request.stateful:
             tracker = EventTracker()
         else:
@@ -278,7 +331,10 @@ class MidstreamPolicy:
             body = ctx.request.body
             # What the new region is asked to continue, and may answer back first.
             prefill: str | None = None
-            if mode == "continue":
+            if mode == "continue" and isinstance(tracker, StreamTracker) and tracker.completions:
+                # The prompt carries on with the text: whatever the region says is new.
+                body, prefill = completion_body(body, tracker.text, tracker.events), ""
+            elif mode == "continue":
                 made = (
                     event_continuation.continuation_body(
                         body, tracker.text, tracker.events, ctx.dialect.anthropic, first
@@ -322,9 +378,13 @@ class MidstreamPolicy:
 
 
 class _Catchup(Catchup):
-    """Catchup over OpenAI chat chunks."""
+    """Catchup over OpenAI chat (or `completions`) chunks."""
 
-    __slots__ = ()
+    __slots__ = ("completions",)
+
+    def __init__(self, have: str, *, echo: bool = False, completions: bool = False) -> None:
+        super().__init__(have, echo=echo)
+        self.completions = completions
 
     def event(self, event: bytes) -> bytes | None:
         """The event to relay (its new text only), None to hold it back."""
@@ -336,8 +396,8 @@ class _Catchup(Catchup):
         if obj is None or not isinstance(choices, list) or len(choices) != 1:
             return None
         choice = choices[0]
-        delta = choice.get("delta") if isinstance(choice, dict) else None
-        piece = delta.get("content") if isinstance(delta, dict) else None
+        holder, key = _piece_of(choice, self.completions)
+        piece = holder.get(key) if holder is not None else None
         if not isinstance(piece, str) or not piece:
             if isinstance(choice, dict) and choice.get("finish_reason") is not None:
                 self.ended()
@@ -346,15 +406,15 @@ class _Catchup(Catchup):
         text = self.take(piece)
         if text is None:
             return None
-        if isinstance(delta, dict):
-            delta["content"] = text
+        if holder is not None:
+            holder[key] = text
         return b"data: " + _ENCODE.encode(obj) + b"\n\n"
 
 
 class ChatStitch:
-    """A chat continuation's events as the first stream's (seam.Stitch): held back until past
-    the text the client has, usage covering the whole answer, the first stream's identity, its
-    role preamble dropped."""
+    """A chat (or completions) continuation's events as the first stream's (seam.Stitch): held
+    back until past the text the client has, usage covering the whole answer, the first
+    stream's identity, its role preamble dropped."""
 
     __slots__ = ("catchup", "sent", "tracker")
 
@@ -363,7 +423,11 @@ class ChatStitch:
         # Regenerated (no prefill): must repeat what the client has; continued: may answer
         # its prefill back first.
         regenerate = prefill is None
-        self.catchup = _Catchup(tracker.text if prefill is None else prefill, echo=not regenerate)
+        self.catchup = _Catchup(
+            tracker.text if prefill is None else prefill,
+            echo=not regenerate,
+            completions=tracker.completions,
+        )
         self.sent = 0 if regenerate else tracker.events
 
     @property

@@ -80,8 +80,32 @@ def continuation(tokens: Sequence[str], prefix_len: int) -> list[str]:
 
 
 def completion_tokens(model: str, prompt: Any) -> list[str]:
-    """The sequence for a legacy completions prompt."""
+    """The sequence for a legacy completions prompt; a text prompt that is an earlier one
+    followed by the start of that one's own sequence (a cut stream carried on elsewhere) gets
+    the rest of it, as a model reading its own words back would go on."""
+    if isinstance(prompt, str):
+        rest = _carried_on(model, prompt)
+        if rest is not None:
+            return rest
     return _tokens(_seed([model, prompt]))
+
+
+# The most characters a sequence has (MAX_TOKENS words of the vocabulary, with spaces).
+_MAX_TEXT = MAX_TOKENS * (1 + max(len(w) for w in _WORDS)) + 1
+
+
+def _carried_on(model: str, prompt: str) -> list[str] | None:
+    """The rest of the sequence of the prompt that `prompt` carries on, if it does: a sequence
+    starts with its one capitalized word, so only those places are tried."""
+    for cut in range(len(prompt) - 2, max(-1, len(prompt) - _MAX_TEXT - 1), -1):
+        if not prompt[cut].isupper():
+            continue
+        tokens = _tokens(_seed([model, prompt[:cut]]))
+        said = prompt[cut:]
+        whole = "".join(tokens)
+        if whole.startswith(said) and len(said) < len(whole):
+            return continuation(tokens, len(said))
+    return None
 
 
 def count_prompt_tokens(parts: Any) -> int:

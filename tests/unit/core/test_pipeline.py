@@ -26,7 +26,7 @@ from router.core import relay
 from router.core.context import RequestContext
 from router.core.failure import AttemptError, FailureKind
 from router.core.pipeline import Features, Pipeline
-from router.core.request import CHAT, MESSAGES, RESPONSES
+from router.core.request import CHAT, COMPLETIONS, MESSAGES, RESPONSES
 from router.core.stages import (
     AttemptObserver,
     Origin,
@@ -101,7 +101,7 @@ def app_for(
     pipeline = Pipeline(features, LiveConfig(config), pools)
     app = web.Application()
     app.on_response_prepare.append(pipeline.on_prepare)
-    for endpoint in (CHAT, RESPONSES, MESSAGES):
+    for endpoint in (CHAT, COMPLETIONS, RESPONSES, MESSAGES):
         app.router.add_post(endpoint, pipeline.handler(endpoint))
     return app, transports
 
@@ -737,3 +737,65 @@ async def test_a_continuations_usage_is_the_requests_and_never_more_cached_than_
     # What the request reports (metrics, access log, traces) is that usage.
     (ctx,) = seen.contexts
     assert [json.loads(p)["usage"] for p in ctx.reported] == [usage]
+
+
+def completion_chunks(*pieces: str, cut: bool = False) -> Handler:
+    """A completions stream of `pieces`; `cut`: the connection breaks after them."""
+
+    async def handle(path: str, raw: bytes, headers: CIMultiDict[str]) -> LocalReply:
+        assert path == COMPLETIONS
+
+        async def chunks() -> AsyncIterator[bytes]:
+            for piece in pieces:
+                choice = {"index": 0, "text": piece, "finish_reason": None}
+                yield event({"id": "cmpl-x", "object": "text_completion", "choices": [choice]})
+            if cut:
+                raise ConnectionResetError("region died")
+            end = {"index": 0, "text": "", "finish_reason": "stop"}
+            yield event({"id": "cmpl-y", "choices": [end]})
+            yield b"data: [DONE]\n\n"
+
+        return LocalReply(200, SSE, chunks())
+
+    return handle
+
+
+def completion_text(raw: bytes) -> tuple[str, set[str], int]:
+    """(text, ids, error events) of a completions SSE body."""
+    text, ids, errors = "", set(), 0
+    for line in raw.split(b"\n"):
+        if line.startswith(b"data: {"):
+            obj = json.loads(line[6:])
+            if "error" in obj:
+                errors += 1
+                continue
+            ids.add(obj["id"])
+            text += "".join(c.get("text") or "" for c in obj["choices"])
+    return text, ids, errors
+
+
+@pytest.mark.parametrize("kind", ["llama-server", "llama-cpp-python"])
+async def test_a_broken_completions_stream_is_carried_on(kind: str) -> None:
+    prompt = "Once upon"
+    sent: list[bytes] = []
+    cut = completion_chunks(" a", " time", cut=True)
+    whole = completion_chunks(" a", " time", " there", " was")  # regenerated from the start
+    rest = completion_chunks(" there", " was")  # carried on from the prompt and " a time"
+
+    async def survivor(path: str, raw: bytes, headers: CIMultiDict[str]) -> LocalReply:
+        sent.append(raw)
+        return await (rest if kind == "llama-server" else whole)(path, raw, headers)
+
+    app, _ = app_for({"a": cut, "b": survivor}, RoutingConfig(midstream="resume"), kind=kind)
+    ask = {"model": "m", "prompt": prompt, "max_tokens": 10, "temperature": 0, "stream": True}
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        resp = await client.post(COMPLETIONS, json=ask)
+        raw = await resp.read()
+    assert completion_text(raw) == (" a time there was", {"cmpl-x"}, 0)
+    assert raw.endswith(b"data: [DONE]\n\n")
+    (again,) = sent
+    if kind == "llama-server":
+        assert json.loads(again)["prompt"] == "Once upon a time"
+        assert json.loads(again)["max_tokens"] == 8
+    else:
+        assert json.loads(again) == ask
