@@ -5,10 +5,10 @@ conversation exists only on the region that made it; a request continuing it
 (`previous_response_id`) or reading it (`GET /v1/responses/{id}`) must go there and nowhere
 else. The router notes the region of each such response it relays, for the tenant that made it
 (bounded: past the bound, the least recently used note of the tenant holding the most goes, so
-no tenant's notes push out another's smaller share), with workers in a table the machine's workers share
-(routing.shared_pins), and, with `[state] redis_url`, shares the notes with the other routers
-of the deployment: written in the background, read only when a follow-up's
-id is not in memory (one Redis round trip, bounded by `redis_timeout_s`; no answer, or a value
+no tenant's notes push out another's smaller share), with workers in a table the machine's
+workers share (routing.shared_pins), and, with `[state] redis_url`, shares the notes with the
+other routers of the deployment: written in the background, read only when a follow-up's id
+is not in memory (one Redis round trip, bounded by `redis_timeout_s`; no answer, or a value
 that is not text, is "not known").
 """
 

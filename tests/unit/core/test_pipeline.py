@@ -24,9 +24,9 @@ from router.access.usage import StreamUsage
 from router.config import Config, RegionConfig, RoutingConfig
 from router.core import relay
 from router.core.context import RequestContext
+from router.core.failure import AttemptError, FailureKind
 from router.core.pipeline import Features, Pipeline
 from router.core.request import CHAT, MESSAGES, RESPONSES
-from router.core.failure import AttemptError, FailureKind
 from router.core.stages import (
     AttemptObserver,
     Origin,
