@@ -223,7 +223,8 @@ class Prober:
         max_ejection_s: float = 60.0,
         ca_file: str | PathLike[str] | None = None,
     ) -> Prober:
-        """Settings as keywords; https regions trust the system store plus `ca_file` (PEM)."""
+        """Settings as keywords (times in seconds, at most 86400); https regions trust the
+        system store plus `ca_file` (PEM). A bad value: ValueError naming it."""
     def configure(
         self,
         *,

@@ -152,7 +152,10 @@ def _serve(args: argparse.Namespace) -> int:
     wanted = args.workers if args.workers is not None else config.server.workers
     if wanted == "auto":
         workers = min(cpu_count(), 64)
-    elif isinstance(wanted, int) or (isinstance(wanted, str) and wanted.isdigit()):
+    elif isinstance(wanted, int) or (
+        # ASCII digits only: str.isdigit() also takes "²", which int() refuses.
+        isinstance(wanted, str) and wanted.isascii() and wanted.isdigit()
+    ):
         workers = int(wanted)
     else:
         workers = 0
@@ -193,12 +196,15 @@ def _check_config(args: argparse.Namespace) -> int:
     """`router check-config FILE`: exit 0 and a summary, or 2 and the error."""
     from router.errors import ConfigError
     from router.server.app import check
+    from router.server.tls import Listeners
 
     config = _load_config(args.file)
     if config is None:
         return 2
     try:
         check(config)
+        # The certificate files load here as `serve` loads them (which refuses to start).
+        Listeners(config)
     except ConfigError as exc:
         print(f"router: {args.file}: {exc}", file=sys.stderr)
         return 2

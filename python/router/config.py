@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from router import config_env
+from router import config_env, config_redis
 from router.errors import ConfigError
 
 
@@ -248,7 +248,8 @@ class LimitsConfig(_Section, frozen=True):
     # Where rate-limit buckets live: this router (one table its workers share), or Redis shared
     # by every router.
     backend: Literal["local", "redis"] = "local"
-    # Redis for the shared backend (a password in it never reaches the logs).
+    # Redis for the shared backend: a redis://, rediss:// or unix:// URL (a password in it never
+    # reaches the logs).
     redis_url: str = "redis://127.0.0.1:6379/0"
     # When Redis is unreachable or refusing (for all keys or one): "open" keeps serving with
     # local limits, "closed" answers 503.
@@ -360,8 +361,8 @@ class CacheConfig(_Section, frozen=True):
     allow_tools: bool = False
     # Concurrent identical misses share one upstream request.
     coalesce: bool = True
-    # The shared Redis tier (unset: in-process tier only).
-    redis_url: Annotated[str, msgspec.Meta(pattern=r"^(redis|rediss|unix)://")] | None = None
+    # The shared Redis tier: a redis://, rediss:// or unix:// URL (unset: in-process tier only).
+    redis_url: str | None = None
     # Prefix of every Redis key the cache writes.
     redis_prefix: str = "router:cache"
     # Bounds one shared-tier call. A lookup runs beside the region request (the first useful
@@ -378,6 +379,8 @@ class CacheConfig(_Section, frozen=True):
 
 
 _SECONDS = Annotated[float, msgspec.Meta(gt=0)]
+# The prober's times: at most a day (the native prober refuses more; longer is no use).
+_PROBE_SECONDS = Annotated[float, msgspec.Meta(gt=0, le=86_400)]
 
 
 class HealthConfig(_Section, frozen=True):
@@ -386,11 +389,11 @@ class HealthConfig(_Section, frozen=True):
     # Probe regions actively (passive health from traffic applies either way).
     enabled: bool = True
     # Time between probes of one region.
-    interval_s: _SECONDS = 1.0
+    interval_s: _PROBE_SECONDS = 1.0
     # +/- this fraction of interval_s at random, so regions are not probed in lockstep.
     jitter: Annotated[float, msgspec.Meta(ge=0, lt=1)] = 0.1
     # A probe slower than this failed.
-    timeout_s: _SECONDS = 0.8
+    timeout_s: _PROBE_SECONDS = 0.8
     # Probed with GET, relative to the region's origin.
     path: str = "/health"
     # Used for a region whose `path` answers 404 (llama.cpp, OpenAI).
@@ -411,9 +414,9 @@ class HealthConfig(_Section, frozen=True):
     # eject a region for base_ejection_s * 2^(k-1) (capped); a good probe afterwards reinstates it.
     eject_after: _POSITIVE = 5
     # See eject_after: the first ejection's length.
-    base_ejection_s: _SECONDS = 5.0
+    base_ejection_s: _PROBE_SECONDS = 5.0
     # See eject_after: the longest ejection.
-    max_ejection_s: _SECONDS = 60.0
+    max_ejection_s: _PROBE_SECONDS = 60.0
     # A TTFT estimate older than this (no traffic since) stops counting in the score, so a
     # region that was slow once gets traffic, and a fresh measurement, again.
     ttft_stale_s: _SECONDS = 30.0
@@ -471,9 +474,10 @@ class StateConfig(_Section, frozen=True):
     # Responses noted in this router's memory; past it, the least recently used note of the
     # tenant holding the most goes.
     max_responses: _POSITIVE = 100_000
-    # Redis the routers of a deployment share the notes through, so a follow-up may reach any
-    # of them; unset: each router knows only the responses it relayed.
-    redis_url: Annotated[str, msgspec.Meta(pattern=r"^(redis|rediss|unix)://")] | None = None
+    # Redis the routers of a deployment share the notes through (a redis://, rediss:// or
+    # unix:// URL), so a follow-up may reach any of them; unset: each router knows only the
+    # responses it relayed.
+    redis_url: str | None = None
     # redis_url names one node of a Redis Cluster.
     redis_cluster: bool = False
     # A lookup Redis does not answer in this long is treated as not found (routed as usual).
@@ -687,6 +691,14 @@ def _check(config: Config, source: str) -> None:
         for fallback in chain:
             if fallback not in everything or fallback == model:
                 raise fail(where, f"expected other served models, got {fallback!r}")
+    for field, url in (
+        ("limits.redis_url", config.limits.redis_url),
+        ("cache.redis_url", config.cache.redis_url),
+        ("state.redis_url", config.state.redis_url),
+    ):
+        wrong = None if url is None else config_redis.problem(url)
+        if wrong is not None:
+            raise fail(field, wrong)
     routing = config.routing
     if routing.circuit_base_s > routing.circuit_max_s:
         raise fail(

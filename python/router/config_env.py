@@ -52,6 +52,8 @@ def apply(raw: dict[str, Any], env: Mapping[str, str]) -> list[tuple[str, str]]:
             if not isinstance(nested, dict):
                 raise ValueError(f"{name}: `{part}` in the config file is not a table")
             table = nested
-        table[path[-1]] = int(value) if path in _INTEGER and value.isdigit() else value
+        # ASCII digits only: str.isdigit() also takes "²", which int() refuses.
+        number = value.isascii() and value.isdigit()
+        table[path[-1]] = int(value) if path in _INTEGER and number else value
         applied.append((name, ".".join(path)))
     return applied

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 pub use probe::{probe_once, ProbeAnswer};
-pub use settings::Settings;
+pub use settings::{Settings, MAX_SECONDS};
 pub use state::{Event, Outcome, RegionSnapshot, RoutingView, Transition, Upsert};
 pub use target::Target;
 pub use tls::Tls;
@@ -70,14 +70,18 @@ impl Prober {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Started and still probing (false once a panic has ended the thread or a region's task).
     pub fn is_running(&self) -> bool {
-        self.runner().is_some()
+        self.runner().as_ref().is_some_and(Runner::alive)
     }
 
-    /// Start the probe thread (idempotent).
+    /// Start the probe thread (idempotent; a thread or task ended by a panic is started anew).
     pub fn start(&self) -> Result<(), ProberError> {
         let mut runner = self.runner();
-        if runner.is_none() {
+        if !runner.as_ref().is_some_and(Runner::alive) {
+            if let Some(dead) = runner.take() {
+                dead.stop();
+            }
             *runner = Some(Runner::start(&self.shared)?);
         }
         Ok(())

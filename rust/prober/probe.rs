@@ -11,6 +11,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::{timeout_at, Instant};
 
+use super::settings::MAX_DURATION;
 use super::target::Target;
 use super::tls::Tls;
 
@@ -37,7 +38,10 @@ pub async fn probe_once(
     tls: &Tls,
 ) -> Result<ProbeAnswer, String> {
     let started = Instant::now();
-    let deadline = started + timeout;
+    // Capped: a huge timeout must not overflow the clock (a panic would end the region's probes).
+    let deadline = started
+        .checked_add(timeout.min(MAX_DURATION))
+        .unwrap_or(started);
     let late = |phase: &str| format!("timeout after {:.3}s ({phase})", timeout.as_secs_f64());
     // Resolve the TLS side before connecting: a missing trust store is not the region's fault.
     let secure = if target.tls {
@@ -321,6 +325,14 @@ pub(crate) mod tests {
             .await
             .unwrap();
         assert_eq!(a.status, 404);
+    }
+
+    #[tokio::test]
+    async fn a_huge_timeout_is_capped_not_a_panic() {
+        let (port, _srv) = server(200, Duration::ZERO, None).await;
+        let t = local("http", "127.0.0.1", port);
+        let a = probe_once(&t, "/health", Duration::MAX, &no_tls()).await;
+        assert_eq!(a.map(|a| a.status), Ok(200));
     }
 
     #[tokio::test]

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::oneshot;
 
 use super::probe::{probe_once, ProbeAnswer};
+use super::settings::MAX_DURATION;
 use super::state::{Table, Transition};
 use super::tls::Tls;
 use super::ProberError;
@@ -73,8 +74,16 @@ async fn probe_loop(shared: Arc<Shared>, name: String) {
             (t.settings.interval.as_secs_f64(), t.settings.jitter)
         };
         let wait = interval * (1.0 + spread * jitter.next());
-        tokio::time::sleep(Duration::from_secs_f64(wait.max(0.001))).await;
+        tokio::time::sleep(sleep_for(wait)).await;
     }
+}
+
+/// A wait in seconds as a `Duration`: at least 1 ms, at most [`MAX_DURATION`], never a panic
+/// (NaN or a huge value from the settings would panic in `Duration::from_secs_f64`).
+fn sleep_for(seconds: f64) -> Duration {
+    Duration::try_from_secs_f64(seconds.max(0.001))
+        .unwrap_or(MAX_DURATION)
+        .min(MAX_DURATION)
 }
 
 /// A small xorshift for probe jitter; no need for a crypto RNG or a crate.
@@ -147,6 +156,12 @@ impl Runner {
         self.tasks.insert(name, task);
     }
 
+    /// Whether the thread and every region's task are still going: a panic ends a task (or the
+    /// thread), and a dead prober must not pass for a running one.
+    pub fn alive(&self) -> bool {
+        !self.thread.is_finished() && self.tasks.values().all(|t| !t.is_finished())
+    }
+
     pub fn abort(&mut self, name: &str) {
         if let Some(task) = self.tasks.remove(name) {
             task.abort();
@@ -180,6 +195,33 @@ mod tests {
             let x = j.next();
             assert!((-1.0..1.0).contains(&x), "{x}");
         }
+    }
+
+    #[test]
+    fn sleeps_are_bounded_never_a_panic() {
+        assert_eq!(sleep_for(0.0), Duration::from_millis(1));
+        assert_eq!(sleep_for(f64::NAN), Duration::from_millis(1));
+        assert_eq!(sleep_for(0.5), Duration::from_millis(500));
+        assert_eq!(sleep_for(1.7e19), MAX_DURATION);
+        assert_eq!(sleep_for(f64::INFINITY), MAX_DURATION);
+    }
+
+    #[test]
+    fn a_panicked_task_makes_the_runner_dead() {
+        let s = Arc::new(shared(Tls::load(None).unwrap()));
+        let mut runner = Runner::start(&s).unwrap();
+        assert!(runner.alive());
+        let task = runner.handle.spawn(async { panic!("boom") });
+        runner.tasks.insert("a".to_owned(), task);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while runner.alive() {
+            assert!(
+                Instant::now() < deadline,
+                "the panicked task still counts as alive"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        runner.stop();
     }
 
     #[tokio::test]

@@ -5,6 +5,13 @@ use std::time::Duration;
 
 use super::ProberError;
 
+/// The longest any of the prober's times may be (interval, timeout, ejections): a day. Far
+/// beyond any useful value, and far enough from `Instant`'s range that adding it never overflows.
+pub const MAX_SECONDS: u64 = 86_400;
+
+/// [`MAX_SECONDS`] as a `Duration`.
+pub const MAX_DURATION: Duration = Duration::from_secs(MAX_SECONDS);
+
 /// How the prober probes, which TLS roots it trusts, and when health flips.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Settings {
@@ -77,6 +84,19 @@ impl Settings {
         }
         if self.timeout.is_zero() {
             return bad("timeout must be > 0");
+        }
+        for (name, value) in [
+            ("interval", self.interval),
+            ("timeout", self.timeout),
+            ("base_ejection", self.base_ejection),
+            ("max_ejection", self.max_ejection),
+        ] {
+            if value > MAX_DURATION {
+                return Err(ProberError::Config(format!(
+                    "{name} must be at most {MAX_SECONDS} s, got {} s",
+                    value.as_secs_f64()
+                )));
+            }
         }
         if !(0.0..1.0).contains(&self.jitter) {
             return bad("jitter must be in [0, 1)");
@@ -187,6 +207,19 @@ mod tests {
             },
             Settings {
                 ca_file: Some(PathBuf::new()),
+                ..cfg()
+            },
+            Settings {
+                interval: MAX_DURATION + Duration::from_nanos(1),
+                ..cfg()
+            },
+            Settings {
+                timeout: Duration::MAX,
+                ..cfg()
+            },
+            Settings {
+                base_ejection: Duration::MAX,
+                max_ejection: Duration::MAX,
                 ..cfg()
             },
         ];

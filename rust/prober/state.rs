@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::probe::ProbeAnswer;
-use super::settings::{check_path, Settings};
+use super::settings::{check_path, Settings, MAX_DURATION};
 use super::target::Target;
 use super::ProberError;
 
@@ -37,6 +37,12 @@ impl Outcome {
     fn is_failure(self) -> bool {
         matches!(self, Self::ServerError | Self::ConnectError | Self::Timeout)
     }
+}
+
+/// `now + wait`, capped at [`MAX_DURATION`] so no setting can overflow the clock (a panic here
+/// would reach Python, or end a probe task, on every report).
+fn later(now: Instant, wait: Duration) -> Instant {
+    now.checked_add(wait.min(MAX_DURATION)).unwrap_or(now)
 }
 
 /// EWMA plus a window of recent samples for p50/p95.
@@ -524,7 +530,7 @@ impl Table {
         }
         r.ejection_level = r.ejection_level.saturating_add(1);
         r.ejections += 1;
-        r.ejected_until = Some(now + cfg.ejection_for(r.ejection_level));
+        r.ejected_until = Some(later(now, cfg.ejection_for(r.ejection_level)));
         r.last_ejection = Some(now);
         r.passive_failures = 0;
         Some(Transition::Ejected)
@@ -707,6 +713,25 @@ mod tests {
             t.record_passive("zzz", t1, Outcome::Ok, None, None, None),
             None
         );
+    }
+
+    #[test]
+    fn huge_ejections_are_capped_not_a_panic() {
+        // Settings are validated before they get here; the arithmetic must not rely on it.
+        let mut t = Table::new(Settings {
+            eject_after: 1,
+            base_ejection: Duration::MAX,
+            max_ejection: Duration::MAX,
+            ..cfg()
+        });
+        t.upsert("a", "http://127.0.0.1:9", None).unwrap();
+        let now = Instant::now();
+        assert_eq!(
+            t.record_passive("a", now, Outcome::Timeout, None, None, None),
+            Some(Transition::Ejected)
+        );
+        let s = &t.snapshot(now)[0];
+        assert!(s.ejected && s.ejected_for_s <= MAX_DURATION.as_secs_f64());
     }
 
     #[test]

@@ -7,9 +7,11 @@ use std::time::Instant;
 
 use pyo3::exceptions::PyKeyError;
 use pyo3::prelude::*;
+use pyo3::types::PyString;
 
 use crate::bucket::{Limits, Table};
 use crate::py::errors::InvalidArgumentError;
+use crate::py::text::utf8;
 
 /// Per-key requests and tokens buckets (capacity = burst, refilled continuously at the
 /// per-minute rates), thread-safe behind sharded locks. Times are seconds.
@@ -48,7 +50,7 @@ impl BucketTable {
     #[pyo3(signature = (key, *, requests_per_minute, tokens_per_minute, request_burst = None, token_burst = None))]
     fn set_limits(
         &self,
-        key: &str,
+        key: &Bound<'_, PyString>,
         requests_per_minute: f64,
         tokens_per_minute: f64,
         request_burst: Option<f64>,
@@ -61,7 +63,8 @@ impl BucketTable {
             token_burst,
         )
         .map_err(InvalidArgumentError::new_err)?;
-        self.table.set_limits(key, &limits, self.now());
+        self.table
+            .set_limits(utf8(key, "key")?, &limits, self.now());
         Ok(())
     }
 
@@ -70,7 +73,12 @@ impl BucketTable {
     /// retry_after_s is inf when the request can never fit (more tokens than the burst, or a
     /// zero rate). Unknown key: KeyError.
     #[pyo3(signature = (key, tokens = 0))]
-    fn try_acquire(&self, key: &str, tokens: u64) -> PyResult<(bool, f64, u64, u64, f64, f64)> {
+    fn try_acquire(
+        &self,
+        key: &Bound<'_, PyString>,
+        tokens: u64,
+    ) -> PyResult<(bool, f64, u64, u64, f64, f64)> {
+        let key = utf8(key, "key")?;
         let now = self.now();
         let d = self
             .table
@@ -88,7 +96,8 @@ impl BucketTable {
 
     /// Settle a reservation once real usage is known: give back `reserved - actual` tokens, or
     /// take the excess (the bucket may go into debt). Unknown key: KeyError.
-    fn reconcile(&self, key: &str, reserved: i64, actual: i64) -> PyResult<()> {
+    fn reconcile(&self, key: &Bound<'_, PyString>, reserved: i64, actual: i64) -> PyResult<()> {
+        let key = utf8(key, "key")?;
         let now = self.now();
         self.table
             .with(key, |pair| pair.reconcile(reserved, actual, now))
@@ -97,7 +106,8 @@ impl BucketTable {
 
     /// Give back requests and tokens that were acquired but not used (capped at capacity).
     #[pyo3(signature = (key, requests = 1, tokens = 0))]
-    fn refund(&self, key: &str, requests: u64, tokens: u64) -> PyResult<()> {
+    fn refund(&self, key: &Bound<'_, PyString>, requests: u64, tokens: u64) -> PyResult<()> {
+        let key = utf8(key, "key")?;
         let now = self.now();
         self.table
             .with(key, |pair| pair.refund(requests, tokens, now))

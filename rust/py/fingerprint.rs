@@ -10,8 +10,10 @@ use crate::fingerprint::{canonical as canonical_form, fingerprint as key_of, Lev
 use crate::json::RequestError;
 use crate::py::errors::{request_error, InvalidArgumentError};
 use crate::py::normalize::DETACH_MIN_BYTES;
+use crate::py::text::Text;
 
-fn level(name: &str) -> PyResult<Level> {
+fn level(name: &Text<'_>) -> PyResult<Level> {
+    let name = name.get("level")?;
     Level::parse(name).ok_or_else(|| {
         InvalidArgumentError::new_err(format!(
             "level must be \"exact\" or \"normalized\", got {name:?}"
@@ -36,23 +38,38 @@ fn run<T: Send>(
 /// canonical form and the namespace. Transport-only fields (stream, stream_options, user,
 /// metadata, store, service_tier, safety_identifier, prompt_cache_key) are ignored.
 #[pyfunction]
-#[pyo3(signature = (body, *, namespace = "", level = "exact"))]
+#[allow(clippy::needless_pass_by_value)]
+#[pyo3(
+    signature = (body, *, namespace = Text::Default(""), level = Text::Default("exact")),
+    text_signature = "(body, *, namespace=\"\", level=\"exact\")"
+)]
 fn fingerprint<'py>(
     py: Python<'py>,
     body: &[u8],
-    namespace: &str,
-    level: &str,
+    namespace: Text<'_>,
+    level: Text<'_>,
 ) -> PyResult<Bound<'py, PyBytes>> {
-    let level = self::level(level)?;
+    let level = self::level(&level)?;
+    let namespace = namespace.get("namespace")?;
     let key = run(py, body, || key_of(body, namespace, level))?;
     Ok(PyBytes::new(py, &key))
 }
 
 /// The fingerprint as 32 lowercase hex digits.
 #[pyfunction]
-#[pyo3(signature = (body, *, namespace = "", level = "exact"))]
-fn fingerprint_hex(py: Python<'_>, body: &[u8], namespace: &str, level: &str) -> PyResult<String> {
-    let level = self::level(level)?;
+#[allow(clippy::needless_pass_by_value)]
+#[pyo3(
+    signature = (body, *, namespace = Text::Default(""), level = Text::Default("exact")),
+    text_signature = "(body, *, namespace=\"\", level=\"exact\")"
+)]
+fn fingerprint_hex(
+    py: Python<'_>,
+    body: &[u8],
+    namespace: Text<'_>,
+    level: Text<'_>,
+) -> PyResult<String> {
+    let level = self::level(&level)?;
+    let namespace = namespace.get("namespace")?;
     let key = run(py, body, || key_of(body, namespace, level))?;
     Ok(format!("{:032x}", u128::from_be_bytes(key)))
 }
@@ -60,9 +77,13 @@ fn fingerprint_hex(py: Python<'_>, body: &[u8], namespace: &str, level: &str) ->
 /// The canonical JSON the fingerprint hashes (sorted keys, no spaces, numbers exactly as
 /// written, transport fields dropped; text normalized at level "normalized").
 #[pyfunction]
-#[pyo3(signature = (body, *, level = "exact"))]
-fn canonical<'py>(py: Python<'py>, body: &[u8], level: &str) -> PyResult<Bound<'py, PyBytes>> {
-    let level = self::level(level)?;
+#[allow(clippy::needless_pass_by_value)]
+#[pyo3(
+    signature = (body, *, level = Text::Default("exact")),
+    text_signature = "(body, *, level=\"exact\")"
+)]
+fn canonical<'py>(py: Python<'py>, body: &[u8], level: Text<'_>) -> PyResult<Bound<'py, PyBytes>> {
+    let level = self::level(&level)?;
     let text = run(py, body, || canonical_form(body, level))?;
     Ok(PyBytes::new(py, text.as_bytes()))
 }

@@ -3,18 +3,15 @@
 // Doc comments here become Python docstrings (help()), written for Python readers.
 #![allow(clippy::doc_markdown)]
 
-use std::path::PathBuf;
-
 use pyo3::prelude::*;
-use pyo3::pybacked::{PyBackedBytes, PyBackedStr};
+use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::{PyBytes, PyString};
 
 use crate::chat_template::{self, RenderError};
 use crate::hf_tokenizer::{self, EncodeError, LoadError};
-use crate::py::errors::{
-    request_error, ChatTemplateError, InvalidArgumentError, TokenizeError, TokenizerLoadError,
-};
+use crate::py::errors::{request_error, ChatTemplateError, TokenizeError, TokenizerLoadError};
 use crate::py::normalize::DETACH_MIN_BYTES;
+use crate::py::text::{self, owned_text, utf8, Text};
 
 fn load_error(py: Python<'_>, err: &LoadError) -> PyErr {
     let exc = TokenizerLoadError::new_err(err.to_string());
@@ -37,14 +34,6 @@ fn render_error(err: RenderError) -> PyErr {
         RenderError::Request(e) => request_error(e),
         RenderError::Template(e) => ChatTemplateError::new_err(e.to_string()),
     }
-}
-
-/// The UTF-8 of a Python string as an owned Rust value (it keeps a reference to the immutable
-/// str), or a typed error for lone surrogates as elsewhere in the module.
-fn owned_text(text: Bound<'_, PyString>, what: &str) -> PyResult<PyBackedStr> {
-    PyBackedStr::try_from(text).map_err(|_| {
-        InvalidArgumentError::new_err(format!("{what} is not valid Unicode (lone surrogate)"))
-    })
 }
 
 /// Run `work` with the GIL released when the input is large enough for that to pay off. Inputs
@@ -72,7 +61,8 @@ pub struct HfTokenizer {
 impl HfTokenizer {
     /// Load the tokenizer in `path` (str or os.PathLike); TokenizerLoadError if it cannot.
     #[new]
-    fn new(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
+    fn new(py: Python<'_>, path: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let path = text::path(path, "path")?;
         let shown = path.to_string_lossy().into_owned();
         let loaded = py.detach(move || hf_tokenizer::HfTokenizer::from_file(&path));
         let inner = loaded.map_err(|e| load_error(py, &e))?;
@@ -177,8 +167,8 @@ impl HfTokenizer {
     }
 
     /// The id of `token` in the vocabulary or the added tokens, or None.
-    fn token_to_id(&self, token: &str) -> Option<u32> {
-        self.inner.token_to_id(token)
+    fn token_to_id(&self, token: &Bound<'_, PyString>) -> PyResult<Option<u32>> {
+        Ok(self.inner.token_to_id(utf8(token, "token")?))
     }
 
     fn __repr__(&self) -> String {
@@ -209,8 +199,18 @@ pub struct ChatTemplate {
 impl ChatTemplate {
     /// Compile `template`; ChatTemplateError (with the line) on a syntax error.
     #[new]
-    #[pyo3(signature = (template, bos_token = "", eos_token = ""))]
-    fn new(template: &str, bos_token: &str, eos_token: &str) -> PyResult<Self> {
+    #[allow(clippy::needless_pass_by_value)]
+    #[pyo3(
+        signature = (template, bos_token = Text::Default(""), eos_token = Text::Default("")),
+        text_signature = "(template, bos_token=\"\", eos_token=\"\")"
+    )]
+    fn new(
+        template: &Bound<'_, PyString>,
+        bos_token: Text<'_>,
+        eos_token: Text<'_>,
+    ) -> PyResult<Self> {
+        let template = utf8(template, "template")?;
+        let (bos_token, eos_token) = (bos_token.get("bos_token")?, eos_token.get("eos_token")?);
         chat_template::ChatTemplate::new(template, bos_token, eos_token)
             .map(|inner| Self { inner })
             .map_err(|e| ChatTemplateError::new_err(e.to_string()))

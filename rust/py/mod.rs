@@ -6,4 +6,5 @@ pub mod fingerprint;
 pub mod hf_tokenizer;
 pub mod normalize;
 pub mod prober;
+pub mod text;
 pub mod tokens;

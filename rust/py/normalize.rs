@@ -7,18 +7,11 @@ use pyo3::prelude::*;
 use pyo3::types::PyString;
 
 use crate::normalize::normalize as normalize_text;
-use crate::py::errors::InvalidArgumentError;
+use crate::py::text::utf8;
 
 /// Inputs at least this long are processed with the GIL released; shorter ones finish before
 /// releasing it would pay off.
 pub const DETACH_MIN_BYTES: usize = 1024;
-
-/// The UTF-8 of a Python string, or a typed error for lone surrogates.
-pub fn utf8<'a>(text: &'a Bound<'_, PyString>, what: &str) -> PyResult<&'a str> {
-    text.to_str().map_err(|_| {
-        InvalidArgumentError::new_err(format!("{what} is not valid Unicode (lone surrogate)"))
-    })
-}
 
 /// Normalize a prompt for the "normalized" cache level: only blank space that cannot change
 /// what is asked is folded (trailing blank space, leading blank lines, up to 3 leading spaces of

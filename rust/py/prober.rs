@@ -4,11 +4,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use pyo3::conversion::FromPyObjectOwned;
-use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyUnicodeEncodeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyString};
 
-use crate::prober::{self, Outcome, ProberError, RegionSnapshot, Settings};
+use crate::prober::{self, Outcome, ProberError, RegionSnapshot, Settings, MAX_SECONDS};
+use crate::py::text::{self, utf8};
 
 fn value_error(e: &ProberError) -> PyErr {
     match e {
@@ -17,17 +18,29 @@ fn value_error(e: &ProberError) -> PyErr {
     }
 }
 
+/// A time setting: finite, in [0, `MAX_SECONDS`] (a larger one would overflow the clock).
 fn seconds(key: &str, value: &Bound<'_, PyAny>) -> PyResult<Duration> {
-    Duration::try_from_secs_f64(arg(key, value)?).map_err(|_| {
-        PyValueError::new_err(format!("{key} must be a non-negative number of seconds"))
-    })
+    let secs: f64 = arg(key, value)?;
+    let max = MAX_SECONDS as f64; // exact: a day in seconds
+    if !(0.0..=max).contains(&secs) {
+        return Err(PyValueError::new_err(format!(
+            "{key} must be a finite number of seconds from 0 to {MAX_SECONDS}, got {secs}"
+        )));
+    }
+    Ok(Duration::from_secs_f64(secs))
 }
 
-/// One setting's value, a type error naming the key.
+/// One setting's value, a type error naming the key (a str with a lone surrogate, in a path or
+/// a text, is the module's `InvalidArgumentError`).
 fn arg<'py, T: FromPyObjectOwned<'py>>(key: &str, value: &Bound<'py, PyAny>) -> PyResult<T> {
     value.extract::<T>().map_err(|e| {
         let e: PyErr = e.into();
-        PyTypeError::new_err(format!("{key}: {}", e.value(value.py())))
+        let py = value.py();
+        if e.is_instance_of::<PyUnicodeEncodeError>(py) {
+            text::lone_surrogate(key)
+        } else {
+            PyTypeError::new_err(format!("{key}: {}", e.value(py)))
+        }
     })
 }
 
@@ -36,8 +49,8 @@ fn arg<'py, T: FromPyObjectOwned<'py>>(key: &str, value: &Bound<'py, PyAny>) -> 
 fn settings(kwargs: Option<&Bound<'_, PyDict>>, method: &str) -> PyResult<Settings> {
     let mut s = Settings::default();
     for (key, value) in kwargs.into_iter().flat_map(PyDictMethods::iter) {
-        let key: String = key.extract()?;
-        let k = key.as_str();
+        let key = key.cast_into::<PyString>()?;
+        let k = utf8(&key, "a setting's name")?;
         let v = &value;
         match k {
             "interval_s" => s.interval = seconds(k, v)?,
@@ -56,7 +69,7 @@ fn settings(kwargs: Option<&Bound<'_, PyDict>>, method: &str) -> PyResult<Settin
             "ca_file" => s.ca_file = arg::<Option<PathBuf>>(k, v)?,
             _ => {
                 return Err(PyTypeError::new_err(format!(
-                    "{method}() got an unexpected keyword argument '{key}'"
+                    "{method}() got an unexpected keyword argument '{k}'"
                 )))
             }
         }
@@ -196,7 +209,15 @@ impl Prober {
 
     /// Add a region or change its URL (history reset) or own probe path (no 404 fallback).
     #[pyo3(signature = (name, url, path = None))]
-    fn upsert_region(&self, name: &str, url: &str, path: Option<&str>) -> PyResult<()> {
+    fn upsert_region(
+        &self,
+        name: &Bound<'_, PyString>,
+        url: &Bound<'_, PyString>,
+        path: Option<&Bound<'_, PyString>>,
+    ) -> PyResult<()> {
+        let name = utf8(name, "name")?;
+        let url = utf8(url, "url")?;
+        let path = path.map(|p| utf8(p, "path")).transpose()?;
         self.inner
             .upsert_region(name, url, path)
             .map(|_| ())
@@ -204,8 +225,8 @@ impl Prober {
     }
 
     /// Stop probing a region and forget it; False if it was unknown.
-    fn remove_region(&self, name: &str) -> bool {
-        self.inner.remove_region(name)
+    fn remove_region(&self, name: &Bound<'_, PyString>) -> PyResult<bool> {
+        Ok(self.inner.remove_region(utf8(name, "name")?))
     }
 
     /// Names of the regions in the table, sorted.
@@ -217,12 +238,14 @@ impl Prober {
     #[pyo3(signature = (region, outcome, connect_s = None, ttft_s = None, total_s = None))]
     fn report(
         &self,
-        region: &str,
-        outcome: &str,
+        region: &Bound<'_, PyString>,
+        outcome: &Bound<'_, PyString>,
         connect_s: Option<f64>,
         ttft_s: Option<f64>,
         total_s: Option<f64>,
     ) -> PyResult<bool> {
+        let region = utf8(region, "region")?;
+        let outcome = utf8(outcome, "outcome")?;
         let outcome = Outcome::parse(outcome).map_err(|e| value_error(&e))?;
         let t = self
             .inner

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -69,6 +70,27 @@ _REFUSED = {
         f'[[auth.keys]]\nsha256 = "{_KEY}"\ntenant = "u"\n',
         "listed twice",
     ),
+    # Beyond Duration's range: the native prober panicked on the first failed request.
+    "huge ejection": (
+        "[health]\neject_after = 1\nbase_ejection_s = 1e19\nmax_ejection_s = 1e19\n",
+        "health.base_ejection_s",
+    ),
+    "huge timeout": ("[health]\ntimeout_s = 1e19\n", "health.timeout_s"),
+    "inf timeout": ("[health]\ntimeout_s = inf\n", "health.timeout_s"),
+    # Redis URLs `serve` died on with a traceback.
+    "limits redis scheme": (
+        '[limits]\nbackend = "redis"\nredis_url = "http://127.0.0.1:6379/0"\n',
+        "limits.redis_url",
+    ),
+    "limits redis port": (
+        '[limits]\nbackend = "redis"\nredis_url = "redis://:hunter2@127.0.0.1:notaport/0"\n',
+        "limits.redis_url",
+    ),
+    "cache redis port": (
+        '[cache]\nredis_url = "redis://:hunter2@127.0.0.1:99999/0"\n',
+        "cache.redis_url",
+    ),
+    "state redis host": ('[state]\nredis_url = "redis://:hunter2@:6379/0"\n', "state.redis_url"),
 }
 
 
@@ -85,3 +107,49 @@ def test_check_config_refuses_what_serve_refuses_and_serve_exits_2(
         assert named in out.stderr
         assert str(bad) in out.stderr
         assert "Traceback" not in out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+        assert "hunter2" not in out.stderr
+
+
+@pytest.mark.parametrize("workers", ["\u00b2", "\u0663", "0", "65"])
+def test_workers_flag_and_variable_take_ascii_digits_only(tmp_path: Path, workers: str) -> None:
+    config = tmp_path / "r.toml"
+    config.write_text(f'[server]\nlisten = "127.0.0.1:{free_port()}"\n{_REGION}')
+    out = run("serve", "--config", str(config), "--workers", workers)
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr
+    assert f'--workers must be 1 to 64 or "auto", got {workers!r}' in out.stderr
+    if workers.isdigit() and not workers.isascii():
+        env = {**os.environ, "ROUTER_SERVER_WORKERS": workers}
+        checked = subprocess.run(
+            router_cmd("check-config", str(config)),
+            capture_output=True,
+            text=True,
+            timeout=30,
+            cwd=REPO,
+            env=env,
+        )
+        assert checked.returncode == 2, checked.stderr
+        assert "ROUTER_SERVER_WORKERS" in checked.stderr
+        assert "invalid literal" not in checked.stderr
+
+
+def test_check_config_loads_the_tls_files_as_serve_does(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.pem"
+    config = tmp_path / "r.toml"
+    config.write_text(
+        f'[server]\nlisten = "127.0.0.1:{free_port()}"\n'
+        f'[server.tls]\ncert_file = "{missing}"\nkey_file = "{missing}"\n{_REGION}'
+    )
+    out = run("check-config", str(config))
+    assert out.returncode == 2, out.stdout
+    assert out.stderr.strip() == (
+        f"router: {config}: field `server.tls`: cannot read {missing}: no such file or directory"
+    )
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not a certificate\n")
+    config.write_text(config.read_text().replace(str(missing), str(garbage)))
+    out = run("check-config", str(config))
+    assert out.returncode == 2, out.stdout
+    assert "not a PEM certificate chain" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1

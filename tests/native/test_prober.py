@@ -52,7 +52,7 @@ def region(p: Prober, name: str) -> RegionHealth:
 def test_bad_arguments_raise_value_error() -> None:
     with pytest.raises(ValueError, match="interval must be > 0"):
         Prober(interval_s=0.0)
-    with pytest.raises(ValueError, match="non-negative"):
+    with pytest.raises(ValueError, match="timeout_s must be a finite number of seconds"):
         Prober(timeout_s=-1.0)
     with pytest.raises(ValueError, match="base_ejection"):
         Prober(base_ejection_s=10.0, max_ejection_s=1.0)
@@ -66,6 +66,25 @@ def test_bad_arguments_raise_value_error() -> None:
         p.configure(jitter=1.5)
     assert not p.report("nope", "server_error")
     assert p.regions() == ["a"]
+
+
+@pytest.mark.parametrize("key", ["interval_s", "timeout_s", "base_ejection_s", "max_ejection_s"])
+@pytest.mark.parametrize("value", [86_400.5, 1.7e19, 1.8e19, float("inf"), float("nan")])
+def test_times_are_finite_and_at_most_a_day(key: str, value: float) -> None:
+    # Beyond Duration's range they used to panic in the prober (on a report, or in the probe
+    # thread), past it they were "non-negative" errors; now one message names the bound.
+    expected = rf"{key} must be a finite number of seconds from 0 to 86400, got"
+    with pytest.raises(ValueError, match=expected):
+        Prober(**{key: value})
+    with pytest.raises(ValueError, match=expected):
+        Prober().configure(**{key: value})
+
+
+def test_a_day_long_ejection_is_reported_not_a_panic() -> None:
+    p = Prober(base_ejection_s=86_400.0, max_ejection_s=86_400.0, eject_after=1)
+    p.upsert_region("r", "http://127.0.0.1:9")
+    assert p.report("r", "timeout")
+    assert 86_000 < region(p, "r").ejected_for_s <= 86_400
 
 
 def test_unprobed_region_is_available_and_passive_failures_eject() -> None:

@@ -75,6 +75,33 @@ def test_every_section_is_present_and_frozen() -> None:
         (REGION.replace("http://", "ftp://"), "regions[0].base_url", "http(s) URL"),
         (REGION.replace('["m1"]', "[]"), "regions[0].models", "at least one model"),
         (REGION + '[models]\naliases = { "x" = "m9" }\n', "models.aliases.x", "some region"),
+        # The prober's times are bounded (beyond Duration's range the native prober panicked).
+        (REGION + "[health]\ntimeout_s = 1e19\n", "health.timeout_s", "<= 86400"),
+        (REGION + "[health]\ntimeout_s = inf\n", "health.timeout_s", "<= 86400"),
+        (REGION + "[health]\ninterval_s = 1.7e19\n", "health.interval_s", "<= 86400"),
+        (
+            REGION + "[health]\neject_after = 1\nbase_ejection_s = 1e19\nmax_ejection_s = 1e19\n",
+            "health.base_ejection_s",
+            "<= 86400",
+        ),
+        (REGION + "[health]\nmax_ejection_s = 1e19\n", "health.max_ejection_s", "<= 86400"),
+        # Every Redis URL, checked at load (serve used to die on it with a traceback).
+        (
+            REGION + '[limits]\nbackend = "redis"\nredis_url = "http://127.0.0.1:6379/0"\n',
+            "limits.redis_url",
+            "got scheme 'http'",
+        ),
+        (
+            REGION + '[limits]\nredis_url = "redis://:pw@127.0.0.1:notaport/0"\n',
+            "limits.redis_url",
+            "port from 1 to 65535, got 'notaport'",
+        ),
+        (
+            REGION + '[cache]\nredis_url = "redis://:pw@127.0.0.1:99999/0"\n',
+            "cache.redis_url",
+            "port from 1 to 65535, got '99999'",
+        ),
+        (REGION + '[state]\nredis_url = "unix://"\n', "state.redis_url", "socket path"),
     ],
 )
 def test_errors_name_file_field_and_expectation(text: str, field: str, expected: str) -> None:
@@ -85,6 +112,14 @@ def test_errors_name_file_field_and_expectation(text: str, field: str, expected:
     if field != "regions" or "missing" not in expected:
         assert f"`{field}`" in message
     assert expected in message
+
+
+def test_redis_url_errors_never_show_the_password() -> None:
+    for url in ("redis://:hunter2@127.0.0.1:notaport/0", "http://u:hunter2@h:6379/0"):
+        with pytest.raises(ConfigError) as info:
+            loads(REGION + f'[limits]\nredis_url = "{url}"\n')
+        assert "hunter2" not in str(info.value)
+        assert "\n" not in str(info.value)
 
 
 def test_unknown_section_is_rejected() -> None:

@@ -18,6 +18,17 @@ def test_naming_rule() -> None:
     assert len({env_name(*path) for path in OVERRIDABLE}) == len(OVERRIDABLE)
 
 
+@pytest.mark.parametrize("value", ["\u00b2", "\u0663", "8\u00b2"])
+def test_workers_must_be_ascii_digits_and_the_error_names_the_variable(value: str) -> None:
+    # str.isdigit() takes "²" and "٣"; int() refuses "²": no "invalid literal" without a name.
+    with pytest.raises(ConfigError) as info:
+        loads(REGION, "r.toml", {"ROUTER_SERVER_WORKERS": value})
+    message = str(info.value)
+    assert "ROUTER_SERVER_WORKERS" in message
+    assert "`server.workers`" in message
+    assert "invalid literal" not in message
+
+
 def test_environment_overrides_the_file() -> None:
     text = (
         '[server]\nlisten = "127.0.0.1:8080"\n[limits]\nredis_url = "redis://file:6379"\n' + REGION
