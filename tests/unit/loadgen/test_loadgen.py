@@ -181,6 +181,13 @@ def test_summarize_counts_errors_by_kind_and_regions_of_successes_only() -> None
     assert s.config == {"concurrency": 2}
 
 
+def test_rps_counts_only_requests_that_were_sent() -> None:
+    saturated = Sample(start_s=0.1, total_s=0.0, error="client_saturated")
+    s = summarize("run", [_ok(0.0), _ok(0.2), saturated, saturated], 2.0)
+    assert (s.sent, s.ok) == (4, 2)  # every recorded arrival, so counts add up
+    assert s.rps == 1.0  # but a client_saturated arrival never reached the server
+
+
 def test_region_timeline_bins_successes_by_start_time() -> None:
     samples = [
         _ok(0.1, region="a"),
@@ -248,6 +255,13 @@ def test_write_results_writes_json_markdown_and_only_asked_plots(tmp_path: Path)
         ("https://api.example.com/v1", "completions", "https://api.example.com/v1/completions"),
         ("http://h:1/v1/chat/completions", "chat", "http://h:1/v1/chat/completions"),
         ("http://h:1/openai", "chat", "http://h:1/openai/v1/chat/completions"),
+        ("http://h:1/v1/completions/", "completions", "http://h:1/v1/completions"),
+        (
+            "http://h:1/v1?api-version=2024",
+            "chat",
+            "http://h:1/v1/chat/completions?api-version=2024",
+        ),
+        ("http://h:1/x/v1/completions?k=v", "completions", "http://h:1/x/v1/completions?k=v"),
     ],
 )
 def test_endpoint_url(base: str, endpoint: str, url: str) -> None:
@@ -259,6 +273,21 @@ def test_endpoint_url_rejects_non_http() -> None:
         endpoint_url("ftp://x/", "chat")
     with pytest.raises(ValueError, match="not an http"):
         endpoint_url("127.0.0.1:8080", "chat")
+
+
+@pytest.mark.parametrize(
+    ("base", "endpoint", "match"),
+    [
+        # "/completions" ends "/chat/completions" too: the chat URL must not pass for it.
+        ("http://h:1/v1/chat/completions", "completions", "is the chat endpoint"),
+        ("http://h:1/v1/completions", "chat", "is the completions endpoint"),
+        ("http://127.0.0.1:99999", "chat", "not in 1-65535"),
+        ("http://127.0.0.1:0/v1", "chat", "not in 1-65535"),
+    ],
+)
+def test_endpoint_url_rejects_conflicts_and_bad_ports(base: str, endpoint: str, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        endpoint_url(base, endpoint)  # type: ignore[arg-type]
 
 
 def test_bodies_and_round_robin() -> None:
@@ -295,6 +324,13 @@ def test_bodies_and_round_robin() -> None:
         LoadSpec(duration_s=0.0),
         LoadSpec(max_requests=0),
         LoadSpec(timeout_s=0.0),
+        LoadSpec(timeout_s=float("nan")),
+        LoadSpec(timeout_s=float("inf")),
+        LoadSpec(grace_s=float("nan")),
+        LoadSpec(grace_s=float("inf")),
+        LoadSpec(grace_s=-1.0),
+        LoadSpec(duration_s=float("nan")),
+        LoadSpec(rate=float("nan")),
     ],
 )
 def test_load_spec_rejects_unbounded_or_invalid(spec: LoadSpec) -> None:
@@ -348,9 +384,51 @@ def test_header_options() -> None:
         "openai-organization": "org-1",
         "x-a": "b: c",
     }
-    for bad in ("no-colon", ": v", "two words: v"):
+    for bad in ("no-colon", ": v", "two words: v", "X(: v", "X\u00e9: v"):
         with pytest.raises(ValueError, match="Name: value"):
             parse_headers([bad])
+    for bad in ("X-A: a\r\nX-B: b", "X-A: a\nb", "X-A: a\0"):
+        with pytest.raises(ValueError, match="CR, LF or NUL"):
+            parse_headers([bad])
+
+
+@pytest.mark.parametrize(
+    ("body", "endpoint", "text"),
+    [
+        (b'{"choices":[{"message":{"role":"assistant","content":"hi"}}]}', "chat", "hi"),
+        (b'{"choices":[{"message":{"role":"assistant","content":null}}]}', "chat", ""),
+        (b'{"choices":[{"text":"hi"}]}', "completions", "hi"),
+    ],
+)
+def test_whole_text_reads_answers(body: bytes, endpoint: str, text: str) -> None:
+    from router.loadgen.client import whole_text
+
+    assert whole_text(body, endpoint) == text  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+@pytest.mark.parametrize(
+    "body",
+    [b'{"error":{"message":"overloaded","code":"busy"}}', b"{}", b'{"choices":[]}', b"not json"],
+)
+def test_whole_text_refuses_error_bodies_and_no_choices(body: bytes, endpoint: str) -> None:
+    from router.loadgen.client import whole_text
+
+    with pytest.raises(StreamError):
+        whole_text(body, endpoint)  # type: ignore[arg-type]
+
+
+def test_prepare_folder_creates_it_or_says_why_not(tmp_path: Path) -> None:
+    from router.loadgen.report import prepare_folder
+
+    prepare_folder(tmp_path / "a" / "b")
+    assert (tmp_path / "a" / "b").is_dir()
+    assert list((tmp_path / "a" / "b").iterdir()) == []  # the probe leaves nothing behind
+    file = tmp_path / "file"
+    file.write_text("x")
+    for bad in (file, file / "sub"):
+        with pytest.raises(NotADirectoryError):
+            prepare_folder(bad)
 
 
 # ---- the scenarios' pure parts (bench/scenarios, bench/procs) ----
