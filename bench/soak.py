@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
+from bench.outputs import check_folder
 from bench.procs import Procs, procs, sim_stats
 from tests.support import Proc
 
@@ -182,9 +183,9 @@ def main() -> None:
     parser.add_argument("--sample-s", type=float, default=5.0, dest="sample_s")
     parser.add_argument("--out", default="results/soak")
     args = parser.parse_args()
-    report = asyncio.run(soak(args))
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    check_folder(parser, "--out", out)
+    report = asyncio.run(soak(args))
     (out / "soak.json").write_text(json.dumps(report, indent=2))
     summary = {k: v for k, v in report.items() if k != "samples"}
     print(json.dumps(summary, indent=2))

@@ -428,3 +428,46 @@ async def test_nginx_from_bench_procs_relays_the_stream(sim: Proc, tmp_path: Pat
     assert summary.ttft_ms is not None
     assert summary.ttft_ms.min >= TTFT_MS
     assert nginx.popen.poll() is not None  # killed with the procs block
+
+
+_HOLDS_A_REGION = """
+import sys, time
+from pathlib import Path
+from bench.procs import interruptible, procs
+
+def body() -> int:
+    with procs(Path(sys.argv[1])) as pr:
+        sim = pr.sim_region("x", rtt_ms=0, ttft_ms=0, tokens_per_s=100)
+        print(sim.popen.pid, flush=True)
+        time.sleep(60)
+    return 0
+
+raise SystemExit(interruptible("holder", body))
+"""
+
+
+@pytest.mark.parametrize(
+    ("sig", "code", "word"), [(15, 143, "terminated"), (2, 130, "interrupted")]
+)
+def test_a_signalled_scenario_stops_its_processes_in_one_line(
+    tmp_path: Path, sig: int, code: int, word: str
+) -> None:
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDS_A_REGION, str(tmp_path)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None
+        child = int(holder.stdout.readline())
+        holder.send_signal(sig)
+        _, err = holder.communicate(timeout=30)
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+    assert holder.returncode == code
+    assert err == f"holder: {word}\n"
+    with pytest.raises(ProcessLookupError):
+        os.kill(child, 0)  # killed and reaped, not orphaned

@@ -9,7 +9,9 @@ import random
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -451,12 +453,152 @@ def test_global_users_workload_is_reproducible_and_only_surface_varies() -> None
 
     a = workload(300, 20, 1.0, random.Random(4))
     assert a == workload(300, 20, 1.0, random.Random(4))
-    canon = {" ".join(p.split()).lower() for p in a}
-    assert len(canon) <= 20
-    assert len(set(a)) > len(canon)  # variants an exact cache cannot match
+    # What the normalized level folds: blank space only, never letter case.
+    canon = {" ".join(p.split()) for p in a}
+    assert len({c.lower() for c in canon}) <= 20
+    assert len(set(a)) > len(canon)  # spacing variants an exact cache cannot match
     assert repeat_ceiling(a) == pytest.approx(1 - len(canon) / 300)
-    assert repeat_ceiling(["x", "X ", " x"]) == pytest.approx(2 / 3)
+    assert repeat_ceiling(["x", "x ", " x"]) == pytest.approx(2 / 3)
+    assert repeat_ceiling(["x", "X", "x  y", "x y"]) == pytest.approx(1 / 4)
     assert repeat_ceiling([]) == 0.0
+
+
+# What each bench script starts its load with: replaced in the option tests below, so a check
+# that lets a bad option through fails the test instead of running a benchmark.
+_LOAD_STARTS = {
+    "overhead": ["_start", "_start_workers"],
+    "frontends": ["spawn"],
+    "critical_path": ["measure"],
+    "opcodes": ["measure"],
+    "scenarios.global_users": ["procs"],
+    "scenarios.agent_loop": ["procs"],
+    "scenarios.overhead_nginx": ["procs"],
+}
+
+
+def _no_load(monkeypatch: pytest.MonkeyPatch, module: str) -> Callable[[list[str]], object]:
+    import importlib
+
+    mod = importlib.import_module(f"bench.{module}")
+
+    def started(*args: object, **kwargs: object) -> NoReturn:
+        raise AssertionError(f"bench.{module} started its load")
+
+    for name in _LOAD_STARTS[module]:
+        monkeypatch.setattr(mod, name, started)
+    main: Callable[[list[str]], object] = mod.main
+    return main
+
+
+@pytest.mark.parametrize(
+    ("module", "flags"),
+    [
+        ("global_users", ["--users-per-pop", "0"]),
+        ("global_users", ["--distinct", "0"]),
+        ("global_users", ["--requests-per-pop", "0"]),
+        ("global_users", ["--duration", "nan"]),
+        ("agent_loop", ["--calls", "0"]),
+        ("agent_loop", ["--parallel", "0"]),
+        ("agent_loop", ["--timeout", "inf"]),
+        ("overhead_nginx", ["--concurrency", "0"]),
+    ],
+)
+def test_scenarios_refuse_bad_options_before_starting_anything(
+    module: str,
+    flags: list[str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    main = _no_load(monkeypatch, f"scenarios.{module}")
+    with pytest.raises(SystemExit) as exit_:
+        main(["--results", str(tmp_path / "r"), *flags])
+    assert exit_.value.code == 2
+    assert "error: " in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()  # nothing started, not even the logs folder
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--duration", "nan"],
+        ["--concurrency", "0"],
+        ["--concurrency", "32", "-1"],
+        ["--rate", "-5"],
+        ["--rate", "nan"],
+        ["--warmup", "-1"],
+        ["--warmup", "nan"],
+    ],
+)
+def test_overhead_refuses_bad_options(
+    flags: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    main = _no_load(monkeypatch, "overhead")
+    with pytest.raises(SystemExit) as exit_:
+        main(flags)
+    assert exit_.value.code == 2
+    assert "error: " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("module", "flags"),
+    [
+        ("overhead", []),
+        ("frontends", []),
+        ("critical_path", []),
+        ("opcodes", []),
+        ("scenarios.global_users", ["--results"]),
+        ("scenarios.agent_loop", ["--results"]),
+    ],
+)
+def test_bench_scripts_refuse_unwritable_outputs_in_one_line(
+    module: str,
+    flags: list[str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    main = _no_load(monkeypatch, module)
+    file = tmp_path / "file"
+    file.write_text("x")
+    flag = flags or ["--json"]
+    for bad in (file / "out", Path("/proc/self/no/out")):
+        with pytest.raises(SystemExit) as exit_:
+            main([*flag, str(bad)])
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1, err
+        assert f"error: {flag[0]} {bad}: " in err
+    if flags:  # a results folder that is a file
+        with pytest.raises(SystemExit):
+            main([*flag, str(file)])
+        assert "exists and is not a folder" in capsys.readouterr().err
+
+
+def test_output_checks_leave_nothing_behind(tmp_path: Path) -> None:
+    import argparse
+
+    from bench.outputs import check_file, check_folder
+
+    parser = argparse.ArgumentParser()
+    check_file(parser, "--json", tmp_path / "new.json")
+    assert not (tmp_path / "new.json").exists()
+    (tmp_path / "old.json").write_text("kept")
+    check_file(parser, "--json", tmp_path / "old.json")
+    assert (tmp_path / "old.json").read_text() == "kept"
+    check_folder(parser, "--results", tmp_path / "a" / "b")
+    assert list((tmp_path / "a" / "b").iterdir()) == []
+    with pytest.raises(SystemExit):
+        check_file(parser, "--json", tmp_path)  # a folder
+
+
+def test_native_figures_has_help(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.native_figures import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    assert exit_.value.code == 0
+    assert "usage:" in capsys.readouterr().out
 
 
 def test_expected_ttft_is_the_median_pop() -> None:
