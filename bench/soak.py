@@ -21,7 +21,7 @@ from pathlib import Path
 
 import aiohttp
 from bench.outputs import check_folder
-from bench.procs import Procs, procs, sim_stats
+from bench.procs import Procs, interruptible, procs, sim_stats
 from tests.support import Proc
 
 MODEL = "sim-1"
@@ -174,8 +174,8 @@ async def soak(args: argparse.Namespace) -> dict[str, object]:
     return report
 
 
-def main() -> None:
-    """Parse flags, run, print a summary."""
+def main() -> int:
+    """Parse flags, run, print a summary; Ctrl-C or SIGTERM stops every process it started."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--concurrency", type=int, default=16)
@@ -185,11 +185,16 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(args.out)
     check_folder(parser, "--out", out)
+    return interruptible("soak", lambda: _run(args, out))
+
+
+def _run(args: argparse.Namespace, out: Path) -> int:
     report = asyncio.run(soak(args))
     (out / "soak.json").write_text(json.dumps(report, indent=2))
     summary = {k: v for k, v in report.items() if k != "samples"}
     print(json.dumps(summary, indent=2))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
