@@ -35,6 +35,7 @@ import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.outputs import check_file, check_folder
 from tests.support import Proc, free_port, router_cmd, spawn, start_redis
 
 from router.access.auth import hash_key
@@ -367,6 +368,9 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.after_s < 11:
         parser.error("--after-s must be at least 11 (the rate is judged from 10 s after)")
+    check_file(parser, "--json", args.json)
+    if args.logs is not None:
+        check_folder(parser, "--logs", args.logs)
     return args
 
 

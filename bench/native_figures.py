@@ -1,15 +1,17 @@
 """Print the issue-2 figures for the native hot path (CPU time per call, best of several rounds).
 
-Run: python bench/native_figures.py   (from the repo root; takes about half a minute)
+Run: python -m bench.native_figures   (or python bench/native_figures.py, from the repo root;
+takes about half a minute)
 """
 
 from __future__ import annotations
 
+import argparse
 import random
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -145,7 +147,12 @@ def tiktoken_version() -> str:
     return str(tiktoken.__version__)
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
+    """Parse the (no) options, then print every figure."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.parse_args(argv)
     with open("/proc/loadavg") as f:
         print(f"load average at start: {f.read().split()[0]} (CPU time per call is measured)")
     fingerprint_figures()

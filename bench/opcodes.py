@@ -31,6 +31,7 @@ from pathlib import Path
 
 import aiohttp
 import uvloop
+from bench.outputs import check_file
 from bench.overhead import BODY, router_config, start_region
 from tests.support import Proc, spawn
 
@@ -170,6 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not 1 <= args.requests <= 5000 or not 0 <= args.warmup <= 1000:
         parser.error("--requests in [1, 5000], --warmup in [0, 1000]")
+    check_file(parser, "--json", args.json)
     baseline = args.baseline.resolve() if args.baseline is not None else None
     with tempfile.TemporaryDirectory(prefix="router-opcodes-") as tmp:
         counts = measure(args.stream, args.warmup, args.requests, Path(tmp), baseline)

@@ -61,6 +61,7 @@ import aiohttp
 import uvloop
 from aiohttp import web
 from bench.aiohttp_transport import AiohttpTransport
+from bench.outputs import check_file
 from bench.procs import NGINX, nginx_cmd
 from tests.support import Proc, free_port, router_cmd, spawn
 
@@ -547,9 +548,10 @@ def paced_options(parser: argparse.ArgumentParser, duration: float, rounds: int,
 
 
 def check_paced(parser: argparse.ArgumentParser, args: argparse.Namespace, max_rate: float) -> None:
-    """Exit with a usage error unless the paced options are in bounds."""
+    """Exit with a usage error unless the paced options are in bounds and --json is writable."""
     if not 0 < args.duration <= 60 or not 1 <= args.rounds <= 100 or not 0 < args.rate <= max_rate:
         parser.error(f"--duration in (0, 60], --rounds in [1, 100], --rate in (0, {max_rate:g}]")
+    check_file(parser, "--json", args.json)
 
 
 def _start(tmp: Path, place: Placement | None, started: dict[str, Proc]) -> None:
@@ -746,10 +748,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.serve_passthrough:
         serve_passthrough(int(args.serve_passthrough[0]), args.serve_passthrough[1])
         return 0
-    if args.duration <= 0 or args.duration > 60:
+    # Written so that NaN fails each bound too.
+    if not 0 < args.duration <= 60:
         parser.error("--duration must be in (0, 60] seconds")
+    if not 0 <= args.warmup <= 60:
+        parser.error("--warmup must be in [0, 60] seconds")
+    if not 0 <= args.rate <= 5000:
+        parser.error("--rate must be in [0, 5000] (0 skips the paced cells)")
+    if any(not 1 <= c <= 4096 for c in args.concurrency):
+        parser.error("--concurrency values must be in [1, 4096]")
     if not 1 <= args.rounds <= 100:
         parser.error("--rounds must be in [1, 100]")
+    check_file(parser, "--json", args.json)
     if args.workers:
         if any(not 1 <= n <= 64 for n in args.workers):
             parser.error("--workers counts must be in [1, 64]")

@@ -7,10 +7,12 @@ import json
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from types import FrameType
 from typing import Literal
 
 from tests.support import Proc, free_port, router_cmd, spawn, start_redis
@@ -140,6 +142,32 @@ def procs(folder: Path) -> Iterator[Procs]:
         yield p
     finally:
         p.close()
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread like Ctrl-C, so every `finally` (Procs.close) runs."""
+
+
+def _stop(signum: int, frame: FrameType | None) -> None:
+    # Once: a second signal must not cut the cleanup the first one started.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
+def interruptible(prog: str, run: Callable[[], int]) -> int:
+    """run() where Ctrl-C and SIGTERM stop every process started and end in one line on
+    stderr: exit 130 (SIGINT) or 143 (SIGTERM), as a shell reports a signal, no traceback."""
+    previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return run()
+    except KeyboardInterrupt as exc:
+        term = isinstance(exc, Terminated)
+        print(f"{prog}: {'terminated' if term else 'interrupted'}", file=sys.stderr)
+        return 128 + (signal.SIGTERM if term else signal.SIGINT)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def nginx_cmd(prefix: Path, port: int, upstream_port: int) -> list[str]:

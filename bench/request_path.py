@@ -27,6 +27,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from bench.outputs import check_file
 from tests.support import free_port, router_cmd, spawn
 
 BODY = {
@@ -116,6 +117,7 @@ def main() -> int:
     parser.add_argument("--cache", action="store_true", help="normalized cache on")
     parser.add_argument("--json", type=Path, help="write the counts here")
     args = parser.parse_args()
+    check_file(parser, "--json", args.json)
     with tempfile.TemporaryDirectory() as tmp:
         region_port = free_port()
         region = spawn(

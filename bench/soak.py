@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
-from bench.procs import Procs, procs, sim_stats
+from bench.outputs import check_folder
+from bench.procs import Procs, interruptible, procs, sim_stats
 from tests.support import Proc
 
 MODEL = "sim-1"
@@ -173,8 +174,8 @@ async def soak(args: argparse.Namespace) -> dict[str, object]:
     return report
 
 
-def main() -> None:
-    """Parse flags, run, print a summary."""
+def main() -> int:
+    """Parse flags, run, print a summary; Ctrl-C or SIGTERM stops every process it started."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--concurrency", type=int, default=16)
@@ -182,13 +183,18 @@ def main() -> None:
     parser.add_argument("--sample-s", type=float, default=5.0, dest="sample_s")
     parser.add_argument("--out", default="results/soak")
     args = parser.parse_args()
-    report = asyncio.run(soak(args))
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    check_folder(parser, "--out", out)
+    return interruptible("soak", lambda: _run(args, out))
+
+
+def _run(args: argparse.Namespace, out: Path) -> int:
+    report = asyncio.run(soak(args))
     (out / "soak.json").write_text(json.dumps(report, indent=2))
     summary = {k: v for k, v in report.items() if k != "samples"}
     print(json.dumps(summary, indent=2))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

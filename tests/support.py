@@ -111,8 +111,11 @@ def spawn(
     proc = Proc(args=args, port=port, log=log, popen=popen)
     try:
         wait_for_port(port, ready_timeout, popen)
-    except Exception:
+    except BaseException as exc:
+        # Ctrl-C or SIGTERM while waiting too: nobody else knows this process yet.
         proc.kill()
+        if not isinstance(exc, Exception):
+            raise
         raise RuntimeError(f"{args} failed to start:\n{proc.output()}") from None
     return proc
 

@@ -4,13 +4,16 @@
 
 An agent waits for each answer before its next call, so every call pays the full round trip to
 the region: task time ~ calls x (RTT + TTFT + generation). Users at three PoPs run tasks against
-(a) one central region directly and (b) the router at their PoP (nearest region, no cache).
+(a) one central region directly and (b) the router at their PoP (nearest region, no cache), which
+starts taking calls once its probes have measured every region. Ctrl-C or SIGTERM stops every
+process it started.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -19,7 +22,8 @@ from pathlib import Path
 import aiohttp
 import msgspec
 import uvloop
-from bench.procs import procs
+from bench.outputs import check_folder
+from bench.procs import interruptible, procs
 from bench.scenarios.topology import POPS, Mesh, delay_method, nearest, rtt_ms, start_failure
 
 from router.loadgen import Dist, Sample, Summary, distribution, summarize
@@ -84,21 +88,34 @@ async def run_tasks(
         name = f"{phase}-{pop}-{index}"
         start = time.perf_counter()
         samples: list[Sample] = []
-        for step in range(calls):
-            planned = Planned(url=url, body=_body(name, step, max_tokens), label=pop)
-            sample = await send(
-                session,
-                planned,
-                endpoint="chat",
-                stream=True,
-                timeout_s=timeout_s,
-                start_s=time.perf_counter() - t0,
-                t0=t0,
-            )
-            samples.append(sample)
-            if not sample.ok:
-                break  # an agent cannot continue without the answer
-        done.append(Task(pop=pop, index=index, total_s=time.perf_counter() - start, calls=samples))
+        try:
+            for step in range(calls):
+                planned = Planned(url=url, body=_body(name, step, max_tokens), label=pop)
+                sent_s = time.perf_counter() - t0
+                try:
+                    sample = await send(
+                        session,
+                        planned,
+                        endpoint="chat",
+                        stream=True,
+                        timeout_s=timeout_s,
+                        start_s=sent_s,
+                        t0=t0,
+                    )
+                except asyncio.CancelledError:
+                    # Cut by the hard end: the call is recorded, as router bench records it.
+                    total = time.perf_counter() - t0 - sent_s
+                    samples.append(
+                        Sample(start_s=sent_s, total_s=total, error="unfinished", label=pop)
+                    )
+                    raise
+                samples.append(sample)
+                if not sample.ok:
+                    break  # an agent cannot continue without the answer
+        finally:
+            # A task cut at the hard end counts too: as not ok, never silently dropped.
+            task = Task(pop=pop, index=index, total_s=time.perf_counter() - start, calls=samples)
+            done.append(task)
 
     async def pop_worker(session: aiohttp.ClientSession, pop: str, lane: int) -> None:
         for index in range(lane, tasks_per_pop, parallel):
@@ -165,12 +182,26 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no per-phase lines on stderr")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    # Before 15 processes start: a bad option costs a line, not a run.
+    if min(args.calls, args.tasks_per_pop, args.parallel, args.max_tokens) < 1:
+        p.error("--calls, --tasks-per-pop, --parallel and --max-tokens must be >= 1")
+    if not (0 < args.duration <= 600 and 0 < args.timeout <= 600):
+        p.error("--duration and --timeout must be in (0, 600] seconds")
+    if not (0 <= args.ttft_ms < math.inf and 0 < args.tokens_per_s < math.inf):
+        p.error("--ttft-ms must be finite and >= 0, --tokens-per-s finite and > 0")
+    check_folder(p, "--results", args.results)
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run centralized then routed; write results; print both tables."""
     args = _args(argv)
+    return interruptible("agent_loop", lambda: run(args))
+
+
+def run(args: argparse.Namespace) -> int:
+    """The scenario for parsed, checked options."""
     method = delay_method()
     print(method, file=sys.stderr)
     per_call: list[Summary] = []
@@ -219,8 +250,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             samples[name] = calls
             call_summary = summarize(f"{name} (calls)", calls, wall)
             if name.startswith("b-"):
-                # Which region served each PoP's calls (x-router-region), e.g. a few calls sent
-                # elsewhere before the fresh routers' probes had measured every region.
+                # Which region served each PoP's calls (x-router-region): a check that every
+                # call went to the nearest region (the routers take none before probing all).
                 served = {
                     pop: summarize(pop, [c for c in calls if c.label == pop], wall).regions
                     for pop in POPS

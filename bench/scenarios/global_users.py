@@ -5,6 +5,7 @@
 (a) centralized: every user talks straight to one region (as seen from its PoP: far for two PoPs);
 (b) a router at each PoP, nearest routing, no cache; (c) (b) with the normalized response cache.
 Reports TTFT p50/p95 and origin load (requests the regions counted themselves) for each.
+Ctrl-C or SIGTERM stops every process it started.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from pathlib import Path
 
 import msgspec
 import uvloop
-from bench.procs import Procs, procs
+from bench.outputs import check_folder
+from bench.procs import Procs, interruptible, procs
 from bench.scenarios.topology import (
     POPS,
     Mesh,
@@ -36,11 +38,14 @@ from router.loadgen import LoadSpec, Planned, Sample, Summary, run_load, summari
 from router.loadgen.progress import Progress
 from router.loadgen.report import markdown_table, write_results
 from router.loadgen.stats import percentile
+from router.native import fingerprint
 
 MODEL = "sim-1"
 CHAT = "/chat/completions"
 
-# Surface variants a normalizing cache folds and an exact one does not: case and spacing.
+# Surface variants: the spacing ones are what the normalized level folds (and exact does not);
+# the case ones it keeps apart since 2026-12-04 (README "What `normalized` folds"), so they are
+# distinct keys at both levels and cap the hit rate below the mix's repetition.
 _VARIANTS: tuple[Callable[[str], str], ...] = (
     lambda p: p,
     str.lower,
@@ -57,10 +62,12 @@ def workload(n: int, distinct: int, zipf_s: float, rng: random.Random) -> list[s
     return [rng.choice(_VARIANTS)(f"In one sentence, what is topic number {k}?") for k in picks]
 
 
-def repeat_ceiling(prompts: Sequence[str]) -> float:
-    """The best hit rate any cache could reach on this sequence: 1 - distinct / requests."""
-    canon = {" ".join(p.split()).lower() for p in prompts}
-    return 1.0 - len(canon) / len(prompts) if prompts else 0.0
+def repeat_ceiling(prompts: Sequence[str], max_tokens: int = 8) -> float:
+    """The best hit rate the normalized cache can reach on this sequence: 1 - keys / requests,
+    the keys being the router's own (native fingerprint at level "normalized") of the bodies
+    this scenario sends."""
+    keys = {fingerprint(_body(p, max_tokens), level="normalized") for p in prompts}
+    return 1.0 - len(keys) / len(prompts) if prompts else 0.0
 
 
 def _body(prompt: str, max_tokens: int) -> bytes:
@@ -136,7 +143,18 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--quiet", action="store_true")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    # Before 15 processes start: a bad option costs a line, not a run.
+    if min(args.requests_per_pop, args.users_per_pop, args.distinct, args.max_tokens) < 1:
+        p.error("--requests-per-pop, --users-per-pop, --distinct and --max-tokens must be >= 1")
+    if not 0 < args.duration <= 600:
+        p.error("--duration must be in (0, 600] seconds")
+    if not (0 <= args.ttft_ms < math.inf and 0 < args.tokens_per_s < math.inf):
+        p.error("--ttft-ms must be finite and >= 0, --tokens-per-s finite and > 0")
+    if not 0 <= args.zipf < math.inf:
+        p.error("--zipf must be finite and >= 0")
+    check_folder(p, "--results", args.results)
+    return args
 
 
 def _per_pop(name: str, samples: Sequence[Sample], wall_s: float) -> list[Summary]:
@@ -148,6 +166,11 @@ def _per_pop(name: str, samples: Sequence[Sample], wall_s: float) -> list[Summar
 def main(argv: Sequence[str] | None = None) -> int:
     """Run (a), (b), (c) in one go; write results; print the table and the explanation."""
     args = _args(argv)
+    return interruptible("global_users", lambda: run(args))
+
+
+def run(args: argparse.Namespace) -> int:
+    """The scenario for parsed, checked options."""
     method = delay_method()
     print(method, file=sys.stderr)
     spec = LoadSpec(
@@ -162,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         for pop in POPS
     }
-    ceiling = sum(repeat_ceiling(p) for p in prompts.values()) / len(POPS)
+    ceiling = sum(repeat_ceiling(p, args.max_tokens) for p in prompts.values()) / len(POPS)
     phases: list[Summary] = []
     rows: list[Summary] = []
     samples: dict[str, list[Sample]] = {}
@@ -217,7 +240,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     shared.result,
                     [
                         "(c) with one Redis tier shared by the three PoPs' routers; best possible "
-                        f"hit rate {repeat_ceiling(everyone):.0%} (repeats across PoPs count)"
+                        f"hit rate {repeat_ceiling(everyone, args.max_tokens):.0%} (repeats "
+                        "across PoPs count)"
                     ],
                 )
             )
@@ -334,9 +358,10 @@ def explain(phases: Sequence[Summary], args: argparse.Namespace) -> str:
         f"{saving}, not the seed's 75%.",
         "- Why (origin load): routing moves load between regions but does not reduce it; the "
         "cache removes exactly its hits, and hits are bounded by the workload's repetition "
-        "(per-PoP caches see only their own users' repeats): the ceiling for this mix is in "
-        "the (c) note. Fewer distinct prompts or a shared Redis tier raise it; more lower it; "
-        "the seed's -40-60% is a statement about its workload, not about the router.",
+        "as the router keys it (spacing variants fold, case variants do not; per-PoP caches "
+        "see only their own users' repeats): the ceiling for this mix is in the (c) note. "
+        "Fewer distinct prompts or a shared Redis tier raise it; more lower it; the seed's "
+        "-40-60% is a statement about its workload, not about the router.",
     ]
     return "\n".join(lines) + "\n"
 

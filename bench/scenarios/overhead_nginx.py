@@ -5,18 +5,21 @@
 One sim region with no injected RTT; Debian's nginx (/usr/sbin/nginx) as a plain streaming
 reverse proxy (keep-alive upstream pool, no buffering); the router with cache and auth off.
 The same closed-loop load goes to each in turn (rounds interleave them to spread drift).
+Ctrl-C or SIGTERM stops every process it started.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import uvloop
-from bench.procs import procs
+from bench.outputs import check_folder
+from bench.procs import interruptible, procs
 from bench.scenarios.topology import start_failure
 
 from router.loadgen import LoadSpec, Sample, Summary, run_load, summarize
@@ -46,7 +49,15 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--no-stream", action="store_true")
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--quiet", action="store_true")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if min(args.concurrency, args.count, args.rounds, args.max_tokens) < 1:
+        p.error("--concurrency, --count, --rounds and --max-tokens must be >= 1")
+    if not 0 < args.duration <= 600:
+        p.error("--duration must be in (0, 600] seconds")
+    if not (0 <= args.ttft_ms < math.inf and 0 <= args.tokens_per_s < math.inf):
+        p.error("--ttft-ms and --tokens-per-s must be finite and >= 0")
+    check_folder(p, "--results", args.results)
+    return args
 
 
 def overhead_notes(rows: Sequence[Summary]) -> list[str]:
@@ -78,6 +89,11 @@ def overhead_notes(rows: Sequence[Summary]) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Start upstream, nginx and router; load each in turn; write and print the comparison."""
     args = _args(argv)
+    return interruptible("overhead_nginx", lambda: run(args))
+
+
+def run(args: argparse.Namespace) -> int:
+    """The scenario for parsed, checked options."""
     stream = not args.no_stream
     spec = LoadSpec(
         concurrency=args.concurrency,

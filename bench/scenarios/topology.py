@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from bench.procs import CacheLevel, Procs, sim_stats
+from bench.procs import CacheLevel, Procs, get_json, sim_stats
 from tests.support import Proc
 
 POPS: tuple[str, ...] = ("us-east", "eu-west", "ap-south")
@@ -71,9 +72,13 @@ class Mesh:
         def start(pop: str) -> str:
             name = f"{pop}-{cache or 'nocache'}{'-shared' if cache_redis else ''}"
             regions = self.regions_from(pop)
-            return procs.router(
+            url = procs.router(
                 name, regions, cache=cache, cache_redis=cache_redis, model=self.model
             ).url
+            # Unbiased routers pick by measured RTT: a call before every region has one may go
+            # to a far region, so no load starts before the probes have measured them all.
+            wait_probed(url, POPS)
+            return url
 
         with ThreadPoolExecutor(max_workers=len(POPS)) as pool:
             return {pop: url + "/v1" for pop, url in zip(POPS, pool.map(start, POPS), strict=True)}
@@ -84,6 +89,21 @@ class Mesh:
         for (_, region), proc in self.sims.items():
             totals[region] += sim_stats(proc)["requests"]
         return totals
+
+
+def wait_probed(router_url: str, regions: Sequence[str], timeout_s: float = 30.0) -> None:
+    """Poll the router's /status.json until each of `regions` has a probe RTT; RuntimeError
+    after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status = get_json(router_url + "/status.json")
+        rows = status.get("regions", []) if isinstance(status, dict) else []
+        rtts = {r.get("name"): r.get("rtt_ms") for r in rows if isinstance(r, dict)}
+        if all(rtts.get(name) is not None for name in regions):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{router_url}: no probe RTT for every region after {timeout_s:g} s")
+        time.sleep(0.1)
 
 
 def delta(after: Mapping[str, int], before: Mapping[str, int]) -> dict[str, int]:

@@ -10,11 +10,13 @@ import re
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
+from aiohttp import web
 from bench.procs import NGINX, procs
 
 from router import cli
@@ -228,6 +230,16 @@ def test_router_bench_reports_failures_in_its_exit_code() -> None:
         ["--prompts-file", "/nonexistent/prompts.txt"],
         ["--origin-stats", "no-equals-sign"],
         ["--header", "no-colon"],
+        ["--header", "X(: v"],
+        ["--header", "X-A: a\r\nX-B: b"],
+        ["--timeout", "nan"],
+        ["--grace", "nan"],
+        ["--timeout", "inf", "--grace", "inf"],
+        ["--max-tokens", "0"],
+        ["--progress-interval", "nan"],
+        ["--url", "http://127.0.0.1:99999"],
+        ["--url", "http://127.0.0.1:1/v1/chat/completions", "--endpoint", "completions"],
+        ["--results", "/proc/self/results"],
     ],
 )
 def test_router_bench_rejects_bad_options_in_one_line(
@@ -237,6 +249,101 @@ def test_router_bench_rejects_bad_options_in_one_line(
     err = capsys.readouterr().err
     assert err.startswith("router bench: ")
     assert err.count("\n") == 1
+
+
+def test_router_bench_refuses_unusable_files_before_any_load(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n  \n")
+    file = tmp_path / "file"
+    file.write_text("x")
+    # Port 1 refuses: any load would be seen as connect errors and exit 1, not 2.
+    base = ["bench", "--url", "http://127.0.0.1:1", "--quiet", "--count", "1"]
+    for flags in (
+        ["--prompts-file", str(empty)],
+        ["--results", str(file)],
+        ["--results", str(file / "sub")],
+    ):
+        assert cli.main([*base, *flags]) == 2, flags
+        err = capsys.readouterr().err
+        assert err.startswith("router bench: ")
+        assert err.count("\n") == 1
+
+
+def test_router_bench_that_sent_nothing_fails(capsys: pytest.CaptureFixture[str]) -> None:
+    # Poisson arrivals at 0.001/s: none falls inside 0.1 s.
+    argv = ["bench", "--url", "http://127.0.0.1:1", "--quiet", "--rate", "0.001"]
+    assert cli.main([*argv, "--duration", "0.1"]) == 1
+    assert "no request was sent" in capsys.readouterr().err
+
+
+async def _answering(handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> Any:
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", handler)
+    app.router.add_post("/v1/completions", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, f"http://127.0.0.1:{port}"
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+async def test_a_200_error_body_is_a_bad_response_at_both_endpoints(endpoint: str) -> None:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return web.json_response({"error": {"message": "overloaded", "code": "busy"}})
+
+    runner, base = await _answering(handler)
+    try:
+        factory = round_robin(
+            endpoint_url(base, endpoint),  # type: ignore[arg-type]
+            ["x"],
+            model="sim-1",
+            endpoint=endpoint,  # type: ignore[arg-type]
+            max_tokens=1,
+            stream=False,
+        )
+        spec = LoadSpec(
+            concurrency=1,
+            max_requests=2,
+            duration_s=5.0,
+            stream=False,
+            endpoint=endpoint,  # type: ignore[arg-type]
+        )
+        r = await run_load("err", spec, factory)
+    finally:
+        await runner.cleanup()
+    assert summarize("e", r.samples, r.wall_s).errors == {"bad_response": 2}
+
+
+async def test_a_stream_without_content_is_empty_not_ok() -> None:
+    role = b'data: {"choices":[{"index":0,"delta":{"role":"assistant"}}]}\n\n'
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(role + b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    runner, base = await _answering(handler)
+    try:
+        factory = round_robin(
+            endpoint_url(base, "chat"),
+            ["x"],
+            model="sim-1",
+            endpoint="chat",
+            max_tokens=1,
+            stream=True,
+        )
+        r = await run_load(
+            "empty", LoadSpec(concurrency=1, max_requests=2, duration_s=5.0), factory
+        )
+    finally:
+        await runner.cleanup()
+    s = summarize("e", r.samples, r.wall_s)
+    assert (s.ok, s.errors, s.ttft_ms) == (0, {"empty": 2}, None)
 
 
 def test_api_key_is_sent_as_bearer_to_a_real_router(sim: Proc, tmp_path: Path) -> None:
@@ -321,3 +428,46 @@ async def test_nginx_from_bench_procs_relays_the_stream(sim: Proc, tmp_path: Pat
     assert summary.ttft_ms is not None
     assert summary.ttft_ms.min >= TTFT_MS
     assert nginx.popen.poll() is not None  # killed with the procs block
+
+
+_HOLDS_A_REGION = """
+import sys, time
+from pathlib import Path
+from bench.procs import interruptible, procs
+
+def body() -> int:
+    with procs(Path(sys.argv[1])) as pr:
+        sim = pr.sim_region("x", rtt_ms=0, ttft_ms=0, tokens_per_s=100)
+        print(sim.popen.pid, flush=True)
+        time.sleep(60)
+    return 0
+
+raise SystemExit(interruptible("holder", body))
+"""
+
+
+@pytest.mark.parametrize(
+    ("sig", "code", "word"), [(15, 143, "terminated"), (2, 130, "interrupted")]
+)
+def test_a_signalled_scenario_stops_its_processes_in_one_line(
+    tmp_path: Path, sig: int, code: int, word: str
+) -> None:
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDS_A_REGION, str(tmp_path)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None
+        child = int(holder.stdout.readline())
+        holder.send_signal(sig)
+        _, err = holder.communicate(timeout=30)
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+    assert holder.returncode == code
+    assert err == f"holder: {word}\n"
+    with pytest.raises(ProcessLookupError):
+        os.kill(child, 0)  # killed and reaped, not orphaned

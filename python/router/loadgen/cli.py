@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -102,19 +104,43 @@ def _prompts(args: argparse.Namespace) -> list[str]:
     prompts: list[str] = list(args.prompt or [])
     if args.prompts_file is not None:
         lines = args.prompts_file.read_text().splitlines()
-        prompts += [line for line in lines if line.strip()]
+        from_file = [line for line in lines if line.strip()]
+        if not from_file:
+            raise ValueError(f"--prompts-file {args.prompts_file} has no prompts")
+        prompts += from_file
     return prompts or [DEFAULT_PROMPT]
 
 
+# RFC 9110 section 5.6.2: a header name is a token.
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+
+
 def parse_headers(specs: Sequence[str]) -> dict[str, str]:
-    """`Name: value` options -> headers; ValueError names the bad one."""
+    """`Name: value` options -> headers; ValueError names the bad one.
+
+    The name must be an RFC 9110 token and the value must hold no CR, LF or NUL, which would
+    end the header early or be refused mid-run by the HTTP client.
+    """
     out: dict[str, str] = {}
     for spec in specs:
         name, sep, value = spec.partition(":")
-        if not sep or not name.strip() or any(c.isspace() for c in name.strip()):
-            raise ValueError(f"--header wants 'Name: value', got {spec!r}")
-        out[name.strip().lower()] = value.strip()
+        name, value = name.strip(), value.strip()
+        if not sep or not _TOKEN.fullmatch(name):
+            raise ValueError(f"--header wants 'Name: value' with a token Name, got {spec!r}")
+        if any(c in value for c in "\r\n\0"):
+            raise ValueError(f"--header value must not hold CR, LF or NUL, got {spec!r}")
+        out[name.lower()] = value
     return out
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    """ValueError for the options LoadSpec does not cover."""
+    if not 0 < args.timeline_bin < math.inf:
+        raise ValueError("--timeline-bin must be positive and finite")
+    if not 0 <= args.progress_interval < math.inf:
+        raise ValueError("--progress-interval must be non-negative and finite")
+    if args.max_tokens < 1:
+        raise ValueError("--max-tokens must be >= 1")
 
 
 def _concurrency(args: argparse.Namespace) -> int:
@@ -143,14 +169,22 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
         )
         spec.validate()
-        if not args.timeline_bin > 0:
-            raise ValueError("--timeline-bin must be positive")
+        _check_options(args)
         prompts = _prompts(args)
         origins = parse_origins(args.origin_stats)
         extra_headers = parse_headers(args.header)
     except (ValueError, OSError) as exc:
         print(f"router bench: {exc}", file=sys.stderr)
         return 2
+    if args.results is not None:
+        # Before any load: a run is not worth making if its results cannot be kept.
+        from router.loadgen.report import prepare_folder
+
+        try:
+            prepare_folder(args.results)
+        except OSError as exc:
+            print(f"router bench: --results {args.results}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
     key = args.api_key or os.environ.get("ROUTER_BENCH_API_KEY") or os.environ.get("OPENAI_API_KEY")
     headers = {"authorization": f"Bearer {key}"} if key else {}
     headers.update(extra_headers)
@@ -195,6 +229,9 @@ def run(args: argparse.Namespace) -> int:
             timeline_bin_s=args.timeline_bin,
         )
         print("wrote " + " ".join(str(p) for p in paths), file=sys.stderr)
+    if summary.sent == 0:
+        print("router bench: no request was sent (raise --rate or --duration)", file=sys.stderr)
+        return 1
     return 0 if summary.ok == summary.sent else 1
 
 

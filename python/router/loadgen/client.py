@@ -116,12 +116,15 @@ async def _read_stream(
     if not done:
         # The server closed the stream without the terminating [DONE]: a cut, not a success.
         sample.error = "stream_cut"
+    elif last is None:
+        # [DONE] without any content: nothing to time a first token by, so not an ok answer.
+        sample.error = "empty"
 
 
 async def _read_body(resp: aiohttp.ClientResponse, sample: Sample, endpoint: Endpoint) -> None:
     body = await resp.read()
     try:
-        text = chunk_content(body, endpoint) if endpoint != "chat" else _message_text(body)
+        text = whole_text(body, endpoint)
     except StreamError:
         sample.error = "bad_response"
         return
@@ -132,20 +135,30 @@ class _Message(msgspec.Struct):
     content: str | None = None
 
 
-class _MessageChoice(msgspec.Struct):
-    message: _Message | None = None
+class _Choice(msgspec.Struct):
+    message: _Message | None = None  # chat
+    text: str | None = None  # completions
 
 
-class _Completion(msgspec.Struct):
-    choices: list[_MessageChoice] = []
+class _Whole(msgspec.Struct):
+    choices: list[_Choice] | None = None
+    error: dict[str, object] | None = None
 
 
-_completion = msgspec.json.Decoder(_Completion)
+_whole = msgspec.json.Decoder(_Whole)
 
 
-def _message_text(body: bytes) -> str:
+def whole_text(body: bytes, endpoint: Endpoint) -> str:
+    """The generated text of a whole (non-stream) answer; StreamError for an undecodable body,
+    an error object or no choices, which a 200 must not count as an answer."""
     try:
-        choices = _completion.decode(body).choices
+        answer = _whole.decode(body)
     except msgspec.DecodeError as exc:
         raise StreamError("undecodable response body") from exc
-    return "".join(c.message.content or "" for c in choices if c.message is not None)
+    if answer.error is not None:
+        raise StreamError(str(answer.error.get("message", answer.error)))
+    if not answer.choices:
+        raise StreamError("a response without choices")
+    if endpoint == "chat":
+        return "".join(c.message.content or "" for c in answer.choices if c.message is not None)
+    return "".join(c.text or "" for c in answer.choices)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -51,6 +53,18 @@ def markdown_table(summaries: Sequence[Summary]) -> str:
     if notes:
         text += "\n" + "\n".join(notes) + "\n"
     return text
+
+
+def prepare_folder(folder: Path) -> None:
+    """Create `folder` and prove a file can be written in it; OSError (with its strerror) if not.
+
+    Called before a run, so an unwritable results folder costs an error line, not the run.
+    """
+    if folder.exists() and not folder.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "exists and is not a folder", str(folder))
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryFile(dir=folder):
+        pass
 
 
 def write_results(

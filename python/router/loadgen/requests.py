@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import msgspec
 
@@ -15,16 +15,30 @@ _PATHS: dict[Endpoint, str] = {"chat": "/chat/completions", "completions": "/com
 
 
 def endpoint_url(base: str, endpoint: Endpoint) -> str:
-    """`http://h:p`, `http://h:p/v1` or a full endpoint URL -> the endpoint URL."""
+    """`http://h:p`, `http://h:p/v1` or a full endpoint URL -> the endpoint URL; a query is kept.
+
+    ValueError for a URL that is not http(s), has a bad port, or names the other endpoint.
+    """
     parts = urlsplit(base)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
+    if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"not an http(s) URL: {base!r}")
+    try:
+        port = parts.port  # ValueError past 65535 or not a number
+    except ValueError:
+        port = 0
+    if port == 0:
+        raise ValueError(f"the port of {base!r} is not in 1-65535")
     path = parts.path.rstrip("/")
-    if path.endswith(_PATHS[endpoint]):
-        return base
+    # Longest first: "/completions" is also the end of "/chat/completions".
+    for named in sorted(_PATHS, key=lambda e: -len(_PATHS[e])):
+        if path.endswith(_PATHS[named]):
+            if named != endpoint:
+                raise ValueError(f"{base!r} is the {named} endpoint, not {endpoint}")
+            path = path.removesuffix(_PATHS[named])
+            break
     if not path.endswith("/v1"):
         path += "/v1"
-    return f"{parts.scheme}://{parts.netloc}{path}{_PATHS[endpoint]}"
+    return urlunsplit((parts.scheme, parts.netloc, path + _PATHS[endpoint], parts.query, ""))
 
 
 def body(prompt: str, *, model: str, endpoint: Endpoint, max_tokens: int, stream: bool) -> bytes:

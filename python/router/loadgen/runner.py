@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import time
 from collections.abc import Callable, Mapping
@@ -36,14 +37,17 @@ class LoadSpec(msgspec.Struct, frozen=True, kw_only=True):
         """Raise ValueError for a spec that would not be bounded or cannot run."""
         if self.concurrency < 1:
             raise ValueError("concurrency must be >= 1")
-        if self.rate is not None and not 0 < self.rate < float("inf"):
+        if self.rate is not None and not 0 < self.rate < math.inf:
             raise ValueError("rate must be a positive finite number")
-        if not 0 < self.duration_s < float("inf"):
+        if not 0 < self.duration_s < math.inf:
             raise ValueError("duration must be positive and finite")
         if self.max_requests < 1:
             raise ValueError("max_requests must be >= 1")
-        if self.timeout_s <= 0 or self.grace_s < 0:
-            raise ValueError("timeout must be positive and grace non-negative")
+        # Comparisons with NaN are all false: each bound is written so that NaN fails it.
+        if not 0 < self.timeout_s < math.inf:
+            raise ValueError("timeout must be positive and finite")
+        if not 0 <= self.grace_s < math.inf:
+            raise ValueError("grace must be non-negative and finite")
 
 
 class RunResult(msgspec.Struct, kw_only=True):

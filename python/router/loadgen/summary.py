@@ -16,10 +16,10 @@ class Summary(msgspec.Struct, kw_only=True):
 
     name: str
     wall_s: float
-    sent: int
+    sent: int  # every request the run recorded, client_saturated (never sent) included
     ok: int
     errors: dict[str, int]
-    rps: float  # completed requests (ok or not) per second of wall time
+    rps: float  # requests sent and finished (ok or not) per second; client_saturated not counted
     ok_rps: float
     ttft_ms: Dist | None
     itl_ms: Dist | None
@@ -43,7 +43,9 @@ def summarize(
     errors = Counter(s.error for s in samples if s.error is not None)
     regions = Counter(s.region for s in ok if s.region is not None)
     cache = Counter(s.cache for s in ok if s.cache is not None)
-    per_s = len(samples) / wall_s if wall_s > 0 else 0.0
+    # A client_saturated arrival never left the generator: it is no request the server handled.
+    finished = sum(s.error != "client_saturated" for s in samples)
+    per_s = finished / wall_s if wall_s > 0 else 0.0
     return Summary(
         name=name,
         wall_s=wall_s,

@@ -9,7 +9,9 @@ import random
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -181,6 +183,13 @@ def test_summarize_counts_errors_by_kind_and_regions_of_successes_only() -> None
     assert s.config == {"concurrency": 2}
 
 
+def test_rps_counts_only_requests_that_were_sent() -> None:
+    saturated = Sample(start_s=0.1, total_s=0.0, error="client_saturated")
+    s = summarize("run", [_ok(0.0), _ok(0.2), saturated, saturated], 2.0)
+    assert (s.sent, s.ok) == (4, 2)  # every recorded arrival, so counts add up
+    assert s.rps == 1.0  # but a client_saturated arrival never reached the server
+
+
 def test_region_timeline_bins_successes_by_start_time() -> None:
     samples = [
         _ok(0.1, region="a"),
@@ -248,6 +257,13 @@ def test_write_results_writes_json_markdown_and_only_asked_plots(tmp_path: Path)
         ("https://api.example.com/v1", "completions", "https://api.example.com/v1/completions"),
         ("http://h:1/v1/chat/completions", "chat", "http://h:1/v1/chat/completions"),
         ("http://h:1/openai", "chat", "http://h:1/openai/v1/chat/completions"),
+        ("http://h:1/v1/completions/", "completions", "http://h:1/v1/completions"),
+        (
+            "http://h:1/v1?api-version=2024",
+            "chat",
+            "http://h:1/v1/chat/completions?api-version=2024",
+        ),
+        ("http://h:1/x/v1/completions?k=v", "completions", "http://h:1/x/v1/completions?k=v"),
     ],
 )
 def test_endpoint_url(base: str, endpoint: str, url: str) -> None:
@@ -259,6 +275,21 @@ def test_endpoint_url_rejects_non_http() -> None:
         endpoint_url("ftp://x/", "chat")
     with pytest.raises(ValueError, match="not an http"):
         endpoint_url("127.0.0.1:8080", "chat")
+
+
+@pytest.mark.parametrize(
+    ("base", "endpoint", "match"),
+    [
+        # "/completions" ends "/chat/completions" too: the chat URL must not pass for it.
+        ("http://h:1/v1/chat/completions", "completions", "is the chat endpoint"),
+        ("http://h:1/v1/completions", "chat", "is the completions endpoint"),
+        ("http://127.0.0.1:99999", "chat", "not in 1-65535"),
+        ("http://127.0.0.1:0/v1", "chat", "not in 1-65535"),
+    ],
+)
+def test_endpoint_url_rejects_conflicts_and_bad_ports(base: str, endpoint: str, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        endpoint_url(base, endpoint)  # type: ignore[arg-type]
 
 
 def test_bodies_and_round_robin() -> None:
@@ -295,6 +326,13 @@ def test_bodies_and_round_robin() -> None:
         LoadSpec(duration_s=0.0),
         LoadSpec(max_requests=0),
         LoadSpec(timeout_s=0.0),
+        LoadSpec(timeout_s=float("nan")),
+        LoadSpec(timeout_s=float("inf")),
+        LoadSpec(grace_s=float("nan")),
+        LoadSpec(grace_s=float("inf")),
+        LoadSpec(grace_s=-1.0),
+        LoadSpec(duration_s=float("nan")),
+        LoadSpec(rate=float("nan")),
     ],
 )
 def test_load_spec_rejects_unbounded_or_invalid(spec: LoadSpec) -> None:
@@ -348,9 +386,51 @@ def test_header_options() -> None:
         "openai-organization": "org-1",
         "x-a": "b: c",
     }
-    for bad in ("no-colon", ": v", "two words: v"):
+    for bad in ("no-colon", ": v", "two words: v", "X(: v", "X\u00e9: v"):
         with pytest.raises(ValueError, match="Name: value"):
             parse_headers([bad])
+    for bad in ("X-A: a\r\nX-B: b", "X-A: a\nb", "X-A: a\0"):
+        with pytest.raises(ValueError, match="CR, LF or NUL"):
+            parse_headers([bad])
+
+
+@pytest.mark.parametrize(
+    ("body", "endpoint", "text"),
+    [
+        (b'{"choices":[{"message":{"role":"assistant","content":"hi"}}]}', "chat", "hi"),
+        (b'{"choices":[{"message":{"role":"assistant","content":null}}]}', "chat", ""),
+        (b'{"choices":[{"text":"hi"}]}', "completions", "hi"),
+    ],
+)
+def test_whole_text_reads_answers(body: bytes, endpoint: str, text: str) -> None:
+    from router.loadgen.client import whole_text
+
+    assert whole_text(body, endpoint) == text  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+@pytest.mark.parametrize(
+    "body",
+    [b'{"error":{"message":"overloaded","code":"busy"}}', b"{}", b'{"choices":[]}', b"not json"],
+)
+def test_whole_text_refuses_error_bodies_and_no_choices(body: bytes, endpoint: str) -> None:
+    from router.loadgen.client import whole_text
+
+    with pytest.raises(StreamError):
+        whole_text(body, endpoint)  # type: ignore[arg-type]
+
+
+def test_prepare_folder_creates_it_or_says_why_not(tmp_path: Path) -> None:
+    from router.loadgen.report import prepare_folder
+
+    prepare_folder(tmp_path / "a" / "b")
+    assert (tmp_path / "a" / "b").is_dir()
+    assert list((tmp_path / "a" / "b").iterdir()) == []  # the probe leaves nothing behind
+    file = tmp_path / "file"
+    file.write_text("x")
+    for bad in (file, file / "sub"):
+        with pytest.raises(NotADirectoryError):
+            prepare_folder(bad)
 
 
 # ---- the scenarios' pure parts (bench/scenarios, bench/procs) ----
@@ -373,12 +453,152 @@ def test_global_users_workload_is_reproducible_and_only_surface_varies() -> None
 
     a = workload(300, 20, 1.0, random.Random(4))
     assert a == workload(300, 20, 1.0, random.Random(4))
-    canon = {" ".join(p.split()).lower() for p in a}
-    assert len(canon) <= 20
-    assert len(set(a)) > len(canon)  # variants an exact cache cannot match
+    # What the normalized level folds: blank space only, never letter case.
+    canon = {" ".join(p.split()) for p in a}
+    assert len({c.lower() for c in canon}) <= 20
+    assert len(set(a)) > len(canon)  # spacing variants an exact cache cannot match
     assert repeat_ceiling(a) == pytest.approx(1 - len(canon) / 300)
-    assert repeat_ceiling(["x", "X ", " x"]) == pytest.approx(2 / 3)
+    assert repeat_ceiling(["x", "x ", " x"]) == pytest.approx(2 / 3)
+    assert repeat_ceiling(["x", "X", "x  y", "x y"]) == pytest.approx(1 / 4)
     assert repeat_ceiling([]) == 0.0
+
+
+# What each bench script starts its load with: replaced in the option tests below, so a check
+# that lets a bad option through fails the test instead of running a benchmark.
+_LOAD_STARTS = {
+    "overhead": ["_start", "_start_workers"],
+    "frontends": ["spawn"],
+    "critical_path": ["measure"],
+    "opcodes": ["measure"],
+    "scenarios.global_users": ["procs"],
+    "scenarios.agent_loop": ["procs"],
+    "scenarios.overhead_nginx": ["procs"],
+}
+
+
+def _no_load(monkeypatch: pytest.MonkeyPatch, module: str) -> Callable[[list[str]], object]:
+    import importlib
+
+    mod = importlib.import_module(f"bench.{module}")
+
+    def started(*args: object, **kwargs: object) -> NoReturn:
+        raise AssertionError(f"bench.{module} started its load")
+
+    for name in _LOAD_STARTS[module]:
+        monkeypatch.setattr(mod, name, started)
+    main: Callable[[list[str]], object] = mod.main
+    return main
+
+
+@pytest.mark.parametrize(
+    ("module", "flags"),
+    [
+        ("global_users", ["--users-per-pop", "0"]),
+        ("global_users", ["--distinct", "0"]),
+        ("global_users", ["--requests-per-pop", "0"]),
+        ("global_users", ["--duration", "nan"]),
+        ("agent_loop", ["--calls", "0"]),
+        ("agent_loop", ["--parallel", "0"]),
+        ("agent_loop", ["--timeout", "inf"]),
+        ("overhead_nginx", ["--concurrency", "0"]),
+    ],
+)
+def test_scenarios_refuse_bad_options_before_starting_anything(
+    module: str,
+    flags: list[str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    main = _no_load(monkeypatch, f"scenarios.{module}")
+    with pytest.raises(SystemExit) as exit_:
+        main(["--results", str(tmp_path / "r"), *flags])
+    assert exit_.value.code == 2
+    assert "error: " in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()  # nothing started, not even the logs folder
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--duration", "nan"],
+        ["--concurrency", "0"],
+        ["--concurrency", "32", "-1"],
+        ["--rate", "-5"],
+        ["--rate", "nan"],
+        ["--warmup", "-1"],
+        ["--warmup", "nan"],
+    ],
+)
+def test_overhead_refuses_bad_options(
+    flags: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    main = _no_load(monkeypatch, "overhead")
+    with pytest.raises(SystemExit) as exit_:
+        main(flags)
+    assert exit_.value.code == 2
+    assert "error: " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("module", "flags"),
+    [
+        ("overhead", []),
+        ("frontends", []),
+        ("critical_path", []),
+        ("opcodes", []),
+        ("scenarios.global_users", ["--results"]),
+        ("scenarios.agent_loop", ["--results"]),
+    ],
+)
+def test_bench_scripts_refuse_unwritable_outputs_in_one_line(
+    module: str,
+    flags: list[str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    main = _no_load(monkeypatch, module)
+    file = tmp_path / "file"
+    file.write_text("x")
+    flag = flags or ["--json"]
+    for bad in (file / "out", Path("/proc/self/no/out")):
+        with pytest.raises(SystemExit) as exit_:
+            main([*flag, str(bad)])
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1, err
+        assert f"error: {flag[0]} {bad}: " in err
+    if flags:  # a results folder that is a file
+        with pytest.raises(SystemExit):
+            main([*flag, str(file)])
+        assert "exists and is not a folder" in capsys.readouterr().err
+
+
+def test_output_checks_leave_nothing_behind(tmp_path: Path) -> None:
+    import argparse
+
+    from bench.outputs import check_file, check_folder
+
+    parser = argparse.ArgumentParser()
+    check_file(parser, "--json", tmp_path / "new.json")
+    assert not (tmp_path / "new.json").exists()
+    (tmp_path / "old.json").write_text("kept")
+    check_file(parser, "--json", tmp_path / "old.json")
+    assert (tmp_path / "old.json").read_text() == "kept"
+    check_folder(parser, "--results", tmp_path / "a" / "b")
+    assert list((tmp_path / "a" / "b").iterdir()) == []
+    with pytest.raises(SystemExit):
+        check_file(parser, "--json", tmp_path)  # a folder
+
+
+def test_native_figures_has_help(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.native_figures import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    assert exit_.value.code == 0
+    assert "usage:" in capsys.readouterr().out
 
 
 def test_expected_ttft_is_the_median_pop() -> None:
