@@ -74,6 +74,11 @@ pub fn canonical(body: &[u8], level: Level) -> Result<String, RequestError> {
     Ok(String::from_utf8(out).unwrap_or_default())
 }
 
+/// The first line of what a fingerprint hashes. Bump it whenever the canonical form or
+/// [`normalize`] changes a key (4: `normalized` keeps blank space at line ends, beside tabs,
+/// from the first quote mark on and in space-aligned paragraphs).
+pub const VERSION: &str = "router-fp/4";
+
 /// The 16-byte key of a request: xxh3-128 over a versioned header, the namespace and
 /// [`canonical`]; big-endian bytes. The header's version changes whenever the canonical form
 /// does, so a shared tier never answers from keys made under older rules.
@@ -84,7 +89,7 @@ pub fn fingerprint(body: &[u8], namespace: &str, level: Level) -> Result<[u8; 16
     // Length-prefixed so no namespace can be confused with the start of a body.
     let _ = write!(
         out,
-        "router-fp/3\n{}\n{}:{namespace}\n",
+        "{VERSION}\n{}\n{}:{namespace}\n",
         level.tag(),
         namespace.len()
     );
@@ -299,6 +304,19 @@ mod tests {
             xxhash_rust::xxh3::xxh3_128(b""),
             0x99aa_06d3_0147_98d8_6001_c324_468d_497f
         );
+    }
+
+    #[test]
+    fn key_hashes_the_versioned_header() {
+        let body = br#"{"model":"m","prompt":"x"}"#;
+        for level in [Level::Exact, Level::Normalized] {
+            let mut want = format!("router-fp/4\n{}\n2:ns\n", level.tag()).into_bytes();
+            want.extend_from_slice(canonical(body, level).unwrap().as_bytes());
+            assert_eq!(
+                fingerprint(body, "ns", level).unwrap(),
+                xxhash_rust::xxh3::xxh3_128(&want).to_be_bytes()
+            );
+        }
     }
 
     #[test]

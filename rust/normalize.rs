@@ -1,15 +1,15 @@
 //! Prompt normalization for the `normalized` cache level. Pure; no pyo3.
 //!
-//! Two texts share a cache key at `normalized` only if they differ in blank space that cannot
-//! change what is asked. These four folds are all there is; everything else is compared code
-//! point for code point:
+//! Two texts share a cache key at `normalized` only if they differ in blank space, and only in
+//! blank space that plain prose does not use to say anything. These four folds are all there
+//! is; everything else is compared code point for code point:
 //!
 //! | # | fold | where |
 //! |---|------|-------|
 //! | 1 | space separators and line breaks at the end of the text are removed | end of text |
 //! | 2 | blank lines before the first non-blank line are removed | start of text |
 //! | 3 | 1 to 3 leading spaces of a one-line text are removed (Markdown ignores them; 4 make code) | one-line text |
-//! | 4 | a run of space separators inside a prose line becomes one U+0020 | prose lines, past the line start |
+//! | 4 | a run of space separators between two visible characters (neither blank nor a tab) of a prose line becomes one U+0020 | prose lines |
 //!
 //! Space separators are Unicode's `Zs`: U+0020, U+00A0 (no-break), U+1680, U+2000..U+200A,
 //! U+202F, U+205F, U+3000. Line breaks are Python's `str.splitlines` set: `\n \r \v \f`,
@@ -26,6 +26,15 @@
 //! | fenced blocks: from a line opening with three backticks or tildes to its closing fence or the end | code |
 //! | indented lines (starting with blank space) | code, nested lists |
 //! | the lines of a paragraph from its first to its last with a backtick | inline code spans never leave their paragraph, so this covers them without matching backticks |
+//! | blank space at the end of a line (before a line break) | two or more spaces there are a Markdown hard line break; one, after a `\`, is not a shell line continuation |
+//! | blank space beside a tab | a field's padding in tab-separated data |
+//! | everything from the line holding the first quote mark to the end of the text | `"a     b"` is not `"a b"`; quote marks do not pair reliably (`"` both opens and closes, a quotation may run over paragraphs or stay open), so only text before the first one is surely outside every quotation |
+//! | a paragraph of two or more lines, at least half of them with a run of two or more spaces between visible characters | space-aligned columns: folding them moves a value under another column when a cell is empty |
+//!
+//! Quote marks: the double ones `"` « » “ ” „ ‟ ‹ › 「 」 『 』 〝 〞 〟 ＂ always, and the single
+//! ones `'` ‘ ’ ‚ ‛ ＇ unless between two word characters (an apostrophe: don't, l’été); a word
+//! character is an ASCII letter or digit or any non-ASCII character but a space separator, a
+//! line break or a quote mark. Paragraphs are separated by blank lines and fences.
 
 /// Normalize `text` for cache matching; idempotent: `normalize(normalize(x)) == normalize(x)`.
 pub fn normalize(text: &str) -> String {
@@ -35,17 +44,43 @@ pub fn normalize(text: &str) -> String {
     String::from_utf8(out).unwrap_or_default()
 }
 
+/// The paragraph being written: where it starts in the text and in `out`, how many lines it
+/// has so far and how many of them hold a run of two or more spaces between visible characters.
+struct Paragraph {
+    start: usize,
+    out_start: usize,
+    lines: usize,
+    runs: usize,
+}
+
+impl Paragraph {
+    /// End the paragraph before `end`: if it looks space-aligned (two or more lines, at least
+    /// half of them with a run), write it again exactly as in the text.
+    fn close(self, b: &[u8], end: usize, out: &mut Vec<u8>) {
+        if self.lines >= 2 && 2 * self.runs >= self.lines {
+            out.truncate(self.out_start);
+            out.extend_from_slice(&b[self.start..end]);
+        }
+    }
+}
+
 /// Append the normalized UTF-8 of `text` to `out`. Every byte written is a byte of `text` or an
 /// ASCII space, so text without JSON escapes stays without them.
 pub fn normalize_into(text: &str, out: &mut Vec<u8>) {
     let b = trim(text).as_bytes();
+    // From the line holding the first quote mark on, everything may be inside a quotation.
+    let quoted = first_quote(b).map_or(b.len(), |q| line_start(b, q));
     let ticks = b.contains(&b'`');
     let mut fence: Option<(u8, usize)> = None;
     // The paragraph's lines from the first to the last with a backtick: [start, end).
     let mut code = (0, 0);
-    let mut paragraph_start = true;
+    let mut paragraph: Option<Paragraph> = None;
     let mut i = 0;
     while i < b.len() {
+        if i >= quoted && paragraph.is_none() {
+            out.extend_from_slice(&b[i..]);
+            return;
+        }
         if let Some(open) = fence {
             let end = line_end(b, i);
             if closes(&b[i..end], open) {
@@ -56,32 +91,49 @@ pub fn normalize_into(text: &str, out: &mut Vec<u8>) {
         }
         let end_if_fence = opens(b, i).map(|open| (open, line_end(b, i)));
         if let Some((open, end)) = end_if_fence {
+            if let Some(p) = paragraph.take() {
+                p.close(b, i, out);
+            }
             fence = Some(open);
-            paragraph_start = true;
             i = copy_line(b, i, end, out);
             continue;
         }
         if starts_blank(b, i) || break_len(b, i) > 0 {
             let end = line_end(b, i);
             if is_blank(&b[i..end]) {
-                paragraph_start = true;
+                if let Some(p) = paragraph.take() {
+                    p.close(b, i, out);
+                }
                 i = copy_line(b, i, end, out);
                 continue;
             }
         }
-        if paragraph_start {
-            paragraph_start = false;
+        let p = paragraph.get_or_insert_with(|| {
             if ticks {
                 code = tick_lines(b, i);
             }
-        }
-        if (code.0..code.1).contains(&i) || starts_blank(b, i) {
+            Paragraph {
+                start: i,
+                out_start: out.len(),
+                lines: 0,
+                runs: 0,
+            }
+        });
+        let run;
+        if i >= quoted || (code.0..code.1).contains(&i) || starts_blank(b, i) {
             let end = line_end(b, i);
+            run = has_run(&b[i..end]);
             i = copy_line(b, i, end, out);
         } else {
-            let end = prose(b, i, out);
+            let end;
+            (end, run) = prose(b, i, out);
             i = copy_line(b, end, end, out);
         }
+        p.lines += 1;
+        p.runs += usize::from(run);
+    }
+    if let Some(p) = paragraph {
+        p.close(b, b.len(), out);
     }
 }
 
@@ -120,6 +172,110 @@ pub fn is_line_break(c: char) -> bool {
         c,
         '\n' | '\u{b}' | '\u{c}' | '\r' | '\u{1c}'..='\u{1e}' | '\u{85}' | '\u{2028}' | '\u{2029}'
     )
+}
+
+/// Length in bytes of the quote mark starting at `b[i]` and whether it is a single one (which
+/// is also an apostrophe), or `(0, false)`. Double: `"` « » “ ” „ ‟ ‹ › 「 」 『 』 〝 〞 〟 ＂;
+/// single: `'` ‘ ’ ‚ ‛ ＇.
+fn quote_len(b: &[u8], i: usize) -> (usize, bool) {
+    match b.get(i..).unwrap_or_default() {
+        [b'"', ..] => (1, false),
+        [b'\'', ..] => (1, true),
+        [0xc2, 0xab | 0xbb, ..] => (2, false),
+        [0xe2, 0x80, 0x98..=0x9b, ..] | [0xef, 0xbc, 0x87, ..] => (3, true),
+        [0xe2, 0x80, 0x9c..=0x9f | 0xb9 | 0xba, ..]
+        | [0xe3, 0x80, 0x8c..=0x8f | 0x9d..=0x9f, ..]
+        | [0xef, 0xbc, 0x82, ..] => (3, false),
+        _ => (0, false),
+    }
+}
+
+/// Length in bytes of the UTF-8 sequence led by `c`.
+const fn char_len(c: u8) -> usize {
+    match c {
+        0..=0x7f => 1,
+        0xc0..=0xdf => 2,
+        0xe0..=0xef => 3,
+        _ => 4,
+    }
+}
+
+/// True if the character starting at `b[i]` is part of a word: an ASCII letter or digit, or
+/// any non-ASCII character but a space separator, a line break or a quote mark.
+fn is_word(b: &[u8], i: usize) -> bool {
+    match b.get(i) {
+        None => false,
+        Some(c) if c.is_ascii() => c.is_ascii_alphanumeric(),
+        Some(_) => space_len(b, i) == 0 && break_len(b, i) == 0 && quote_len(b, i).0 == 0,
+    }
+}
+
+/// Index of the first quote mark in `b` that may open or close a quotation: any double one,
+/// and a single one unless it stands between two word characters (an apostrophe: don't,
+/// l’été). Eight bytes at a time up to a candidate: `"`, `'` or a non-ASCII byte.
+fn first_quote(b: &[u8]) -> Option<usize> {
+    let mut i = 0;
+    loop {
+        while let Some(chunk) = b.get(i..i + 8) {
+            let w = u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8]));
+            let candidates = (w | equal(w, b'"') | equal(w, b'\'')) & HIGHS;
+            if candidates != 0 {
+                i += (candidates.trailing_zeros() / 8) as usize;
+                break;
+            }
+            i += 8;
+        }
+        let &c = b.get(i)?;
+        match quote_len(b, i) {
+            (0, _) => i += char_len(c),
+            (n, single) => {
+                let word_before = i.checked_sub(1).is_some_and(|mut k| {
+                    while k > 0 && (0x80..0xc0).contains(&b[k]) {
+                        k -= 1;
+                    }
+                    is_word(b, k)
+                });
+                let apostrophe = single && word_before && is_word(b, i + n);
+                if !apostrophe {
+                    return Some(i);
+                }
+                i += n;
+            }
+        }
+    }
+}
+
+/// Index of the start of the line holding `b[i]`.
+fn line_start(b: &[u8], i: usize) -> usize {
+    (0..i)
+        .rev()
+        .find_map(|k| match break_len(b, k) {
+            0 => None,
+            n => Some(k + n),
+        })
+        .unwrap_or(0)
+}
+
+/// True if `line` holds a run of two or more space separators between two visible characters
+/// (neither blank nor a tab): what space-aligned columns are made of.
+fn has_run(line: &[u8]) -> bool {
+    let (mut i, mut visible) = (0, false);
+    while let Some(&c) = line.get(i) {
+        if space_len(line, i) == 0 {
+            visible = c != b'\t';
+            i += char_len(c);
+            continue;
+        }
+        let mut count = 0;
+        while let n @ 1.. = space_len(line, i) {
+            i += n;
+            count += 1;
+        }
+        if count >= 2 && visible && line.get(i).is_some_and(|&c| c != b'\t') {
+            return true;
+        }
+    }
+    false
 }
 
 /// Length in bytes of the space separator starting at `b[i]`, or 0.
@@ -248,9 +404,11 @@ const fn equal(w: u64, b: u8) -> u64 {
 }
 
 /// Fold 4 on the prose line at `i` (which does not start with blank space) into `out`; the
-/// index of the line break that ends it, or `b.len()`. Eight bytes at a time up to the first
-/// that needs a look: not printable ASCII, or a space after a space.
-fn prose(b: &[u8], mut i: usize, out: &mut Vec<u8>) -> usize {
+/// index of the line break that ends it (or `b.len()`) and whether it held a run of two or more
+/// spaces between visible characters. Eight bytes at a time up to the first that needs a look:
+/// not printable ASCII, or a space after a space.
+fn prose(b: &[u8], mut i: usize, out: &mut Vec<u8>) -> (usize, bool) {
+    let mut run = false;
     loop {
         let mut after_space = false;
         while let Some(chunk) = b.get(i..i + 8) {
@@ -269,24 +427,33 @@ fn prose(b: &[u8], mut i: usize, out: &mut Vec<u8>) -> usize {
             after_space = spaces >> 63 != 0;
             i += 8;
         }
-        let Some(&c) = b.get(i) else { return i };
+        let Some(&c) = b.get(i) else { return (i, run) };
         if space_len(b, i) > 0 {
             // The run's first space may already be out, copied by the eight-byte loop.
-            if i == 0 || b[i - 1] != b' ' {
-                out.push(b' ');
+            let out_already = i > 0 && b[i - 1] == b' ';
+            let start = i - usize::from(out_already);
+            let mut end = i;
+            let mut count = usize::from(out_already);
+            while let n @ 1.. = space_len(b, end) {
+                end += n;
+                count += 1;
             }
-            while let n @ 1.. = space_len(b, i) {
-                i += n;
+            let beside_tab = start.checked_sub(1).map(|k| b[k]) == Some(b'\t')
+                || matches!(b.get(end), None | Some(&b'\t'));
+            if beside_tab || break_len(b, end) > 0 {
+                // At a line's end (a Markdown hard break) or beside a tab (a field's padding).
+                out.extend_from_slice(&b[i..end]);
+            } else {
+                if !out_already {
+                    out.push(b' ');
+                }
+                run |= count >= 2;
             }
+            i = end;
         } else if break_len(b, i) > 0 {
-            return i;
+            return (i, run);
         } else {
-            let n = match c {
-                0..=0x7f => 1,
-                0xc0..=0xdf => 2,
-                0xe0..=0xef => 3,
-                _ => 4,
-            };
+            let n = char_len(c);
             out.extend_from_slice(&b[i..i + n]);
             i += n;
         }
@@ -307,8 +474,8 @@ mod tests {
         assert_eq!(n("  How   do I   reset it? "), "How do I reset it?");
         assert_eq!(n("a\u{a0}b\u{3000}\u{2009} c\n"), "a b c");
         assert_eq!(
-            n("\n\n \nfirst  line\nsecond  line\n\n"),
-            "first line\nsecond line"
+            n("\n\n \nfirst  line\nsecond line\nthird line\n\n"),
+            "first line\nsecond line\nthird line"
         );
         assert_eq!(n(""), "");
         assert_eq!(n(" \t "), "\t");
@@ -345,10 +512,10 @@ mod tests {
         assert_eq!(n(tilde), "~~~\na  b\n~~~~\nc d");
         let unclosed = "see\n```\na  b";
         assert_eq!(n(unclosed), unclosed);
-        let inline = "Run `ls  -l`  now\nthen  this\n\nand  `that`\nfine  here";
+        let inline = "Run `ls  -l`  now\n\nthen  this\n\nand  `that`\nfine  here\nok\nyes\nno";
         assert_eq!(
             n(inline),
-            "Run `ls  -l`  now\nthen this\n\nand  `that`\nfine here"
+            "Run `ls  -l`  now\n\nthen this\n\nand  `that`\nfine here\nok\nyes\nno"
         );
         let spanning = "a `b\nc  d\ne` f\n\ng  h";
         assert_eq!(n(spanning), "a `b\nc  d\ne` f\n\ng h");
@@ -367,7 +534,8 @@ mod tests {
 
     #[test]
     fn fast_path_equals_byte_path() {
-        let alphabet = b"aZ  \t\n\x1c\"\\.!?09~`\x7f";
+        // No quote marks: from the first one on, all is copied and the folds go untested.
+        let alphabet = b"aZ  \t\n\x1c,\\.!?09~`\x7f";
         let mut state = 0x2545_f491_4f6c_dd1d_u64;
         for len in 0..120 {
             for _ in 0..20 {
@@ -401,6 +569,11 @@ mod tests {
             "a  `\n  b  `  c",
             "\u{85}  a",
             "a\u{2028}  b  c",
+            "a  '\nb  c",
+            "x'  y",
+            "'a\n\nb  c\nd  e",
+            "a  b\nc \"d\"  e",
+            "a \t b  \r\nc",
         ] {
             let once = n(text);
             assert_eq!(n(&once), once, "{text:?}");
@@ -408,15 +581,98 @@ mod tests {
     }
 
     #[test]
+    fn blank_space_at_a_line_end_or_beside_a_tab_is_kept() {
+        // Markdown's hard line break is two or more spaces before the break; one is kept too.
+        for text in [
+            "foo  \nbar",
+            "foo \nbar",
+            "foo   \r\nbar",
+            "foo\u{a0} \u{2028}bar",
+            "ls \\ \n-l",
+            "a  \tb",
+            "a\t  b",
+            "a \t b",
+        ] {
+            assert_eq!(n(text), text, "{text:?}");
+        }
+        assert_ne!(n("foo  \nbar"), n("foo \nbar"));
+        assert_eq!(n("a  b  \nc d e\nf g h"), "a b  \nc d e\nf g h");
+    }
+
+    #[test]
+    fn quoted_text_is_kept() {
+        let wide = "How many spaces are between the quotes: \"a     b\"?";
+        assert_eq!(n(wide), wide);
+        assert_ne!(
+            n(wide),
+            n("How many spaces are between the quotes: \"a b\"?")
+        );
+        for q in [
+            "\"", "«", "»", "“", "”", "„", "‟", "‹", "›", "「", "」", "『", "』", "〝", "〞", "〟",
+            "＂", "'", "‘", "’", "‚", "‛", "＇",
+        ] {
+            let text = format!("say  {q}a  b");
+            assert_eq!(n(&text), text, "{q}");
+        }
+        // Blank space before the line of the first quote mark still folds; from it on, nothing.
+        assert_eq!(
+            n("Count  these.\n\nSay \"a  b\"\n\nthen  stop"),
+            "Count these.\n\nSay \"a  b\"\n\nthen  stop"
+        );
+        assert_eq!(
+            n("He  said:\n\n“one\n\ntwo   three"),
+            "He said:\n\n“one\n\ntwo   three"
+        );
+        // A quote mark in code counts too: the quotation may go on past the fence.
+        assert_eq!(
+            n("```\nx = \"a\n```\nsee  this"),
+            "```\nx = \"a\n```\nsee  this"
+        );
+        assert_eq!(n("len('a  b')"), "len('a  b')");
+        assert_eq!(n("’90s  music"), "’90s  music");
+        // Apostrophes between word characters are not quote marks.
+        assert_eq!(n("Don't  panic, it’s   fine"), "Don't panic, it’s fine");
+        assert_eq!(n("l’été  est  là"), "l’été est là");
+    }
+
+    #[test]
+    fn aligned_columns_are_kept() {
+        for text in [
+            "Name   Age  City\nBob         Rome\nAlice  30   Paris",
+            // One row under a header that sets the widths: its run is an empty cell.
+            "Name Age City\nBob      Rome",
+            // Right-aligned: the indented rows count too.
+            "  1  a\n 22  b\n333  c",
+            "a  b\nc  \"d\"  e",
+        ] {
+            assert_eq!(n(text), text, "{text:?}");
+        }
+        // Fewer than half the lines with a run: prose with a stray double space.
+        assert_eq!(n("a  b\nc d\ne f"), "a b\nc d\ne f");
+        assert_eq!(n("a  b\nc \"d\" e\nf g"), "a b\nc \"d\" e\nf g");
+        // Per paragraph.
+        assert_eq!(n("a  b\nc  d\n\ne  f"), "a  b\nc  d\n\ne f");
+        assert_eq!(
+            n("a  b\nc  d\n```\nx\n```\ne  f"),
+            "a  b\nc  d\n```\nx\n```\ne f"
+        );
+        // A run beside a tab or at a line's end is not a column.
+        assert_eq!(n("a  \tb\nc  d\ne f"), "a  \tb\nc d\ne f");
+    }
+
+    #[test]
     fn character_classes() {
         assert!(is_space('\u{a0}') && is_space('\u{202f}') && is_space('\u{3000}'));
         assert!(!is_space('\t') && !is_space('\u{200b}') && !is_space('\u{1f}'));
         assert!(is_line_break('\u{1c}') && is_line_break('\u{85}') && is_line_break('\u{2029}'));
+        let quotes = "\"«»“”„‟‹›「」『』〝〞〟＂'‘’‚‛＇";
         for c in (0..0x11_0000).filter_map(char::from_u32) {
             let mut buf = [0; 4];
             let bytes = c.encode_utf8(&mut buf).as_bytes();
             assert_eq!(space_len(bytes, 0) > 0, is_space(c), "{c:?}");
             assert_eq!(break_len(bytes, 0) > 0, is_line_break(c), "{c:?}");
+            assert_eq!(quote_len(bytes, 0).0 > 0, quotes.contains(c), "{c:?}");
+            assert_eq!(quote_len(bytes, 0).1, "'‘’‚‛＇".contains(c), "{c:?}");
         }
     }
 }

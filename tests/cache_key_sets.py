@@ -1,7 +1,8 @@
 """The published cache-key sets for level "normalized": pairs that must not share a key (false
 hits: a different question, or the same words asking something else), pairs that must share one
-(true hits: the four blank-space folds of rust/normalize.rs), and pairs that mean the same to
-most readers but are kept apart on purpose (conservative misses). Each pair carries its reason.
+(true hits: the four blank-space folds of rust/normalize.rs, away from the blank space it keeps),
+and pairs that mean the same to most readers but are kept apart on purpose (conservative misses).
+Each pair carries its reason.
 
 tests/native/test_cache_key_sets.py checks them against the fingerprint; bench/cache.py sends the
 false-hit set through a real router and counts hits (must be 0).
@@ -104,6 +105,34 @@ FALSE_HITS: tuple[Pair, ...] = (
     Pair("a\n\nb", "a\nb", "paragraph break vs line break"),
     Pair("👩\u200d💻", "👩💻", "zero-width joiner makes one emoji"),
     Pair("Is 0.1 + 0.2 == 0.3?", "Is 0.1 + 0.2 = 0.3?", "comparison vs assignment"),
+    # Blank space the first normalized level (router-fp/3) folded although it carries meaning.
+    Pair(
+        'How many spaces are between the quotes: "a     b"?',
+        'How many spaces are between the quotes: "a b"?',
+        "spaces inside double quotes",
+    ),
+    Pair(
+        "What does len('a  b') return?",
+        "What does len('a b') return?",
+        "spaces inside a single-quoted string, no backticks",
+    ),
+    Pair(
+        "「a  b」の空白は？",
+        "「a b」の空白は？",
+        "spaces inside corner brackets",
+    ),
+    Pair("foo  \nbar", "foo \nbar", "Markdown hard line break vs a stray trailing space"),
+    Pair("Parse: a  \tb\nc\td", "Parse: a \tb\nc\td", "a tab-separated field's trailing padding"),
+    Pair(
+        "Item  Q1  Q2\nA         5\nB     3   4",
+        "Item  Q1  Q2\nA     5\nB     3   4",
+        "space-aligned columns: which column the 5 is in",
+    ),
+    Pair(
+        "Name Age City\nBob      Rome",
+        "Name Age City\nBob Rome",
+        "space-aligned row with an empty cell under a single-spaced header",
+    ),
 )
 
 TRUE_HITS: tuple[Pair, ...] = (
@@ -117,7 +146,11 @@ TRUE_HITS: tuple[Pair, ...] = (
     Pair("Summarize this.", "Summarize this.\r\n", "fold 1: CRLF"),
     Pair("Summarize this.", "\n\nSummarize this.", "fold 2"),
     Pair("Hello world", "\u2003Hello world", "fold 3: em space"),
-    Pair("Line one here\nLine two", "Line one  here\nLine two  \n", "fold 4 and 1"),
+    Pair(
+        "Line one here\nLine two\nLine three",
+        "Line one  here\nLine two\nLine three  \n",
+        "fold 4 and 1",
+    ),
     Pair("First line\nsecond", "\n \nFirst line\nsecond", "fold 2: blank lines with spaces"),
     Pair(
         "Fix this:\n```\nx  =  1\n```",
@@ -128,6 +161,12 @@ TRUE_HITS: tuple[Pair, ...] = (
         "Use `git  status` to check.\n\nThen commit it.",
         "Use `git  status` to check.\n\nThen  commit  it. ",
         "fold 4 in a paragraph without backticks",
+    ),
+    Pair("Don't panic, it’s fine", "Don't  panic, it’s   fine", "fold 4: apostrophes"),
+    Pair(
+        'Summarize this.\n\nText: "a  b"',
+        'Summarize  this.\n\nText: "a  b"',
+        "fold 4 before the line of the first quote mark",
     ),
 )
 
@@ -145,4 +184,15 @@ CONSERVATIVE_MISSES: tuple[Pair, ...] = (
     Pair("a b", "a\tb", "tabs are kept"),
     Pair("Use `a`  and  `b`", "Use `a` and `b`", "a line with a backtick is kept whole"),
     Pair("    Hello world", "Hello world", "4 leading spaces make code"),
+    Pair("foo  \nbar", "foo   \nbar", "blank space at a line's end is kept exactly"),
+    Pair(
+        'He said "hi"  and  left',
+        'He said "hi" and left',
+        "from the line of the first quote mark on, every run is kept",
+    ),
+    Pair(
+        "Line one here\nLine two",
+        "Line one  here\nLine two",
+        "a run on one of two lines may be a column with an empty cell",
+    ),
 )

@@ -29,7 +29,12 @@ TRANSPORT_FIELDS = frozenset(
     }
 )
 _TWO_POW_63 = 2**63
-_SPACE_RUN = re.compile(f"[{SPACES}]+")
+# Quote marks: double ones always; single ones unless between two word characters (apostrophes).
+DOUBLE_QUOTES = '"«»“”„‟‹›「」『』〝〞〟＂'
+SINGLE_QUOTES = "'‘’‚‛＇"
+# Fold 4: a run of spaces between two visible characters (neither blank nor a tab).
+_SPACE_RUN = re.compile(f"(?<=[^{SPACES}\t])[{SPACES}]+(?=[^{SPACES}\t])")
+_COLUMN_RUN = re.compile(f"(?<=[^{SPACES}\t])[{SPACES}]{{2,}}(?=[^{SPACES}\t])")
 _LINES = re.compile(f"(\r\n|[{LINE_BREAKS}])")
 _FENCE = re.compile(f"[{SPACES}\t]*(`{{3,}}(?!.*`)|~{{3,}})", re.DOTALL)
 
@@ -44,6 +49,24 @@ def _closes(line: str, fence: str) -> bool:
     return run >= len(fence) and _is_blank(body[run:])
 
 
+def _is_word(c: str) -> bool:
+    if c.isascii():
+        return c.isalnum()
+    return c not in SPACES + LINE_BREAKS + DOUBLE_QUOTES + SINGLE_QUOTES
+
+
+def _first_quote(text: str) -> int:
+    """Index of the first quote mark that may open or close a quotation, or len(text)."""
+    for i, c in enumerate(text):
+        if c in DOUBLE_QUOTES:
+            return i
+        if c in SINGLE_QUOTES:
+            before, after = text[i - 1 : i], text[i + 1 : i + 2]
+            if not (before and after and _is_word(before) and _is_word(after)):
+                return i
+    return len(text)
+
+
 def normalize(text: str) -> str:
     """Reference for `router.normalize`: the four blank-space folds of rust/normalize.rs."""
     blank = SPACES + LINE_BREAKS
@@ -53,10 +76,12 @@ def normalize(text: str) -> str:
     indent = len(text) - len(text.lstrip(SPACES))
     if 0 < indent <= 3 and not any(c in text for c in LINE_BREAKS):
         text = text[indent:]
+    quote = _first_quote(text)
     parts = _LINES.split(text)
     lines, breaks = parts[::2], [*parts[1::2], ""]
-    # Which lines are kept verbatim: fences and their content, indented lines, and per paragraph
-    # the lines from the first to the last one holding a backtick.
+    # Which lines are kept verbatim: fences and their content, indented lines, per paragraph the
+    # lines from the first to the last one holding a backtick, paragraphs of 2+ lines with runs
+    # on at least half of them, and every line from the one holding the first quote mark on.
     verbatim = [False] * len(lines)
     paragraph: list[int] = []
 
@@ -64,6 +89,10 @@ def normalize(text: str) -> str:
         ticked = [i for i in paragraph if "`" in lines[i]]
         if ticked:
             for i in range(ticked[0], ticked[-1] + 1):
+                verbatim[i] = True
+        runs = sum(bool(_COLUMN_RUN.search(lines[i])) for i in paragraph)
+        if len(paragraph) >= 2 and 2 * runs >= len(paragraph):
+            for i in paragraph:
                 verbatim[i] = True
         paragraph.clear()
 
@@ -83,6 +112,10 @@ def normalize(text: str) -> str:
         paragraph.append(i)
         verbatim[i] = line[0] in SPACES + "\t"
     close_paragraph()
+    start = 0
+    for i, (line, brk) in enumerate(zip(lines, breaks, strict=True)):
+        verbatim[i] = verbatim[i] or start + len(line) > quote
+        start += len(line) + len(brk)
     return "".join(
         (line if keep else _SPACE_RUN.sub(" ", line)) + brk
         for line, keep, brk in zip(lines, verbatim, breaks, strict=True)
@@ -196,7 +229,7 @@ def canonical(body: bytes, *, level: str = "exact") -> bytes:
 
 def fingerprint(body: bytes, *, namespace: str = "", level: str = "exact") -> bytes:
     """A reference key of the same cost shape (hashlib blake2b-128; Rust uses xxh3-128)."""
-    header = f"router-fp/3\n{level}\n{len(namespace.encode())}:{namespace}\n".encode()
+    header = f"router-fp/4\n{level}\n{len(namespace.encode())}:{namespace}\n".encode()
     return hashlib.blake2b(header + canonical(body, level=level), digest_size=16).digest()
 
 

@@ -13,10 +13,12 @@ use crate::py::text::utf8;
 /// releasing it would pay off.
 pub const DETACH_MIN_BYTES: usize = 1024;
 
-/// Normalize a prompt for the "normalized" cache level: only blank space that cannot change
-/// what is asked is folded (trailing blank space, leading blank lines, up to 3 leading spaces of
-/// a one-line text, runs of Unicode spaces inside a prose line to one space). Case, digits,
-/// punctuation, every other character, line breaks, indentation and code are kept. Idempotent.
+/// Normalize a prompt for the "normalized" cache level: only blank space is folded (trailing
+/// blank space, leading blank lines, up to 3 leading spaces of a one-line text, runs of Unicode
+/// spaces between two visible characters of a prose line to one space). Case, digits,
+/// punctuation, every other character, line breaks, indentation and code are kept, and so is
+/// blank space at a line's end or beside a tab, from the line of the first quote mark on, and in
+/// space-aligned paragraphs. Idempotent.
 #[pyfunction]
 fn normalize(py: Python<'_>, text: &Bound<'_, PyString>) -> PyResult<String> {
     let text = utf8(text, "text")?;

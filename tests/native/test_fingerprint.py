@@ -70,6 +70,23 @@ def test_normalized_level() -> None:
     assert norm[1] != exact[1]
 
 
+# Keys under router-fp/4, one text per rule of rust/normalize.rs (a fold, a line end, a
+# quotation, aligned columns). A change here is a change of key rules: bump VERSION in
+# rust/fingerprint.rs with it, so a shared tier never answers from keys made under other rules.
+PINNED = {"model": "m", "input": ["How  are   you? ", "foo  \nbar", 'say "a  b"', "a  b\nc  d"]}
+
+
+@pytest.mark.parametrize(
+    ("level", "hex_key"),
+    [
+        ("exact", "2a723afccb888b8a3bba226721dfac79"),
+        ("normalized", "6ff91ee37094df0898df0416daa7de64"),
+    ],
+)
+def test_keys_are_pinned(level: str, hex_key: str) -> None:
+    assert router.fingerprint_hex(body(PINNED), namespace="t", level=level) == hex_key
+
+
 def test_canonical_form() -> None:
     raw = b'{"b": 1.0, "a": [1e0, -0.0, 2.50], "stream": true, "model": "M"}'
     assert router.canonical(raw) == b'{"a":[1e0,-0.0,2.50],"b":1.0,"model":"M"}'

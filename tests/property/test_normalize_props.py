@@ -48,6 +48,11 @@ PIECES = st.sampled_from(
         "~~~",
         "~~~~",
         "    x  =  1",
+        '"',
+        "'",
+        "\u2019",
+        "\u00ab",
+        "a  b",
     ]
 )
 TEXT = st.one_of(
