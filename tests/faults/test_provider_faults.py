@@ -658,7 +658,7 @@ def test_a_fallback_model_the_key_may_not_use_is_never_tried(fallback: Fallback)
     with pytest.raises(openai.BadRequestError) as caught:
         _ask(router, "long", _fault("context-length", "k1"), model="small", key=key)
     assert caught.value.code == "context_length_exceeded"  # small's own answer
-    assert _chats(good) == 0
+    assert (len(_attempts(bad, "k1")), _chats(good)) == (1, 0)
 
 
 def test_too_long_a_prompt_without_a_fallback_is_returned_as_it_is(backed: Backed) -> None:
