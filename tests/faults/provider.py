@@ -6,7 +6,7 @@ router continues on a sim region reads as one answer. The request's headers pick
 
     x-fault          none | 429 | 500 | 503 | reset | blackhole | slow-first-token | cut | drop |
                      done-early | stall | bad-event | deep-event | no-done | context-length |
-                     content-policy |
+                     context-length-llama | context-length-vllm | content-policy |
                      down  (cut: a clean HTTP end after K tokens, no finish, no [DONE]; drop: the
                      connection closed after K tokens, no terminating chunk; done-early: [DONE]
                      after K tokens, no finish)
@@ -56,6 +56,8 @@ FAULTS = (
     "deep-event",
     "no-done",
     "context-length",
+    "context-length-llama",
+    "context-length-vllm",
     "content-policy",
     "down",
 )
@@ -275,6 +277,30 @@ async def _chat(state: State, req: Request, writer: asyncio.StreamWriter) -> Non
             "invalid_request_error",
             "context_length_exceeded",
         )
+        writer.write(_response("400 Bad Request", long))
+    elif fault == "context-length-llama":
+        # llama-server's words for it (tests/real/test_server_quirks.py pins the type).
+        long = {
+            "error": {
+                "code": 400,
+                "message": "request (1416 tokens) exceeds the available context size (1024 "
+                "tokens), try increasing it",
+                "type": "exceed_context_size_error",
+                "n_prompt_tokens": 1416,
+                "n_ctx": 1024,
+            }
+        }
+        writer.write(_response("400 Bad Request", long))
+    elif fault == "context-length-vllm":
+        # vLLM's: an error object at the top, its type the exception's name, the status as code.
+        long = {
+            "object": "error",
+            "message": "This model's maximum context length is 1024 tokens. However, you "
+            "requested 1416 tokens in the messages. Please reduce the length of the messages.",
+            "type": "BadRequestError",
+            "param": None,
+            "code": 400,
+        }
         writer.write(_response("400 Bad Request", long))
     elif fault == "content-policy":
         refused = _error(

@@ -618,9 +618,14 @@ def test_a_finished_stream_without_done_gets_done_and_keeps_its_usage(
 # 12. 400 context_length_exceeded, 13. 400 content policy
 
 
-def test_too_long_a_prompt_moves_to_the_larger_fallback_model(fallback: Fallback) -> None:
+@pytest.mark.parametrize("words", ["context-length", "context-length-llama", "context-length-vllm"])
+def test_too_long_a_prompt_moves_to_the_larger_fallback_model(
+    fallback: Fallback, words: str
+) -> None:
+    """In OpenAI's words, llama-server's (exceed_context_size_error) or vLLM's (its message):
+    issue, only OpenAI's moved on."""
     router, bad, good = fallback()
-    raw = _ask(router, "long", _fault("context-length", "k1"), model="small")
+    raw = _ask(router, "long", _fault(words, "k1"), model="small")
     answer = raw.answer
     assert (raw.headers["x-router-fallback-model"], answer.model) == ("large", "large")
     assert answer.choices[0].message.content == full_chat_text("large", _messages("long"))
@@ -639,6 +644,21 @@ def test_too_long_a_prompt_in_a_stream_moves_to_the_larger_fallback_model(
     assert (got.text, got.finish) == (full_chat_text("large", _messages("long")), "stop")
     assert len(_attempts(bad, "k1")) == 1
     assert json.loads(sim_stats(good)["last_body"])["model"] == "large"
+
+
+def test_a_fallback_model_the_key_may_not_use_is_never_tried(fallback: Fallback) -> None:
+    """Issue: a key limited to "small" got "large" through the fallback chain, though asking
+    for "large" itself was a 403."""
+    key = "sk-small-only-0123456789"
+    digest = hashlib.sha256(key.encode()).hexdigest()
+    auth = f'[auth]\n[[auth.keys]]\ntenant = "t"\nsha256 = "{digest}"\nmodels = ["small"]\n'
+    router, bad, good = fallback(auth=auth)
+    with pytest.raises(openai.PermissionDeniedError):
+        _ask(router, "direct", {}, model="large", key=key)
+    with pytest.raises(openai.BadRequestError) as caught:
+        _ask(router, "long", _fault("context-length", "k1"), model="small", key=key)
+    assert caught.value.code == "context_length_exceeded"  # small's own answer
+    assert (len(_attempts(bad, "k1")), _chats(good)) == (1, 0)
 
 
 def test_too_long_a_prompt_without_a_fallback_is_returned_as_it_is(backed: Backed) -> None:

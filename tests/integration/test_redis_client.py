@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
 from router.net.redis_client import open_redis
-from tests.support import Proc
+from tests.support import Proc, start_redis
 
 pytestmark = pytest.mark.redis
 
@@ -74,3 +75,63 @@ async def test_a_cold_call_is_one_round_trip(proxy: TurnProxy) -> None:
     finally:
         await client.aclose()
     assert proxy.turns == [3]  # one connection, one round trip per command
+
+
+class DelayProxy:
+    """A TCP relay to Redis that holds every chunk `delay_s` in each direction: a far Redis
+    (the connect itself stays local; AUTH and each command pay the round trip)."""
+
+    def __init__(self, target: int, delay_s: float) -> None:
+        self.target = target
+        self.delay_s = delay_s
+        self.connections = 0
+        self._server: asyncio.Server | None = None
+        self.port = 0
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
+
+        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            while data := await src.read(65536):
+                await asyncio.sleep(self.delay_s)
+                dst.write(data)
+                await dst.drain()
+            dst.close()
+
+        with contextlib.suppress(OSError):
+            await asyncio.gather(pump(reader, up_writer), pump(up_reader, writer))
+
+
+async def test_a_handshake_outlives_a_caller_that_gave_up(tmp_path: Path) -> None:
+    """Issue: a call's timeout that cancelled a new connection's handshake threw the
+    connection away, so with a Redis whose handshake takes longer than a call's timeout (here
+    AUTH and SELECT, two round trips; far away, TCP and TLS add theirs) every call started cold
+    again and none ever got an answer."""
+    server = start_redis(tmp_path, password="pw-far-away")
+    proxy = DelayProxy(server.port, delay_s=0.1)  # 0.2 s a round trip
+    await proxy.start()
+    client = open_redis(f"redis://:pw-far-away@127.0.0.1:{proxy.port}/1", timeout_s=1.0)
+    try:
+        # Cold: the caller gives up inside the handshake (0.4 s), before sending its command.
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.3):
+                await client.ping()
+        await asyncio.sleep(0.3)  # the handshake ends meanwhile
+        for _ in range(3):
+            async with asyncio.timeout(0.3):
+                assert await client.ping()
+        assert proxy.connections == 1
+    finally:
+        await client.aclose()
+        await proxy.close()
+        server.kill()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, MutableMapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -41,7 +41,8 @@ _COUNTS = frozenset({INPUT_TOKENS, COUNT_TOKENS})
 
 def format_reset(seconds: float) -> str:
     """A duration the way OpenAI writes x-ratelimit-reset-*: 250ms, 1.5s, 6m0s."""
-    seconds = min(seconds, 86400.0) if math.isfinite(seconds) else 86400.0
+    # A bucket that never refills (a rate of 0) says inf: a day stands for "not soon".
+    seconds = seconds if math.isfinite(seconds) else 86400.0
     if seconds < 1:
         return f"{max(0, math.ceil(seconds * 1000))}ms"
     if seconds < 60:
@@ -221,6 +222,13 @@ class Limiter:
         budget = completion_budget(parsed.body, self.default_max_tokens, parsed.endpoint)
         return encoding, prompt, budget
 
+    def text_counter(self, parsed: ParsedRequest) -> Callable[[str], int] | None:
+        """The model's own tokenizer's count of a text ([tokenizers.models]), if it has one."""
+        exact = self.tokenizers.get(parsed.upstream_model or parsed.model) or self.tokenizers.get(
+            parsed.model
+        )
+        return exact.tokenizer.count if exact is not None else None
+
     async def admit(self, tenant: Tenant, tokens: int) -> Grant:
         """Reserve one request and `tokens` for the tenant, or raise 429 (503 if fail-closed).
 
@@ -371,7 +379,7 @@ class Limits:
             ctx.timer.end(RATE_LIMIT)
         if ctx.request.stream and encoding is not None:
             # Only a token-limited key settles a stream with its usage.
-            grant.meter = StreamUsage(prompt, encoding)
+            grant.meter = StreamUsage(prompt, encoding, limiter.text_counter(ctx.request))
             ctx.meter = grant.meter
         ctx.grant = grant
 

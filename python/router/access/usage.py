@@ -6,6 +6,7 @@ its token reservations with these.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -170,6 +171,7 @@ class StreamUsage:
 
     __slots__ = (
         "_completion",
+        "_count",
         "_decoder",
         "_prompt",
         "_size",
@@ -179,11 +181,18 @@ class StreamUsage:
         "total_tokens",
     )
 
-    def __init__(self, prompt_tokens: int = 0, encoding: str | None = None) -> None:
+    def __init__(
+        self,
+        prompt_tokens: int = 0,
+        encoding: str | None = None,
+        count: Callable[[str], int] | None = None,
+    ) -> None:
         self._decoder = sse.Decoder()
         self.total_tokens: int | None = None
         self.prompt_tokens = prompt_tokens
+        # What counts the text sent: the model's own tokenizer (`count`), else `encoding`.
         self.encoding = encoding
+        self._count = count
         self._text: list[str] = []
         self._size = 0
         # Anthropic reports input tokens at the start and output tokens at the end.
@@ -232,7 +241,9 @@ class StreamUsage:
         if self.total_tokens is not None or self.encoding is None:
             return self.total_tokens
         text = "".join(self._text)
-        counted = count_tokens(text, self.encoding)
+        counted = (
+            self._count(text) if self._count is not None else count_tokens(text, self.encoding)
+        )
         if self._size > len(text):
             counted = counted * self._size // max(1, len(text))  # past the cap: scale up
         # The input the stream reported (Anthropic's opening event), else the estimate.

@@ -18,7 +18,7 @@ from multidict import CIMultiDict
 
 from router.config import TimeoutsConfig
 from router.core.context import RequestContext
-from router.core.failure import AttemptError, FailureKind, Origin, Spill
+from router.core.failure import AttemptError, FailureKind, Origin, Spill, overflows_context
 from router.core.stages import AttemptObserver, Hedger, Opener, RetryPolicy, Slot, SlotGate
 from router.core.timing import QUEUE
 from router.core.transport import UpstreamResponse
@@ -368,7 +368,7 @@ async def open_attempt(
                     body=whole,
                     retry_after_s=retry_after(headers_out),
                 )
-            if status in (400, 413) and b"context_length_exceeded" in whole:
+            if status in (400, 413) and overflows_context(whole):
                 # Too long for this model: no region of it can answer, a larger one may.
                 raise AttemptError(
                     name,

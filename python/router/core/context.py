@@ -55,6 +55,9 @@ class Principal(Protocol):
     def priority(self) -> int: ...
     @property
     def cache_namespace(self) -> str: ...
+    def allows(self, model: str) -> bool:
+        """Whether this principal may use `model` (a fallback model too)."""
+        ...
 
 
 class Assignment(Protocol):

@@ -57,6 +57,24 @@ def health_outcome(kind: FailureKind | str | None, status: int | None) -> str | 
     return "server_error"
 
 
+# How servers say a prompt is too long for the model's context: OpenAI's and llama-cpp-python's
+# error code, llama-server's error type, vLLM's messages, and the router's own word for an
+# empty stream (llama-cpp-python's answer to a streamed prompt over its context).
+_OVERFLOWS = (
+    b"context_length_exceeded",
+    b"exceed_context_size_error",
+    b"maximum context length",
+    b"longer than the maximum model length",
+    b'"empty_stream"',
+)
+
+
+def overflows_context(body: bytes) -> bool:
+    """Whether an error answer says the prompt does not fit the model's context (another model,
+    with a larger one, may take it)."""
+    return any(words in body for words in _OVERFLOWS)
+
+
 def unreachable(kind: FailureKind | str) -> bool:
     """Whether the failure means the region could not be reached at all."""
     return kind in (FailureKind.CONNECT, FailureKind.TIMEOUT)

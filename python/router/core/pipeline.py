@@ -238,6 +238,9 @@ class Pipeline:
         features = self.features
         fallbacks = features.fallbacks
         chain = fallbacks.chain(asked.model) if fallbacks is not None else ()
+        if chain and ctx.tenant is not None:
+            # A fallback is another model: only one the key may use itself.
+            chain = tuple(model for model in chain if ctx.tenant.allows(model))
         timer = ctx.timer
         timer.begin("upstream")
         for step, model in enumerate((asked.model, *chain)):

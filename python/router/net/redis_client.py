@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from typing import Any, TypeAlias
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.connection import (
+    AbstractConnection,
+    Connection,
+    SSLConnection,
+    UnixDomainSocketConnection,
+)
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError, ResponseError
@@ -20,6 +27,59 @@ TIMEOUTS: tuple[type[BaseException], ...] = (TimeoutError, RedisTimeout)
 
 Client: TypeAlias = "aioredis.Redis | RedisCluster"
 
+# Handshakes going on after their caller gave up (kept referenced until they end).
+_HANDSHAKES: set[asyncio.Task[None]] = set()
+
+
+class _Handshake(AbstractConnection):
+    """A connection whose connect (socket, TLS, AUTH/SELECT) goes on to its end when the call
+    that started it gives up (the caller's timeout, shorter than the handshake plus its command
+    for a far Redis): the connection is then ready for the next call, instead of thrown away
+    and started cold again by each call, which never got past the handshake. It is bounded by
+    the socket's own timeouts; closing the connection stops it."""
+
+    _connecting: asyncio.Task[None] | None = None
+
+    async def connect(self) -> None:
+        task = self._connecting
+        if task is None or task.done():
+            if self.is_connected:
+                return
+            connecting = super().connect()  # type: ignore[no-untyped-call]
+            task = self._connecting = asyncio.ensure_future(connecting)
+            _HANDSHAKES.add(task)
+            task.add_done_callback(_handshake_ended)
+        await asyncio.shield(task)
+
+    async def disconnect(self, *args: Any, **kwargs: Any) -> None:
+        task = self._connecting
+        if task is not None and not task.done() and task is not asyncio.current_task():
+            task.cancel()
+        await super().disconnect(*args, **kwargs)
+
+
+def _handshake_ended(task: asyncio.Task[None]) -> None:
+    _HANDSHAKES.discard(task)
+    if not task.cancelled():
+        task.exception()  # seen by whoever still waits; never "never retrieved"
+
+
+class _TcpConnection(_Handshake, Connection):
+    pass
+
+
+class _TlsConnection(_Handshake, SSLConnection):
+    pass
+
+
+class _UnixConnection(_Handshake, UnixDomainSocketConnection):
+    pass
+
+
+def _connection_class(url: str) -> type[Connection]:
+    """The connection class for a redis:// or rediss:// URL (unix:// has its own)."""
+    return _TlsConnection if url.partition("://")[0].lower() == "rediss" else _TcpConnection
+
 
 def open_redis(url: str, *, timeout_s: float, cluster: bool = False) -> Client:
     """A client for `url` (redis://, rediss://, unix://; password and TLS options in the URL).
@@ -27,7 +87,8 @@ def open_redis(url: str, *, timeout_s: float, cluster: bool = False) -> Client:
     No client-side retries: a slow or absent Redis must cost one short timeout, not several.
     With `cluster`, `url` names any one node; the client learns the others and follows failovers.
     A new connection sends nothing before the first command (db 0, no password: a password
-    adds AUTH, a database other than 0 adds SELECT, one round trip each).
+    adds AUTH, a database other than 0 adds SELECT, one round trip each), and its handshake
+    outlives a caller that gives up on it (`_Handshake`).
     """
     common: dict[str, Any] = {
         "socket_timeout": timeout_s,
@@ -43,11 +104,24 @@ def open_redis(url: str, *, timeout_s: float, cluster: bool = False) -> Client:
         "maint_notifications_config": MaintNotificationsConfig(enabled=False),
         "driver_info": None,
     }
+    connection_class = _connection_class(url)
     if cluster:
         # A master killed: its slots answer MOVED/connection errors until the replica takes
         # over; the cluster client refreshes its slot map, the caller sees an outage meanwhile.
-        return RedisCluster.from_url(url, **common)
-    return aioredis.Redis.from_url(url, retry_on_timeout=False, **common)
+        client = RedisCluster.from_url(url, **common)
+        # Its nodes (those known now, and those it learns) connect the same way.
+        manager = client.nodes_manager
+        manager.connection_kwargs["connection_class"] = connection_class
+        for node in manager.startup_nodes.values():
+            node.connection_class = connection_class
+        return client
+    unix = url.partition("://")[0].lower() == "unix"
+    return aioredis.Redis.from_url(
+        url,
+        retry_on_timeout=False,
+        connection_class=_UnixConnection if unix else connection_class,
+        **common,
+    )
 
 
 def key_fault(exc: BaseException) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from router.config import Commit, Config, ModelsConfig
-from router.core.failure import AttemptError, FailureKind
+from router.core.failure import AttemptError, FailureKind, overflows_context
 
 # What each [models] fallback_on name covers.
 _STATUS_KINDS = frozenset({FailureKind.INVALID, FailureKind.DISCONNECT, FailureKind.TOO_LARGE})
@@ -18,7 +18,7 @@ def reason(error: AttemptError | None) -> str | None:
         return "unavailable"
     kind = error.kind
     if kind == FailureKind.REQUEST:
-        return "context_length" if b"context_length_exceeded" in error.body else None
+        return "context_length" if overflows_context(error.body) else None
     if kind == FailureKind.UNSUPPORTED:
         return "unsupported"
     if kind == FailureKind.SPILL or (kind == FailureKind.STATUS and error.status == 429):

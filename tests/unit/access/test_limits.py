@@ -31,7 +31,8 @@ TENANT = Tenant(
 @pytest.mark.parametrize(
     ("seconds", "text"),
     [(0, "0ms"), (0.0001, "1ms"), (0.25, "250ms"), (1, "1s"), (1.5, "1.5s"), (12.34, "12.4s"),
-     (60, "1m0s"), (361, "6m1s"), (float("inf"), "1440m0s"), (-1, "0ms")],
+     (60, "1m0s"), (361, "6m1s"), (float("inf"), "1440m0s"), (-1, "0ms"),
+     (300_000, "5000m0s")],  # a slow refill says how slow, past a day too
 )  # fmt: skip
 def test_format_reset_like_openai(seconds: float, text: str) -> None:
     assert format_reset(seconds) == text

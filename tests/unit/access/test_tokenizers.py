@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
 import pytest
 
-from router.access.limits import Limiter
+from router.access.auth import Authenticator, Tenant
+from router.access.limits import Limiter, Limits
 from router.access.tokenizers import ModelTokenizer, load
+from router.access.usage import StreamUsage
 from router.config import TokenizerConfig
+from router.core.context import RequestContext
 from router.core.request import CHAT, COMPLETIONS, parse_body
 from router.errors import ConfigError
-from router.native import ChatTemplate, HfTokenizer
+from router.native import ChatTemplate, HfTokenizer, count_tokens
 from tests.tokenizer_files import byte_level_bpe
 
 CHATML = (
@@ -69,3 +73,42 @@ def test_without_a_template_texts_and_a_per_message_overhead(files: tuple[Path, 
 def test_a_missing_file_names_the_field(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"tokenizers\.models\.llama"):
         load({"llama": TokenizerConfig(file=str(tmp_path / "nope.json"))})
+
+
+def test_a_stream_cut_before_its_usage_is_counted_with_the_models_tokenizer(
+    files: tuple[Path, Path],
+) -> None:
+    """Issue: a stream the client left before its usage event was charged by the 4-bytes-a-token
+    estimate, not the model's configured tokenizer (a client could halve its charge)."""
+    tokenizer_file, template_file = files
+    config = TokenizerConfig(file=str(tokenizer_file), chat_template=str(template_file))
+    limiter = Limiter([], tokenizers=load({"llama": config}))
+    parsed = parse_body(CHAT, json.dumps({**json.loads(chat_body()), "stream": True}).encode())
+    tenant = Tenant(
+        key_id="k",
+        name="t",
+        models=None,
+        requests_per_minute=None,
+        tokens_per_minute=100_000,
+        request_burst=None,
+        token_burst=None,
+        max_concurrent=None,
+        priority=0,
+        cache_namespace="t",
+    )
+    limiter.configure(tenant)
+    ctx = RequestContext("req-1", CHAT)
+    ctx.parsed, ctx.tenant = parsed, tenant
+    asyncio.run(Limits(Authenticator([("00" * 32, tenant)]), limiter).admit(ctx, {}))
+    meter = ctx.meter
+    assert isinstance(meter, StreamUsage)
+    encoding, prompt = meter.encoding, meter.prompt_tokens
+    text = ["Größe", " naïve", " café", " 日本語", " 🎉🚀", " tokens"] * 5
+    for piece in text:
+        delta = {"choices": [{"index": 0, "delta": {"content": piece}}]}
+        meter.feed(b"data: " + json.dumps(delta).encode() + b"\n\n")
+    counted = HfTokenizer(tokenizer_file).count("".join(text))
+    assert meter.used() == prompt + counted
+    assert counted != count_tokens("".join(text), encoding)  # the estimate would differ
+    # A model without a tokenizer of its own keeps the built-in estimate.
+    assert limiter.text_counter(parse_body(CHAT, chat_body("gpt-4o"))) is None
