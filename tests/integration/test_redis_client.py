@@ -15,13 +15,11 @@ from tests.support import Proc, start_redis
 pytestmark = pytest.mark.redis
 
 
-class TurnProxy:
-    """A TCP relay to Redis that notes, per connection, each time the client starts sending
-    after the server last spoke: one turn is one round trip the client waited for."""
+class Relay:
+    """A TCP relay on 127.0.0.1 to the Redis at port `target` (subclasses relay the bytes)."""
 
     def __init__(self, target: int) -> None:
         self.target = target
-        self.turns: list[int] = []
         self._server: asyncio.Server | None = None
         self.port = 0
 
@@ -33,6 +31,18 @@ class TurnProxy:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        raise NotImplementedError
+
+
+class TurnProxy(Relay):
+    """A relay that notes, per connection, each time the client starts sending after the
+    server last spoke: one turn is one round trip the client waited for."""
+
+    def __init__(self, target: int) -> None:
+        super().__init__(target)
+        self.turns: list[int] = []
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
@@ -77,25 +87,14 @@ async def test_a_cold_call_is_one_round_trip(proxy: TurnProxy) -> None:
     assert proxy.turns == [3]  # one connection, one round trip per command
 
 
-class DelayProxy:
-    """A TCP relay to Redis that holds every chunk `delay_s` in each direction: a far Redis
-    (the connect itself stays local; AUTH and each command pay the round trip)."""
+class DelayProxy(Relay):
+    """A relay that holds every chunk `delay_s` in each direction: a far Redis (the connect
+    itself stays local; AUTH, SELECT and each command pay the round trip)."""
 
     def __init__(self, target: int, delay_s: float) -> None:
-        self.target = target
+        super().__init__(target)
         self.delay_s = delay_s
         self.connections = 0
-        self._server: asyncio.Server | None = None
-        self.port = 0
-
-    async def start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-
-    async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1

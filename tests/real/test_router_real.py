@@ -262,15 +262,10 @@ def read_stream(stream: Any) -> tuple[str, set[str], list[str], Any]:
     return text, ids, finishes, usage
 
 
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("survivor", ["llama-server", "llama-cpp-python"])
-def test_sigkill_mid_stream_is_continued_by_what_the_survivor_can_do(
+def _first_and_survivor(
     survivor: str, start_real: RealFactory, tmp_path: Path, routers: list[Proc]
-) -> None:
-    """Items 2-3: a llama-server region SIGKILLed mid-stream; the survivor continues from a
-    prefill (llama-server) or regenerates the deterministic request (llama-cpp-python, which
-    cannot continue). Guaranteed: nothing duplicated or lost at the seam, one id, one end, the
-    usage of the whole answer."""
+) -> tuple[Proc, Proc]:
+    """(a resuming router, its first region): llama-server first, `survivor` behind it."""
     first = start_real("llama-server")
     rest = start_real(survivor)
     router = router_for(
@@ -281,6 +276,19 @@ def test_sigkill_mid_stream_is_continued_by_what_the_survivor_can_do(
         extra='[routing]\nmidstream = "resume"\n',
     )
     wait_healthy(router, "first", "rest")
+    return router, first
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("survivor", ["llama-server", "llama-cpp-python"])
+def test_sigkill_mid_stream_is_continued_by_what_the_survivor_can_do(
+    survivor: str, start_real: RealFactory, tmp_path: Path, routers: list[Proc]
+) -> None:
+    """Items 2-3: a llama-server region SIGKILLed mid-stream; the survivor continues from a
+    prefill (llama-server) or regenerates the deterministic request (llama-cpp-python, which
+    cannot continue). Guaranteed: nothing duplicated or lost at the seam, one id, one end, the
+    usage of the whole answer."""
+    router, first = _first_and_survivor(survivor, start_real, tmp_path, routers)
     stream = sdk(router).chat.completions.create(
         model=MODEL_ALIAS,
         messages=MESSAGES,
@@ -325,16 +333,7 @@ def test_sigkill_mid_completions_stream_is_continued_too(
 ) -> None:
     """A completions stream cut the same way goes on from its prompt and the text so far
     (llama-server), or is regenerated and caught up (llama-cpp-python): one stream to the end."""
-    first = start_real("llama-server")
-    rest = start_real(survivor)
-    router = router_for(
-        tmp_path,
-        routers,
-        region("first", first, "llama-server"),
-        region("rest", rest, survivor, bias_ms=1000.0),
-        extra='[routing]\nmidstream = "resume"\n',
-    )
-    wait_healthy(router, "first", "rest")
+    router, first = _first_and_survivor(survivor, start_real, tmp_path, routers)
     stream = sdk(router).completions.create(
         model=MODEL_ALIAS, prompt="The sea is", max_tokens=300, temperature=0, stream=True
     )
