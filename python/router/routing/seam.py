@@ -304,9 +304,15 @@ async def carry_on(
 
 
 def _note_usage(ctx: RequestContext, event: bytes) -> None:
-    """A usage event the client got from a continuation: what the request reported."""
+    """A usage event the client got from a continuation: what the request reported (chat and
+    Messages events carry `usage`, Responses ones `response.usage`; a null one is none)."""
     payload = sse.data_of(event.rstrip(b"\n"))
-    if payload is not None:
+    obj = json_object(payload) if payload is not None else None
+    if obj is None or payload is None:
+        return
+    response = obj.get("response")
+    usage = obj.get("usage") or (response.get("usage") if isinstance(response, dict) else None)
+    if isinstance(usage, dict):
         kept_usage(ctx.reported, payload)
 
 
