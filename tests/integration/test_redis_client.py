@@ -8,9 +8,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import redis
 
-from router.net.redis_client import open_redis
-from tests.support import Proc, start_redis
+from router.net.redis_client import OUTAGE, open_redis
+from tests.support import Proc, cluster_port, start_redis
 
 pytestmark = pytest.mark.redis
 
@@ -130,6 +131,55 @@ async def test_a_handshake_outlives_a_caller_that_gave_up(tmp_path: Path) -> Non
             async with asyncio.timeout(0.3):
                 assert await client.ping()
         assert proxy.connections == 1
+    finally:
+        await client.aclose()
+        await proxy.close()
+        server.kill()
+
+
+async def test_a_cluster_nodes_handshake_outlives_a_caller_that_gave_up(tmp_path: Path) -> None:
+    """The same for a Redis Cluster's node (its client connects on another path): a one-node
+    cluster with a password, announced at a delaying proxy's port."""
+    proxy = DelayProxy(0, delay_s=0.1)  # bound first: its port is the one the node announces
+    await proxy.start()
+    announced = proxy.port
+    server = start_redis(
+        tmp_path,
+        cluster_port(),  # its bus port, 10000 higher, must fit too
+        password="pw-far-away",
+        extra=[
+            *("--cluster-enabled", "yes", "--cluster-config-file", str(tmp_path / "nodes.conf")),
+            *("--cluster-announce-ip", "127.0.0.1", "--cluster-announce-port", str(announced)),
+        ],
+    )
+    direct = redis.Redis(port=server.port, password="pw-far-away")
+    direct.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
+    for _ in range(100):  # the node takes its slots in a moment
+        if b"cluster_state:ok" in direct.execute_command("CLUSTER", "INFO"):
+            break
+        await asyncio.sleep(0.05)
+    direct.close()
+    proxy.target = server.port
+    client = open_redis(
+        f"redis://:pw-far-away@127.0.0.1:{announced}/0", timeout_s=1.0, cluster=True
+    )
+    try:
+        for _ in range(100):  # the slot map, learnt without a caller's limit
+            with contextlib.suppress(*OUTAGE):
+                await client.initialize()
+                break
+            await asyncio.sleep(0.1)
+        node = client.get_default_node()
+        await node.disconnect()  # the next call opens a connection
+        opened = proxy.connections
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.15):  # gives up inside AUTH (0.2 s)
+                await client.set("k", b"v")
+        await asyncio.sleep(0.4)
+        for _ in range(3):
+            async with asyncio.timeout(0.3):
+                await client.get("k")
+        assert proxy.connections == opened + 1
     finally:
         await client.aclose()
         await proxy.close()

@@ -40,12 +40,16 @@ class _Handshake(AbstractConnection):
 
     _connecting: asyncio.Task[None] | None = None
 
-    async def connect(self) -> None:
+    async def connect_check_health(
+        self, check_health: bool = True, retry_socket_connect: bool = True
+    ) -> None:
+        # Where every connect goes: `connect()` (the single-server pool) and a cluster node's
+        # `send_packed_command` alike.
         task = self._connecting
         if task is None or task.done():
             if self.is_connected:
                 return
-            connecting = super().connect()  # type: ignore[no-untyped-call]
+            connecting = super().connect_check_health(check_health, retry_socket_connect)
             task = self._connecting = asyncio.ensure_future(connecting)
             _HANDSHAKES.add(task)
             task.add_done_callback(_handshake_ended)
