@@ -35,9 +35,14 @@ def problem(url: str) -> str | None:
         return f"expected a host after {scheme}://; {FORM}"
     port = host_port.rpartition("]")[2] if host_port.startswith("[") else host_port
     _, colon, port_text = port.rpartition(":")
+    # Neither is quoted back: a password holding '/', '#' or '?' ends the URL's userinfo early,
+    # and a piece of it is then read as the port or the database.
     if colon and not (port_text.isascii() and port_text.isdigit() and 1 <= int(port_text) <= 65535):
-        return f"expected a port from 1 to 65535, got {port_text!r}"
+        return (
+            "expected a port from 1 to 65535 (a password holding '/', '#' or '?' must be "
+            "percent-encoded)"
+        )
     db = parts.path.strip("/")
     if db and not (db.isascii() and db.isdigit()):
-        return f"expected a database number after the host, got {db!r}"
+        return "expected a database number after the host"
     return None
