@@ -45,7 +45,17 @@ class ResponseHomes:
     """Response id -> the region that holds it and the tenant it belongs to
     (core.stages.StateHomes). Another tenant's response is not found."""
 
-    __slots__ = ("_by_owner", "_failures", "_homes", "_redis", "capacity", "config", "shared")
+    __slots__ = (
+        "_by_owner",
+        "_failures",
+        "_holding",
+        "_homes",
+        "_most",
+        "_redis",
+        "capacity",
+        "config",
+        "shared",
+    )
 
     def __init__(self, config: StateConfig | None = None, shared: SharedPins | None = None) -> None:
         self.config = config or StateConfig()
@@ -55,6 +65,9 @@ class ResponseHomes:
         # id -> (region, owner), and each owner's ids, least recently used first.
         self._homes: dict[str, tuple[str, str]] = {}
         self._by_owner: dict[str, OrderedDict[str, None]] = {}
+        # Owners by how many notes they hold, and the most any holds: the heaviest in O(1).
+        self._holding: dict[int, dict[str, None]] = {}
+        self._most = 0
         self._redis: Client | None = None
         self._failures = 0
 
@@ -119,11 +132,14 @@ class ResponseHomes:
         ids = by_owner.get(owner)
         if ids is None:
             ids = by_owner[owner] = OrderedDict()
-        ids[response_id] = None
-        ids.move_to_end(response_id)
+        if response_id in ids:
+            ids.move_to_end(response_id)
+        else:
+            ids[response_id] = None
+            self._counted(owner, len(ids) - 1, len(ids))
         while len(homes) > self.capacity:
             # The tenant holding the most gives up its least recently used note.
-            heaviest = max(by_owner, key=lambda o: len(by_owner[o]))
+            heaviest = next(iter(self._holding[self._most]))
             oldest = next(iter(by_owner[heaviest]))
             self._forget(oldest, heaviest)
 
@@ -131,8 +147,24 @@ class ResponseHomes:
         del self._homes[response_id]
         ids = self._by_owner[owner]
         del ids[response_id]
+        self._counted(owner, len(ids) + 1, len(ids))
         if not ids:
             del self._by_owner[owner]
+
+    def _counted(self, owner: str, was: int, now: int) -> None:
+        """`owner` went from holding `was` notes to `now` (one more or one fewer)."""
+        holding = self._holding
+        if was:
+            group = holding[was]
+            del group[owner]
+            if not group:
+                del holding[was]
+        if now:
+            holding.setdefault(now, {})[owner] = None
+        if now > self._most:
+            self._most = now
+        elif was == self._most and was not in holding:
+            self._most = now  # counts move by one: the owner that moved is the heaviest now
 
     def _key(self, response_id: str) -> str:
         return hash_tagged(self.config.redis_prefix, response_id)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import random
+from collections import Counter
+
 import pytest
 
 from router.config import StateConfig
@@ -52,3 +55,26 @@ async def test_past_the_bound_the_heaviest_tenant_gives_up_its_oldest() -> None:
     homes.record("y3", "a", "y")  # a tie (2 and 3 after y3): y holds more now, y1 goes
     assert await homes.home("y1", "y") is None
     assert len(homes) == 4
+
+
+async def test_each_eviction_takes_from_a_tenant_holding_the_most() -> None:
+    rng = random.Random(7)
+    homes = ResponseHomes(StateConfig(max_responses=20))
+    held: dict[str, str] = {}  # id -> owner, as the router should still know them
+    for step in range(2000):
+        owner = f"t{min(rng.randrange(12), rng.randrange(12))}"  # a few tenants make most
+        rid = f"r{step}"
+        counts = Counter(held.values())
+        counts[owner] += 1
+        homes.record(rid, "a", owner)
+        held[rid] = owner
+        if len(held) > 20:
+            # (Each look-up below uses its note, so notes are used in `held`'s order.)
+            gone = [r for r, o in held.items() if await homes.home(r, o) is None]
+            assert len(gone) == 1
+            # From a tenant that held the most, its least recently used note.
+            loser = held[gone[0]]
+            assert counts[loser] == max(counts.values())
+            assert gone[0] == next(r for r, o in held.items() if o == loser)
+            del held[gone[0]]
+    assert len(homes) == 20
