@@ -51,6 +51,9 @@ _REQUEST_CODES = frozenset(
 )
 # Failures after which the next attempt is free of the retry budget (see RequestContext).
 _FREE = frozenset({FailureKind.CONNECT, FailureKind.SPILL, FailureKind.UNSUPPORTED})
+# Server kinds that may be llama.cpp's server (which answers a request it cannot take with a
+# 500): another kind's 500 is a server error whatever it says.
+_REFUSES_WITH_500 = frozenset({"llama-server", "sim", "generic"})
 # How llama.cpp's server words the request errors it answers with a 500 (a std::runtime_error
 # while reading the request: tools/server/server-common.cpp, server-chat.cpp): an input or a
 # parameter this server cannot take, or a request it cannot read.
@@ -346,7 +349,11 @@ async def open_attempt(
             if why is not None:
                 raise AttemptError(name, FailureKind.INVALID, f"HTTP {status}: {why}")
             if status in RETRY_STATUSES:
-                refusal = server_refusal(whole) if status == 500 else None
+                refusal = (
+                    server_refusal(whole)
+                    if status == 500 and upstream.config.kind in _REFUSES_WITH_500
+                    else None
+                )
                 if refusal is not None:
                     raise _unsupported(name, refusal)
                 if caused_by_request(whole):

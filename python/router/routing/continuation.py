@@ -129,18 +129,25 @@ class _Prompt(msgspec.Struct):
 _PROMPT = msgspec.json.Decoder(_Prompt)
 
 
+def _one_choice(fields: _Prompt) -> bool:
+    return fields.n in (None, 1) and fields.best_of in (None, 1)
+
+
+def resumable_chat(body: bytes) -> bool:
+    """Whether a chat stream can be carried on: one choice (the text so far is one answer's)."""
+    try:
+        return _one_choice(_PROMPT.decode(body))
+    except msgspec.MsgspecError:
+        return False
+
+
 def resumable_completion(body: bytes) -> bool:
     """Whether a completions stream can be carried on: one text prompt, one choice, no echo."""
     try:
         fields = _PROMPT.decode(body)
     except msgspec.MsgspecError:
         return False
-    return (
-        isinstance(fields.prompt, str)
-        and fields.echo in (None, False)
-        and fields.n in (None, 1)
-        and fields.best_of in (None, 1)
-    )
+    return isinstance(fields.prompt, str) and fields.echo in (None, False) and _one_choice(fields)
 
 
 def completion_body(body: bytes, sent: str, tokens_sent: int) -> bytes:
@@ -279,13 +286,13 @@ class MidstreamPolicy:
         self.max_resumes = routing.max_resumes
 
     def track(self, ctx: RequestContext) -> SentEvents | None:
-        """A tracker for a stream that may be resumed; None when it never will be: chat,
-        completions of one text prompt (one choice, no echo), and Responses / Messages streams
-        whose state no other region has."""
+        """A tracker for a stream that may be resumed; None when it never will be: chat of one
+        choice, completions of one text prompt (one choice, no echo), and Responses / Messages
+        streams whose state no other region has."""
         if self.mode != "resume" or self.max_resumes == 0:
             return None
         tracker: SentEvents
-        if ctx.endpoint == CHAT:
+        if ctx.endpoint == CHAT and resumable_chat(ctx.request.body):
             tracker = StreamTracker()
         elif ctx.endpoint == COMPLETIONS and resumable_completion(ctx.request.body):
             tracker = StreamTracker(completions=True)

@@ -802,3 +802,39 @@ async def test_a_broken_completions_stream_is_carried_on(kind: str) -> None:
         assert json.loads(again)["max_tokens"] == 8
     else:
         assert json.loads(again) == ask
+
+
+async def test_a_chat_stream_of_several_choices_is_not_carried_on() -> None:
+    """Its text so far is several answers': no one prefill continues them."""
+
+    async def unused(path: str, raw: bytes, headers: CIMultiDict[str]) -> LocalReply:
+        raise AssertionError("asked to continue several choices as one")
+
+    app, transports = app_for(
+        {"a": breaks_after("Red", " apple"), "b": unused},
+        RoutingConfig(midstream="resume"),
+        kind="llama-server",
+    )
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        resp = await client.post(CHAT, json=body(stream=True, n=2))
+        raw = await resp.read()
+    assert texts(raw) == ("Red apple", ["upstream_stream_error"])
+    assert transports["b"].requests == []
+
+
+@pytest.mark.parametrize(("kind", "status"), [("llama-server", 400), ("vllm", 500)])
+async def test_only_a_server_that_may_be_llama_cpps_refuses_with_a_500(
+    kind: str, status: int
+) -> None:
+    refusal = (
+        b'{"error":{"code":500,"message":"image input is not supported","type":"server_error"}}'
+    )
+
+    async def refuses(path: str, raw: bytes, headers: CIMultiDict[str]) -> LocalReply:
+        return LocalReply(500, JSON, [refusal])
+
+    app, _ = app_for({"a": refuses}, kind=kind)
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        resp = await client.post(CHAT, json=body())
+        # llama-server's request error: a 400; vLLM's 500 is its own server error, relayed.
+        assert resp.status == status
