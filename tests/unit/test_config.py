@@ -94,12 +94,12 @@ def test_every_section_is_present_and_frozen() -> None:
         (
             REGION + '[limits]\nredis_url = "redis://:pw@127.0.0.1:notaport/0"\n',
             "limits.redis_url",
-            "port from 1 to 65535, got 'notaport'",
+            "port from 1 to 65535",
         ),
         (
             REGION + '[cache]\nredis_url = "redis://:pw@127.0.0.1:99999/0"\n',
             "cache.redis_url",
-            "port from 1 to 65535, got '99999'",
+            "port from 1 to 65535",
         ),
         (REGION + '[state]\nredis_url = "unix://"\n', "state.redis_url", "socket path"),
     ],
