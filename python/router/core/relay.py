@@ -39,6 +39,8 @@ class _TooLarge(Exception):
 
 # Streams still read for the cache's other readers after the client that started them left.
 _DRAINING: set[asyncio.Task[None]] = set()
+# Continuations going on for others after their client left (kept referenced until they end).
+_CONTINUING: set[asyncio.Future[bool]] = set()
 
 
 async def _drain(
@@ -96,6 +98,18 @@ def _hand_off(
     )
     _DRAINING.add(task)
     task.add_done_callback(_DRAINING.discard)
+
+
+def _finish_in_background(going: asyncio.Future[bool], tap: Tap) -> None:
+    """A continuation that outlived its client ends its tap when it ends."""
+
+    def ended(task: asyncio.Future[bool]) -> None:
+        whole = not task.cancelled() and task.exception() is None and task.result()
+        tap.end(whole, storable=False)
+
+    going.add_done_callback(ended)
+    _CONTINUING.add(going)
+    going.add_done_callback(_CONTINUING.discard)
 
 
 def whole(ctx: RequestContext, opened: Opened, tap: Tap | None) -> web.Response:
@@ -160,12 +174,25 @@ async def relay_stream(
         if meter is not None:
             meter.feed(data)
 
+    # The client left during a continuation that others still read: it goes on for them.
+    gone = False
+
     async def send_on(data: bytes) -> None:
         # A continuation's events (its seam tracks and meters them): to the client and to
         # whoever else reads this exchange.
+        nonlocal gone
         if tap is not None:
             tap.chunk(data)
-        await resp.write(data)
+        if not gone:
+            try:
+                await resp.write(data)
+            except ConnectionError:
+                if tap is None or not tap.wanted():
+                    raise
+                gone = True
+                tap.detach()
+        elif tap is None or not tap.wanted():
+            raise ConnectionResetError("nobody reads this stream any more")
 
     plain = guard is None and tap is None and meter is None
     # The region's own key never reaches the client in its events (nor the cache).
@@ -242,9 +269,24 @@ async def relay_stream(
             reason = "idle timeout" if timeout else str(exc) or "disconnect"
             log.warning("request %s: stream from %s broke: %s", ctx.request_id, ctx.region, reason)
             if continuer is not None and attempts is not None:
-                continued = await continuer.resume(
-                    ctx, send_on, attempts.again, reason, idle_timeout
+                going = asyncio.ensure_future(
+                    continuer.resume(ctx, send_on, attempts.again, reason, idle_timeout)
                 )
+                try:
+                    continued = await asyncio.shield(going)
+                except asyncio.CancelledError:
+                    # The client left (aiohttp cancels its handler): the continuation goes on
+                    # for those still reading this exchange, and its end settles their flight.
+                    if tap is not None and tap.wanted():
+                        gone = handed = True
+                        tap.detach()
+                        _finish_in_background(going, tap)
+                        upstream.close()
+                    else:
+                        going.cancel()
+                    raise
+                if gone:
+                    return resp  # finished for the others; its client is not there to end it
             if not continued:
                 message = f"The region stopped mid-stream ({reason})."
                 await resp.write(ctx.dialect.stream_failure(message, state))

@@ -271,3 +271,57 @@ async def test_followers_of_a_continued_stream_get_it_whole_and_it_is_never_stor
         again = (await burst(client, CHAT, ask(CHAT), 1))[0]
         assert (again[3], texts(again[4])) == ("MISS", ("Hello world", []))
     assert len(transports["a"].requests) == len(transports["b"].requests) == 2
+
+
+@pytest.mark.parametrize("cancels", [False, True], ids=["write-fails", "handler-cancelled"])
+async def test_a_continuation_goes_on_for_its_followers_after_its_client_left(
+    cancels: bool,
+) -> None:
+    """Issue: a leader's client leaving during a continuation cut it for its followers too:
+    they got the first region's part and an error."""
+    release, go_on = asyncio.Event(), asyncio.Event()
+
+    async def breaks(path: str, raw: bytes, headers: CIMultiDict[str]) -> LocalReply:
+        async def chunks() -> AsyncIterator[bytes]:
+            yield delta("Hel")
+            await release.wait()
+            yield delta("lo")
+            raise ConnectionResetError("region died")
+
+        return LocalReply(200, SSE, chunks())
+
+    async def continues(path: str, raw: bytes, headers: CIMultiDict[str]) -> LocalReply:
+        async def chunks() -> AsyncIterator[bytes]:
+            yield delta("Hello")  # llama-server answers the prefill back first
+            await go_on.wait()
+            yield delta(" world")
+            end = {"index": 0, "delta": {}, "finish_reason": "stop"}
+            yield event({"id": "x", "choices": [end]})
+            yield b"data: [DONE]\n\n"
+
+        return LocalReply(200, SSE, chunks())
+
+    config = Config(regions=(), auth=AuthConfig(enabled=False), cache=CacheConfig(enabled=True))
+    layer = CacheLayer(config)
+    app, transports = app_for(
+        {"a": breaks, "b": continues},
+        RoutingConfig(midstream="resume"),
+        kind="llama-server",
+        cache=layer,
+        decorators=(cache_headers,),
+    )
+    app.cleanup_ctx.append(layer.lifetime)
+    server = TestServer(app, host="127.0.0.1", handler_cancellation=cancels)
+    async with TestClient(server) as client:
+        assert layer.cache is not None
+        leader = await client.post(CHAT, json=ask(CHAT))
+        await leader.content.readany()
+        followers = asyncio.create_task(burst(client, CHAT, ask(CHAT), 2))
+        await joined(layer.cache, 2)
+        release.set()
+        await until(lambda: len(transports["b"].requests) == 1)  # the continuation started
+        leader.close()  # the leader's client leaves in the middle of it
+        await asyncio.sleep(0.2)
+        go_on.set()
+        got = await followers
+    assert [(a[0], a[3], texts(a[4])) for a in got] == [(200, "HIT", ("Hello world", []))] * 2
