@@ -203,7 +203,7 @@ class Limiter:
         encoding = self._encodings.get(model)
         if encoding is None:
             encoding = self._encodings[model] = encoding_for_model(model)
-        exact = self.tokenizers.get(model) or self.tokenizers.get(parsed.model)
+        exact = self._tokenizer(parsed)
         endpoint, body = parsed.endpoint, parsed.body
         try:
             if endpoint in _VIEWED:
@@ -222,11 +222,16 @@ class Limiter:
         budget = completion_budget(parsed.body, self.default_max_tokens, parsed.endpoint)
         return encoding, prompt, budget
 
-    def text_counter(self, parsed: ParsedRequest) -> Callable[[str], int] | None:
-        """The model's own tokenizer's count of a text ([tokenizers.models]), if it has one."""
-        exact = self.tokenizers.get(parsed.upstream_model or parsed.model) or self.tokenizers.get(
+    def _tokenizer(self, parsed: ParsedRequest) -> ModelTokenizer | None:
+        """The model's own tokenizer ([tokenizers.models]): of the model sent upstream, else
+        of the one asked for."""
+        return self.tokenizers.get(parsed.upstream_model or parsed.model) or self.tokenizers.get(
             parsed.model
         )
+
+    def text_counter(self, parsed: ParsedRequest) -> Callable[[str], int] | None:
+        """The model's own tokenizer's count of a text, if it has one."""
+        exact = self._tokenizer(parsed)
         return exact.tokenizer.count if exact is not None else None
 
     async def admit(self, tenant: Tenant, tokens: int) -> Grant:

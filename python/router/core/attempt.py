@@ -155,15 +155,21 @@ def with_usage(body: bytes) -> bytes:
     return msgspec.json.encode(fields)
 
 
-def caused_by_request(body: bytes) -> bool:
-    """Whether an error answer blames the request (OpenAI's invalid_request_error shape)."""
+def _error_detail(body: bytes) -> _ErrorDetail | None:
+    """An error answer's `error` object, when it has one of OpenAI's shape."""
     if b"error" not in body:
-        return False
+        return None
     try:
         error = _ERROR.decode(body).error
     except (msgspec.MsgspecError, RecursionError):
-        return False
-    if not isinstance(error, _ErrorDetail):
+        return None
+    return error if isinstance(error, _ErrorDetail) else None
+
+
+def caused_by_request(body: bytes) -> bool:
+    """Whether an error answer blames the request (OpenAI's invalid_request_error shape)."""
+    error = _error_detail(body)
+    if error is None:
         return False
     return error.type == "invalid_request_error" or (
         isinstance(error.code, str) and error.code in _REQUEST_CODES
@@ -173,13 +179,8 @@ def caused_by_request(body: bytes) -> bool:
 def server_refusal(body: bytes) -> str | None:
     """The message of a 500 that is llama.cpp's server refusing the request it read (an
     input or parameter it cannot take), else None."""
-    if b"error" not in body:
-        return None
-    try:
-        error = _ERROR.decode(body).error
-    except (msgspec.MsgspecError, RecursionError):
-        return None
-    if not isinstance(error, _ErrorDetail) or not isinstance(error.message, str):
+    error = _error_detail(body)
+    if error is None or not isinstance(error.message, str):
         return None
     message = error.message
     return message if any(part in message for part in _SERVER_REFUSALS) else None
