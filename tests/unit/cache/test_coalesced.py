@@ -42,13 +42,20 @@ Cached = tuple[TestClient[Any, Any], ResponseCache, dict[str, LocalTransport]]
 
 
 @asynccontextmanager
-async def cached(regions: dict[str, Handler]) -> AsyncIterator[Cached]:
-    """A client of the pipeline with the response cache (coalescing on) in front of `regions`."""
+async def cached(
+    regions: dict[str, Handler],
+    routing: RoutingConfig | None = None,
+    kind: str = "vllm",
+    handler_cancellation: bool = False,
+) -> AsyncIterator[Cached]:
+    """A client of the pipeline with the response cache (coalescing on) in front of `regions`
+    (servers of `kind`, `routing`'s policy; aiohttp cancelling a left client's handler or not)."""
     config = Config(regions=(), auth=AuthConfig(enabled=False), cache=CacheConfig(enabled=True))
     layer = CacheLayer(config)
-    app, transports = app_for(regions, cache=layer, decorators=(cache_headers,))
+    app, transports = app_for(regions, routing, kind=kind, cache=layer, decorators=(cache_headers,))
     app.cleanup_ctx.append(layer.lifetime)
-    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+    server = TestServer(app, host="127.0.0.1", handler_cancellation=handler_cancellation)
+    async with TestClient(server) as client:
         assert layer.cache is not None
         yield client, layer.cache, transports
 
@@ -234,12 +241,10 @@ async def test_a_stream_hit_is_metered_as_the_stream_it_replays() -> None:
     assert hit.used() == miss.used() == count_tokens("Hello world", "cl100k_base")
 
 
-async def test_followers_of_a_continued_stream_get_it_whole_and_it_is_never_stored() -> None:
-    """Issue: a leader's stream continued on another region reached its own client whole, while
-    its followers got the first region's part, then an error, and were counted as hits."""
-    release = asyncio.Event()
+def breaks_once(release: asyncio.Event) -> Handler:
+    """A region that streams "Hel", waits for `release`, streams "lo", then dies."""
 
-    async def breaks(path: str, raw: bytes, headers: CIMultiDict[str]) -> LocalReply:
+    async def handle(path: str, raw: bytes, headers: CIMultiDict[str]) -> LocalReply:
         async def chunks() -> AsyncIterator[bytes]:
             yield delta("Hel")
             await release.wait()
@@ -248,20 +253,19 @@ async def test_followers_of_a_continued_stream_get_it_whole_and_it_is_never_stor
 
         return LocalReply(200, SSE, chunks())
 
-    config = Config(regions=(), auth=AuthConfig(enabled=False), cache=CacheConfig(enabled=True))
-    layer = CacheLayer(config)
-    app, transports = app_for(
-        {"a": breaks, "b": echoes("Hello", " world")},
-        RoutingConfig(midstream="resume"),
-        kind="llama-server",
-        cache=layer,
-        decorators=(cache_headers,),
-    )
-    app.cleanup_ctx.append(layer.lifetime)
-    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
-        assert layer.cache is not None
+    return handle
+
+
+async def test_followers_of_a_continued_stream_get_it_whole_and_it_is_never_stored() -> None:
+    """Issue: a leader's stream continued on another region reached its own client whole, while
+    its followers got the first region's part, then an error, and were counted as hits."""
+    release = asyncio.Event()
+
+    regions = {"a": breaks_once(release), "b": echoes("Hello", " world")}
+    resume = RoutingConfig(midstream="resume")
+    async with cached(regions, resume, kind="llama-server") as (client, cache, transports):
         answers = asyncio.create_task(burst(client, CHAT, ask(CHAT), 3))
-        await joined(layer.cache, 2)
+        await joined(cache, 2)
         release.set()
         got = await answers
         assert sorted(a[3] or "" for a in got) == ["HIT", "HIT", "MISS"]
@@ -281,15 +285,6 @@ async def test_a_continuation_goes_on_for_its_followers_after_its_client_left(
     they got the first region's part and an error."""
     release, go_on = asyncio.Event(), asyncio.Event()
 
-    async def breaks(path: str, raw: bytes, headers: CIMultiDict[str]) -> LocalReply:
-        async def chunks() -> AsyncIterator[bytes]:
-            yield delta("Hel")
-            await release.wait()
-            yield delta("lo")
-            raise ConnectionResetError("region died")
-
-        return LocalReply(200, SSE, chunks())
-
     async def continues(path: str, raw: bytes, headers: CIMultiDict[str]) -> LocalReply:
         async def chunks() -> AsyncIterator[bytes]:
             yield delta("Hello")  # llama-server answers the prefill back first
@@ -301,23 +296,13 @@ async def test_a_continuation_goes_on_for_its_followers_after_its_client_left(
 
         return LocalReply(200, SSE, chunks())
 
-    config = Config(regions=(), auth=AuthConfig(enabled=False), cache=CacheConfig(enabled=True))
-    layer = CacheLayer(config)
-    app, transports = app_for(
-        {"a": breaks, "b": continues},
-        RoutingConfig(midstream="resume"),
-        kind="llama-server",
-        cache=layer,
-        decorators=(cache_headers,),
-    )
-    app.cleanup_ctx.append(layer.lifetime)
-    server = TestServer(app, host="127.0.0.1", handler_cancellation=cancels)
-    async with TestClient(server) as client:
-        assert layer.cache is not None
+    regions = {"a": breaks_once(release), "b": continues}
+    resume = RoutingConfig(midstream="resume")
+    async with cached(regions, resume, "llama-server", cancels) as (client, cache, transports):
         leader = await client.post(CHAT, json=ask(CHAT))
         await leader.content.readany()
         followers = asyncio.create_task(burst(client, CHAT, ask(CHAT), 2))
-        await joined(layer.cache, 2)
+        await joined(cache, 2)
         release.set()
         await until(lambda: len(transports["b"].requests) == 1)  # the continuation started
         leader.close()  # the leader's client leaves in the middle of it
