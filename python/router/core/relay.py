@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from aiohttp import web
 
@@ -37,10 +38,9 @@ class _TooLarge(Exception):
     """The region's stream passed [server] max_response_bytes."""
 
 
-# Streams still read for the cache's other readers after the client that started them left.
-_DRAINING: set[asyncio.Task[None]] = set()
-# Continuations going on for others after their client left (kept referenced until they end).
-_CONTINUING: set[asyncio.Future[bool]] = set()
+# Streams still read, and continuations still going, for the cache's other readers after the
+# client that started them left (kept referenced until they end).
+_DRAINING: set[asyncio.Future[Any]] = set()
 
 
 async def _drain(
@@ -108,8 +108,8 @@ def _finish_in_background(going: asyncio.Future[bool], tap: Tap) -> None:
         tap.end(whole, storable=False)
 
     going.add_done_callback(ended)
-    _CONTINUING.add(going)
-    going.add_done_callback(_CONTINUING.discard)
+    _DRAINING.add(going)
+    going.add_done_callback(_DRAINING.discard)
 
 
 def whole(ctx: RequestContext, opened: Opened, tap: Tap | None) -> web.Response:

@@ -58,6 +58,7 @@ class _Chat(msgspec.Struct):
     max_tokens: Any = None
     max_completion_tokens: Any = None
     n: Any = None
+    best_of: Any = None
     # Decoded here so a number no float holds (1e999) is a 400 now, not a 500 later.
     temperature: Any = None
 
@@ -71,6 +72,8 @@ class _Completion(msgspec.Struct):
     stream_options: _StreamOptions | None = None
     max_tokens: Any = None
     n: Any = None
+    best_of: Any = None
+    echo: Any = None
     temperature: Any = None
 
 

@@ -119,35 +119,25 @@ def continuation_body(
     return _ENCODE.encode(fields), prefill
 
 
-class _Prompt(msgspec.Struct):
-    prompt: Any = None
-    echo: Any = None
-    n: Any = None
-    best_of: Any = None
+def _one_choice(decoded: Any) -> bool:
+    """Whether a request asks for one answer (no `n` or `best_of` above 1)."""
+    one = (None, 1)
+    return getattr(decoded, "n", None) in one and getattr(decoded, "best_of", None) in one
 
 
-_PROMPT = msgspec.json.Decoder(_Prompt)
+def resumable_chat(decoded: Any) -> bool:
+    """Whether a chat stream can be carried on (`decoded`: the request as the request stage
+    read it): one choice (the text so far is one answer's)."""
+    return _one_choice(decoded)
 
 
-def _one_choice(fields: _Prompt) -> bool:
-    return fields.n in (None, 1) and fields.best_of in (None, 1)
-
-
-def resumable_chat(body: bytes) -> bool:
-    """Whether a chat stream can be carried on: one choice (the text so far is one answer's)."""
-    try:
-        return _one_choice(_PROMPT.decode(body))
-    except msgspec.MsgspecError:
-        return False
-
-
-def resumable_completion(body: bytes) -> bool:
+def resumable_completion(decoded: Any) -> bool:
     """Whether a completions stream can be carried on: one text prompt, one choice, no echo."""
-    try:
-        fields = _PROMPT.decode(body)
-    except msgspec.MsgspecError:
-        return False
-    return isinstance(fields.prompt, str) and fields.echo in (None, False) and _one_choice(fields)
+    return (
+        isinstance(getattr(decoded, "prompt", None), str)
+        and getattr(decoded, "echo", None) in (None, False)
+        and _one_choice(decoded)
+    )
 
 
 def completion_body(body: bytes, sent: str, tokens_sent: int) -> bytes:
@@ -292,9 +282,9 @@ class MidstreamPolicy:
         if self.mode != "resume" or self.max_resumes == 0:
             return None
         tracker: SentEvents
-        if ctx.endpoint == CHAT and resumable_chat(ctx.request.body):
+        if ctx.endpoint == CHAT and resumable_chat(ctx.request.decoded):
             tracker = StreamTracker()
-        elif ctx.endpoint == COMPLETIONS and resumable_completion(ctx.request.body):
+        elif ctx.endpoint == COMPLETIONS and resumable_completion(ctx.request.decoded):
             tracker = StreamTracker(completions=True)
         elif ctx.dialect.events and not ctx.request.stateful:
             tracker = EventTracker()
