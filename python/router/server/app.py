@@ -7,12 +7,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import msgspec
 from aiohttp import web, web_response
 from aiohttp.typedefs import Middleware
 
 from router.access import tokenizers
-from router.access.auth import Authenticator, Tenant
+from router.access.auth import Authenticator
 from router.access.limits import Limiter, Limits, auth_preparer, rate_limit_headers
 from router.cache.admin import CACHE
 from router.cache.serving import CacheLayer, cache_headers
@@ -46,6 +45,7 @@ from router.routing.runtime import (
     routing_headers,
     selector,
 )
+from router.server import models as served
 from router.server import reload
 from router.server.machine import Machine, add_machine_routes
 from router.server.pools import POOLS, RegionPools, regions_preparer
@@ -84,22 +84,6 @@ def hide_versions() -> None:
     unparsable requests included (written before any app hook runs); its module default is the
     one place that covers them all."""
     web_response.SERVER_SOFTWARE = SERVER_HEADER  # type: ignore[attr-defined]
-
-
-def _models_body(config: Config, tenant: Tenant) -> bytes:
-    """GET /v1/models: the models of `config` that `tenant`'s key may use."""
-    data = [
-        {
-            "id": name,
-            "object": "model",
-            "created": 0,
-            "owned_by": "router",
-            "endpoints": config.endpoints_of(name),
-        }
-        for name in config.served_models()
-        if tenant.allows(name)
-    ]
-    return msgspec.json.encode({"object": "list", "data": data})
 
 
 def error_middleware(unknown: Handler | None = None) -> Middleware:
@@ -284,9 +268,18 @@ def build_app(
     app.router.add_get(stored + "/input_items", pipeline.stored)
 
     async def models(request: web.Request) -> web.Response:
-        tenant = auth.authenticate(request.headers)
-        # From the live config, so models added or removed by a reload show up at once.
-        body = _models_body(live.config, tenant)
+        # Anthropic's SDK sends its API version on every request; its errors take its shape too.
+        anthropic = "anthropic-version" in request.headers
+        try:
+            tenant = auth.authenticate(request.headers)
+            # From the live config, so models added or removed by a reload show up at once.
+            name = request.match_info.get("model")
+            if name is None:
+                body = served.listing(live.config, tenant, request.query, anthropic)
+            else:
+                body = served.one(live.config, tenant, name, anthropic)
+        except ApiError as exc:
+            return error_response(exc, _request_id(request), anthropic=anthropic)
         return web.Response(body=body, content_type="application/json")
 
     async def healthz(request: web.Request) -> web.Response:
@@ -300,6 +293,8 @@ def build_app(
         return web.json_response({"status": "ready"})
 
     app.router.add_get("/v1/models", models)
+    # Ids may hold a slash (`org/model`), sent as is by the SDKs.
+    app.router.add_get("/v1/models/{model:.+}", models)
     for probes in {id(app): app, id(ops): ops}.values():
         probes.router.add_get("/healthz", healthz)
         probes.router.add_get("/readyz", readyz)
