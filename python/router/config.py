@@ -556,8 +556,9 @@ class CanaryConfig(_Section, frozen=True):
     min_samples: Annotated[int, msgspec.Meta(ge=1)] = 50
     # Roll back when canary error rate minus stable error rate exceeds this.
     max_error_rate_delta: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.05
-    # Roll back when canary TTFT p95 over stable TTFT p95 exceeds this (TTFT: the attempt's
-    # time to its first token; a whole answer's, to the whole answer)...
+    # Roll back when canary TTFT p95 over stable TTFT p95 exceeds this; streams are compared by
+    # their time to first token, whole answers by their time to the whole answer, each kind
+    # only with the same kind...
     max_ttft_p95_ratio: Annotated[float, msgspec.Meta(gt=1)] = 2.0
     # ... and the canary's p95 is at least this much slower too, so two fast versions a few
     # milliseconds apart never count as worse.
