@@ -532,7 +532,7 @@ class DeploymentConfig(_Section, frozen=True):
     # Regions allowed to serve this version; empty means every region serving `model`.
     regions: tuple[str, ...] = ()
     # Share of the alias's traffic this version gets (relative to the others).
-    weight: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    weight: Annotated[float, msgspec.Meta(ge=0, le=1e9)] = 0.0
 
 
 class RolloutModelConfig(_Section, frozen=True):
@@ -680,6 +680,18 @@ def _check(config: Config, source: str) -> None:
         if region.keepalive_s <= 0:
             raise fail(f"{where}.keepalive_s", "expected a positive number of seconds")
         served.update(region.models)
+    # Names that travel in response headers (x-router-region, x-router-model-version, ...),
+    # metric labels and log lines: a control character breaks the first and garbles the rest.
+    for i, region in enumerate(config.regions):
+        _check_printable(fail, f"regions[{i}].name", region.name)
+        for model in region.models:
+            _check_printable(fail, f"regions[{i}].models", model)
+    for alias in config.models.aliases:
+        _check_printable(fail, "models.aliases", alias)
+    for alias, spec in config.rollout.models.items():
+        _check_printable(fail, "rollout.models", alias)
+        for j, d in enumerate(spec.deployments):
+            _check_printable(fail, f"rollout.models.{alias}.deployments[{j}].version", d.version)
     for alias, target in config.models.aliases.items():
         if target not in served:
             raise fail(
@@ -709,6 +721,11 @@ def _check(config: Config, source: str) -> None:
             f"got {routing.circuit_base_s}",
         )
     _check_rollout(config, source)
+
+
+def _check_printable(fail: Callable[[str, str], ConfigError], field: str, name: str) -> None:
+    if not name.isprintable():
+        raise fail(field, f"expected a name without control characters, got {name!r}")
 
 
 def _check_rollout(config: Config, source: str) -> None:
