@@ -427,3 +427,31 @@ def test_cache_hits_count_tokens_as_documented(tmp_path: Path, sim_region: Any) 
         assert out == held["completion_tokens"]
     finally:
         router.kill()
+
+
+def test_a_stream_broken_mid_way_is_counted_as_a_failure(tmp_path: Path, sim_region: Any) -> None:
+    a = sim_region("a")
+    router = start_router(tmp_path, HEADER + region_toml(a))
+    try:
+        url = router.url + "/v1/chat/completions"
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+        whole = call(url, body)
+        cut = call(url, body, {"x-sim-fail": "die-mid-stream", "x-sim-after-tokens": "3"})
+        assert (whole.status, cut.status) == (200, 200)  # the cut one's head went out first
+        assert whole.body.endswith(b"data: [DONE]\n\n")
+        assert b"upstream_stream_error" in cut.body
+        assert b"[DONE]" not in cut.body
+        good, broken = router.access_lines(2)
+        assert "error" not in good
+        assert broken["status"] == 200
+        assert "stopped mid-stream" in broken["error"]
+        m = samples(router)
+        assert value(m, "router_stream_failures_total", region="a", model=MODEL) == 1
+        # A client's own error (here a body that is not JSON) counts for neither objective.
+        for _ in range(5):
+            assert call(url, b"{not json").status == 400
+        with urllib.request.urlopen(router.url + "/status.json", timeout=5) as resp:
+            overall = json.loads(resp.read())["overall"]
+        assert (overall["requests"], overall["errors"]) == (2, 1)
+    finally:
+        router.kill()

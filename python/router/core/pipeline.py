@@ -429,7 +429,7 @@ async def _failed(
         log.exception("request %s: failed after its response began", ctx.request_id)
     if started.content_type == "text/event-stream" and not started._eof_sent:
         with contextlib.suppress(ConnectionError):
-            await started.write(ctx.dialect.stream_failure(message, ctx.dialect.tracker()))
+            await started.write(ctx.stream_failure(message, ctx.dialect.tracker()))
             await started.write_eof()
     elif request.transport is not None:
         request.transport.close()

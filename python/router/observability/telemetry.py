@@ -130,6 +130,7 @@ def record_of(
         stages=durations,
         tokens_in=tokens[0],
         tokens_out=tokens[1],
+        error=ctx.broken,
     )
 
 
