@@ -455,3 +455,32 @@ def test_a_stream_broken_mid_way_is_counted_as_a_failure(tmp_path: Path, sim_reg
         assert (overall["requests"], overall["errors"]) == (2, 1)
     finally:
         router.kill()
+
+
+def test_a_model_a_reload_adds_is_labelled_as_itself(tmp_path: Path, sim_region: Any) -> None:
+    a = sim_region("a")
+    admin = "admin-token-0123456789abcdef"
+    token = hashlib.sha256(admin.encode()).hexdigest()
+    head = f'[auth]\nenabled = false\nadmin_token_sha256 = "{token}"\n'
+    router = start_router(tmp_path, head + region_toml(a))
+    path = tmp_path / f"router-{router.port}.toml"
+    try:
+        path.write_text(path.read_text() + f'\n[models]\naliases = {{ "newalias" = "{MODEL}" }}\n')
+        req = urllib.request.Request(
+            router.url + "/admin/reload",
+            method="POST",
+            headers={"Authorization": f"Bearer {admin}"},
+        )
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            assert resp.status == 200
+        body = {"model": "newalias", "messages": [{"role": "user", "content": "hi"}]}
+        assert call(router.url + "/v1/chat/completions", body).status == 200
+        assert call(router.url + "/v1/chat/completions", {**body, "model": "nope"}).status == 404
+        by_model = {
+            dict(labels)["model"]: v
+            for (name, labels), v in samples(router).items()
+            if name == "router_requests_total"
+        }
+        assert by_model == {"newalias": 1, "_other": 1}
+    finally:
+        router.kill()

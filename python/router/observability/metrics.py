@@ -114,6 +114,12 @@ class _Bounded:
         self._known = None if known is None else frozenset(known)
         self._seen: set[str] = set()
 
+    def know(self, values: Iterable[str]) -> None:
+        """Also take `values` (models a reload added); those known before stay known, since
+        their series are still there."""
+        if self._known is not None:
+            self._known = self._known | frozenset(values)
+
     def __call__(self, value: str | None) -> str:
         if value is None:
             return NONE
@@ -239,6 +245,10 @@ class Metrics:
         if self.slo is not None:
             ttft_s = None if ttft_ns is None else ttft_ns / 1e9
             self.slo.observe(rec.region, status, ttft_s, self._clock(), broken=broken)
+
+    def know_models(self, models: Iterable[str]) -> None:
+        """Models a reload made servable get their own label value, not `_other`."""
+        self._model.know(models)
 
     def exposition(self) -> tuple[bytes, str]:
         """The text exposition and its content type."""

@@ -15,7 +15,7 @@ from router.access.auth import Authenticator
 from router.access.limits import Limiter, Limits, auth_preparer, rate_limit_headers
 from router.cache.admin import CACHE
 from router.cache.serving import CacheLayer, cache_headers
-from router.config import Config
+from router.config import Commit, Config, Preparer
 from router.core.admin import AdminRoutes, Handler
 from router.core.client_limit import InFlightPerIp
 from router.core.context import request_id
@@ -26,6 +26,7 @@ from router.core.responses import error_response
 from router.core.stages import AttemptObserver, ResponseDecorator
 from router.errors import ApiError, InvalidRequest, NotFound
 from router.observability import telemetry
+from router.observability.metrics import Metrics
 from router.observability.tracing import Tracing
 from router.observability.tracing import lifetime as tracing_lifetime
 from router.rollout import admin as rollout_admin
@@ -209,6 +210,11 @@ def build_app(
             health, admission.in_flight, admission.depth
         )
         observer.telemetry.generation = lambda: live.generation
+        reloader.register(
+            "metric labels",
+            _known_models(observer.telemetry.metrics),
+            ("models", "rollout", "regions"),
+        )
         observers.append(observer.attempt)
         telemetry.add_routes(app, observer, config.observability, routes=ops)
     observers += [canary_hook(rollout), passive_hook(health, circuits)]
@@ -317,6 +323,16 @@ def check(config: Config) -> None:
     # The native prober's own rules for [health] and each region's URL and probe path.
     Health(config.health, config.regions)
     tokenizers.load(config.tokenizers.models)
+
+
+def _known_models(metrics: Metrics) -> Preparer:
+    """Reload preparer: models a reload made servable are labelled as themselves in metrics."""
+
+    def prepare(old: Config, new: Config) -> Commit:
+        names = new.served_models()
+        return lambda: metrics.know_models(names)
+
+    return prepare
 
 
 def _sharing_cache(app: web.Application) -> Callable[[web.Application], Awaitable[None]]:
