@@ -450,3 +450,27 @@ async def test_leases_of_one_bucket_admit_it_exactly_and_go_back(redis_proc: Pro
     finally:
         await client.aclose()
     assert left == pytest.approx(50 - sum(admitted), abs=0.01)
+
+
+async def test_a_refusal_never_claims_requests_remain(redis_proc: Proc) -> None:
+    # Two instances on one bucket of 10 refilling at 1/s, each asked 5 at a time 4 times a
+    # second: once one is refused, what it reports remaining is what it could admit then
+    # (nothing), not the global level at its last sync (the other's slice, what Redis keeps).
+    url = f"redis://127.0.0.1:{redis_proc.port}/0"
+    pops = [GlobalLeases(url, interval_s=0.05) for _ in range(2)]
+    rates = Rates(request_capacity=10, requests_per_s=1, token_capacity=UNLIMITED, tokens_per_s=1)
+    refusals: list[int] = []
+    try:
+        for _ in range(12):
+            for pop in pops:
+                for _ in range(5):
+                    verdict = pop.take("k", rates, 0)
+                    assert verdict is not None
+                    if not verdict[0]:
+                        refusals.append(verdict[2])
+            await asyncio.sleep(0.25)
+    finally:
+        for pop in pops:
+            await pop.close()
+    assert refusals
+    assert set(refusals) == {0}

@@ -237,14 +237,9 @@ class GlobalLeases:
                 lease.reset_tokens_s,
             )
         retry = max(lease.wait_s, self.interval_s)
-        return (
-            False,
-            retry,
-            remaining_r,
-            remaining_t,
-            lease.reset_requests_s,
-            lease.reset_tokens_s,
-        )
+        # Refused: what this router can admit now is its own slice, whatever the global bucket
+        # held at the last sync (other routers' slices, or what Redis keeps back).
+        return (False, retry, held_r, held_t, lease.reset_requests_s, lease.reset_tokens_s)
 
     def settle(self, key: str, reserved: int, used: int) -> None:
         """Real usage of a request admitted from a lease: the difference stays with the slice."""
