@@ -242,7 +242,9 @@ async def test_fail_closed_answers_503_while_redis_is_down(
         redis_proc.kill()
         # The outage is noticed by the background keeper (a lease call or its heartbeat), not
         # by a request: until then the slice already held still admits.
-        await _until_logged([router], "serving with local limits only")
+        # The log says what this mode does (it used to say "serving with local limits only").
+        await _until_logged([router], "refusing rate-limited keys' requests (503")
+        assert not _logged(router, "serving with local limits only")
         for _ in range(3):
             status, headers, body = await _post(session, router, "small1")
             assert status == 503
