@@ -525,7 +525,7 @@ class ObservabilityConfig(_Section, frozen=True):
 class DeploymentConfig(_Section, frozen=True):
     """One [[rollout.models.<alias>.deployments]] entry: a version of an alias."""
 
-    # Version tag, unique within the alias (metrics, rollback, x-router-model-version).
+    # Version tag, unique within the alias (access log, rollback, x-router-model-version).
     version: str
     # The name regions serve it under (a model in some region's `models`).
     model: str

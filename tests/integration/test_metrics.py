@@ -445,6 +445,8 @@ def test_a_stream_broken_mid_way_is_counted_as_a_failure(tmp_path: Path, sim_reg
         assert "error" not in good
         assert broken["status"] == 200
         assert "stopped mid-stream" in broken["error"]
+        # A model without versions is routed as one version named after it.
+        assert good["version"] == broken["version"] == MODEL
         m = samples(router)
         assert value(m, "router_stream_failures_total", region="a", model=MODEL) == 1
         # A client's own error (here a body that is not JSON) counts for neither objective.

@@ -155,6 +155,9 @@ async def test_version_header_upstream_model_and_stickiness(stack: Stack) -> Non
             )
             seen[f"user-{i}"] = version
         assert set(seen.values()) == {"v1", "v2"}
+        # The access log names each request's version (the stack's first requests).
+        logged = stack.router.access_lines(40)
+        assert [line["version"] for line in logged] == list(seen.values())
         for user, version in list(seen.items())[:10]:
             for stream in (False, True):
                 status, again, _ = await post(s, url, chat(user, stream))

@@ -120,6 +120,7 @@ def record_of(
         status=status_code,
         tenant=tenant.name if tenant is not None else None,
         model=parsed.model if parsed is not None else None,
+        version=ctx.assignment.version if ctx.assignment is not None else None,
         region=ctx.region,
         attempts=ctx.attempts,
         retries=max(0, ctx.attempts - 1 - failovers),
