@@ -51,6 +51,7 @@ from router.core.stages import (
     VersionRouter,
 )
 from router.core.stored import forward_stored
+from router.core.timing import PARSE, STREAM, UPSTREAM
 from router.core.upstream import CURRENT, Upstream, Upstreams
 from router.errors import ApiError, NotFound, Unavailable
 from router.net.whole import send_whole
@@ -194,7 +195,7 @@ class Pipeline:
         # A reload swaps the live config; this request keeps the one it read here.
         config = self.live.config
         timer = ctx.timer
-        timer.begin("parse")
+        timer.begin(PARSE)
         check_content_type(headers.get("Content-Type"))
         body = await read_body(request, config.server.max_body_bytes, config.server.body_timeout_s)
         ctx.parsed = asked = parse_body(ctx.endpoint, body, max_items=config.server.max_messages)
@@ -210,7 +211,7 @@ class Pipeline:
                 param="model",
                 code="endpoint_not_served",
             )
-        timer.end("parse")
+        timer.end(PARSE)
         for stage in features.filters:
             await stage.admit(ctx, headers)
         features.retry.begin(ctx, headers)
@@ -242,7 +243,7 @@ class Pipeline:
             # A fallback is another model: only one the key may use itself.
             chain = tuple(model for model in chain if ctx.tenant.allows(model))
         timer = ctx.timer
-        timer.begin("upstream")
+        timer.begin(UPSTREAM)
         for step, model in enumerate((asked.model, *chain)):
             more = ctx.more_models = step < len(chain)
             if step:
@@ -264,7 +265,7 @@ class Pipeline:
             if not candidates:
                 if more and fallbacks is not None and fallbacks.moves(None):
                     continue
-                timer.end("upstream")
+                timer.end(UPSTREAM)
                 raise Unavailable(f"No region can serve model `{ctx.request.model}` now.")
             attempts = Attempts(
                 ctx,
@@ -284,12 +285,12 @@ class Pipeline:
                 except AttemptError as exc:
                     if more and fallbacks is not None and fallbacks.moves(exc):
                         continue
-                    timer.end("upstream")
+                    timer.end(UPSTREAM)
                     answer = failure_response(exc, ctx.request_id, anthropic=ctx.dialect.anthropic)
                     if tap is not None:
                         tap.refused(answer)  # identical requests coalesced behind it get it too
                     return answer
-                timer.end("upstream")
+                timer.end(UPSTREAM)
                 region = opened.upstream.name
                 if opened.response is None:
                     if homes is not None and opened.status == 200:
@@ -297,7 +298,7 @@ class Pipeline:
                         if made is not None:
                             homes.record(made, region, owner)
                     return whole(ctx, opened, tap)
-                timer.begin("stream")
+                timer.begin(STREAM)
                 try:
                     return await relay_stream(
                         request,
@@ -315,7 +316,7 @@ class Pipeline:
                         else partial(homes.record, region=region, owner=owner),
                     )
                 finally:
-                    timer.end("stream")
+                    timer.end(STREAM)
             finally:
                 attempts.release()
         raise AssertionError("unreachable: the last model returns or raises")
