@@ -3,6 +3,7 @@ what it held, and keeps serving everyone else."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import socket
 import time
@@ -140,3 +141,48 @@ def test_client_that_never_reads_does_not_block_others(
         sock.close()
     _wait_idle(sim)
     _serves(router)
+
+
+def _answers(sock: socket.socket) -> bytes:
+    """Everything the router sends until it closes the connection (or 5 s pass)."""
+    out = b""
+    sock.settimeout(5)
+    with sock:
+        try:
+            while chunk := sock.recv(65536):
+                out += chunk
+        except TimeoutError:
+            out += b"<still open>"
+    return out
+
+
+def test_a_body_that_does_not_decode_is_a_400_and_the_connection_closes(
+    sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    sim = sim_region("a")
+    admin = "admin-token-0123456789abcdef"
+    digest = hashlib.sha256(admin.encode()).hexdigest()
+    header = f'[auth]\nenabled = false\nadmin_token_sha256 = "{digest}"\n'
+    router = router_proc(regions_toml(sim, header=header))
+    body = json.dumps(CHAT).encode()
+    after = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    for path, extra in (
+        ("/v1/chat/completions", {}),
+        # An operator route reads its body through aiohttp too.
+        ("/admin/rollout/weights", {"Authorization": f"Bearer {admin}"}),
+    ):
+        headers = {"Content-Encoding": "gzip", **extra}
+        answer = _answers(_raw(router, _request_bytes(body, headers, path) + after))
+        head, _, rest = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 400 "), answer[:300]
+        assert b"Connection: close" in head
+        assert json.loads(rest)["error"]["code"] == "invalid_body"
+        # The parser stopped at the body: nothing after it is answered.
+        assert b"/healthz" not in answer
+        assert answer.count(b"HTTP/1.1") == 1
+    # An empty body is what it is, not a body cut short.
+    answer = _answers(_raw(router, _request_bytes(b"", {"Connection": "close"})))
+    assert b"Request body is empty" in answer
+    _serves(router)
+    assert "Traceback" not in router.output()
+    assert sim_stats(sim)["requests"] == 1

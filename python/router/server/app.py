@@ -21,7 +21,7 @@ from router.core.client_limit import InFlightPerIp
 from router.core.context import request_id
 from router.core.dialect import DIALECTS, dialect_of
 from router.core.pipeline import CONTEXT, Features, Pipeline
-from router.core.request import RESPONSES
+from router.core.request import RESPONSES, unreadable_body
 from router.core.responses import error_response
 from router.core.stages import AttemptObserver, ResponseDecorator
 from router.errors import ApiError, InvalidRequest, NotFound
@@ -101,6 +101,10 @@ def error_middleware(unknown: Handler | None = None) -> Middleware:
             return await handler(request)
         except ApiError as exc:
             return error_response(exc, _request_id(request), anthropic=anthropic)
+        except web.RequestPayloadError:
+            # An operator route's body that does not decode or parse (the pipeline's own reads
+            # answer the same in core.request.read_body).
+            return error_response(unreadable_body(request), _request_id(request))
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
