@@ -312,7 +312,7 @@ def build_app(
         ops.middlewares.append(error_middleware(pipeline.unknown))
     if machine is not None and config.server.admin_listen is None:
         # The client listener's operator routes answer for the machine, not for one worker.
-        add_machine_routes(app, machine.socket, auth.check_admin)
+        add_machine_routes(app, machine.socket, auth.check_admin, config.server.body_timeout_s)
     routing_admin.add_routes(admin)
     rollout_admin.add_routes(admin)
     reload.add_routes(admin)
