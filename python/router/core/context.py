@@ -138,6 +138,7 @@ class RequestContext:
         "region",
         "reported",
         "request_id",
+        "shut_down",
         "spills",
         "tenant",
         "timer",
@@ -194,6 +195,8 @@ class RequestContext:
         self.answer: web.StreamResponse | None = None
         # Why the router ended the stream as a failure (the access record's `error`).
         self.broken: str | None = None
+        # Cancelled by the end of a drain (Pipeline.shut_down), not by its client leaving.
+        self.shut_down = False
 
     def stream_failure(self, message: str, state: StreamState | EventState) -> bytes:
         """The event ending a stream the router could not finish (Dialect.stream_failure),

@@ -129,6 +129,27 @@ class Pipeline:
         self.live = live
         self.pools = pools
         self.per_ip = per_ip if per_ip is not None and per_ip.limit > 0 else None
+        # Proxied requests in flight: what a drain waits for, and ends at its deadline.
+        self._active: dict[asyncio.Task[object], RequestContext] = {}
+        # Set when the last of them ends, once a drain waits for that.
+        self._quiet: asyncio.Event | None = None
+
+    async def settle(self, within_s: float) -> int:
+        """Wait up to `within_s` for the proxied requests in flight to end; how many are left."""
+        if self._active:
+            self._quiet = asyncio.Event()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(within_s):
+                    await self._quiet.wait()
+        return len(self._active)
+
+    def shut_down(self) -> int:
+        """End every proxied request still in flight now (a drain's deadline): a stream with
+        a failure event and a clean end, one not answered yet with a 503 to retry; how many."""
+        for task, ctx in list(self._active.items()):
+            ctx.shut_down = True
+            task.cancel()
+        return len(self._active)
 
     def handler(self, endpoint: str) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         """The aiohttp handler of one forwarded endpoint."""
@@ -140,6 +161,9 @@ class Pipeline:
         ctx = RequestContext(request_id(request.headers.get("X-Request-Id")), endpoint)
         request[CONTEXT] = ctx
         token = CURRENT.set(ctx.timer)
+        task = asyncio.current_task()
+        assert task is not None
+        self._active[task] = ctx
         per_ip = self.per_ip
         ip: str | None = None
         status = 500
@@ -159,10 +183,18 @@ class Pipeline:
             await _send_whole(request, answer)
             return answer
         except asyncio.CancelledError:
-            status = CLIENT_CLOSED
-            answer = None
-            raise
+            if not ctx.shut_down:
+                status = CLIENT_CLOSED
+                answer = None
+                raise
+            task.uncancel()
+            answer = await _ended_by_shutdown(request, ctx)
+            status = answer.status
+            return answer
         finally:
+            del self._active[task]
+            if self._quiet is not None and not self._active:
+                self._quiet.set()
             CURRENT.reset(token)
             if ip is not None and per_ip is not None:
                 per_ip.leave(ip)
@@ -435,6 +467,27 @@ async def _failed(
     elif request.transport is not None:
         request.transport.close()
     return started, None
+
+
+async def _ended_by_shutdown(request: web.Request, ctx: RequestContext) -> web.StreamResponse:
+    """What a request in flight at a drain's deadline gets: a stream already begun its failure
+    event and a clean end, one not answered yet a 503 the SDKs retry; the connection closes."""
+    message = "The router is shutting down; retry the request."
+    started = ctx.answer
+    if started is None:
+        error = Unavailable(message, code="shutting_down", headers={"Retry-After": "1"})
+        error.close = True
+        answer = error_response(error, ctx.request_id, anthropic=ctx.dialect.anthropic)
+        await _send_whole(request, answer)
+        return answer
+    started.force_close()
+    if started.content_type == "text/event-stream" and not started._eof_sent:
+        with contextlib.suppress(ConnectionError):
+            await started.write(ctx.stream_failure(message, ctx.dialect.tracker()))
+            await started.write_eof()
+    elif request.transport is not None:
+        request.transport.close()
+    return started
 
 
 async def _send_whole(request: web.Request, answer: web.StreamResponse) -> None:
