@@ -60,7 +60,8 @@ class ServerConfig(_Section, frozen=True):
     header_timeout_s: float = 10.0
     # See header_timeout_s: a request body must arrive within this.
     body_timeout_s: float = 30.0
-    # On SIGTERM: stop accepting, then give in-flight requests this long to finish.
+    # On SIGTERM: stop accepting, then give in-flight requests this long to finish; those
+    # left end then (a stream with an error event, the others with a 503 to retry).
     drain_timeout_s: float = 10.0
     # Largest request line and single header (aiohttp answers 400 above them).
     max_header_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 16384
