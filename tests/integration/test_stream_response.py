@@ -68,3 +68,32 @@ async def test_body_is_the_same_either_way(response_class: type[web.StreamRespon
     _, _, whole = await first_read(response_class)
     # Chunked framing of the one event and the terminator, whatever the packets were.
     assert whole.endswith(f"\r\n\r\n{len(EVENT):x}\r\n".encode() + EVENT + b"\r\n0\r\n\r\n")
+
+
+async def test_an_http_1_0_stream_ends_with_its_connection() -> None:
+    # HTTP/1.0 has no chunking, so the body ends where the connection does: a client asking
+    # for keep-alive must not get it (its next answer would land inside this body).
+    async def handle(request: web.Request) -> web.StreamResponse:
+        resp = StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(EVENT)
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+        whole = await asyncio.wait_for(reader.read(), 10)  # EOF: the router closed it
+        writer.close()
+    finally:
+        await runner.cleanup()
+    head, _, body = whole.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.0 200 OK\r\n")
+    assert b"keep-alive" not in head.lower()
+    assert body == EVENT
