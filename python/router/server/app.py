@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from aiohttp import web, web_response
+from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from router.access import tokenizers
@@ -46,8 +46,8 @@ from router.routing.runtime import (
     routing_headers,
     selector,
 )
+from router.server import http_errors, reload
 from router.server import models as served
-from router.server import reload
 from router.server.machine import Machine, add_machine_routes
 from router.server.pools import POOLS, RegionPools, regions_preparer
 from router.server.reload import RELOADER, LiveConfig, Reloader, health_preparer, sighup_ctx
@@ -81,10 +81,10 @@ SERVER_HEADER = "router"
 
 
 def hide_versions() -> None:
-    """aiohttp fills in `Server: Python/x aiohttp/y` on every response, its own 400s for
-    unparsable requests included (written before any app hook runs); its module default is the
-    one place that covers them all."""
-    web_response.SERVER_SOFTWARE = SERVER_HEADER  # type: ignore[attr-defined]
+    """aiohttp fills in `Server: Python/x aiohttp/y` on every response, and answers a request
+    it cannot parse in text/plain, before any app hook runs: its module defaults are the one
+    place that covers them all (server.http_errors)."""
+    http_errors.install(SERVER_HEADER)
 
 
 def error_middleware(unknown: Handler | None = None) -> Middleware:
@@ -268,8 +268,10 @@ def build_app(
         app.middlewares.append(tracing.middleware())
     app.middlewares.append(error_middleware(pipeline.unknown))
     hide_versions()
+    # 100-continue only for a body that fits (else its 413 at once); other expectations: 417.
+    expect = http_errors.expect_handler(lambda: live.config.server.max_body_bytes)
     for endpoint in DIALECTS:
-        app.router.add_post(endpoint, pipeline.handler(endpoint))
+        app.router.add_post(endpoint, pipeline.handler(endpoint), expect_handler=expect)
     # A stored Responses API response, asked for again at the region that holds it.
     stored = RESPONSES + "/{id}"
     app.router.add_get(stored, pipeline.stored)
