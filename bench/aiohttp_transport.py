@@ -66,5 +66,8 @@ class AiohttpTransport:
             raise http1.ClientError(str(exc) or type(exc).__name__) from None
         return _Response(resp)
 
+    def retire(self) -> None:
+        """The bench never reloads its regions: aiohttp's idle connections go with close()."""
+
     async def close(self) -> None:
         await self._session.close()

@@ -60,7 +60,8 @@ class ServerConfig(_Section, frozen=True):
     header_timeout_s: float = 10.0
     # See header_timeout_s: a request body must arrive within this.
     body_timeout_s: float = 30.0
-    # On SIGTERM: stop accepting, then give in-flight requests this long to finish.
+    # On SIGTERM: stop accepting, then give in-flight requests this long to finish; those
+    # left end then (a stream with an error event, the others with a 503 to retry).
     drain_timeout_s: float = 10.0
     # Largest request line and single header (aiohttp answers 400 above them).
     max_header_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 16384
@@ -525,14 +526,14 @@ class ObservabilityConfig(_Section, frozen=True):
 class DeploymentConfig(_Section, frozen=True):
     """One [[rollout.models.<alias>.deployments]] entry: a version of an alias."""
 
-    # Version tag, unique within the alias (metrics, rollback, x-router-model-version).
+    # Version tag, unique within the alias (access log, rollback, x-router-model-version).
     version: str
     # The name regions serve it under (a model in some region's `models`).
     model: str
     # Regions allowed to serve this version; empty means every region serving `model`.
     regions: tuple[str, ...] = ()
     # Share of the alias's traffic this version gets (relative to the others).
-    weight: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    weight: Annotated[float, msgspec.Meta(ge=0, le=1e9)] = 0.0
 
 
 class RolloutModelConfig(_Section, frozen=True):
@@ -556,8 +557,9 @@ class CanaryConfig(_Section, frozen=True):
     min_samples: Annotated[int, msgspec.Meta(ge=1)] = 50
     # Roll back when canary error rate minus stable error rate exceeds this.
     max_error_rate_delta: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.05
-    # Roll back when canary TTFT p95 over stable TTFT p95 exceeds this (TTFT: the attempt's
-    # time to its first token; a whole answer's, to the whole answer)...
+    # Roll back when canary TTFT p95 over stable TTFT p95 exceeds this; streams are compared by
+    # their time to first token, whole answers by their time to the whole answer, each kind
+    # only with the same kind...
     max_ttft_p95_ratio: Annotated[float, msgspec.Meta(gt=1)] = 2.0
     # ... and the canary's p95 is at least this much slower too, so two fast versions a few
     # milliseconds apart never count as worse.
@@ -679,6 +681,18 @@ def _check(config: Config, source: str) -> None:
         if region.keepalive_s <= 0:
             raise fail(f"{where}.keepalive_s", "expected a positive number of seconds")
         served.update(region.models)
+    # Names that travel in response headers (x-router-region, x-router-model-version, ...),
+    # metric labels and log lines: a control character breaks the first and garbles the rest.
+    for i, region in enumerate(config.regions):
+        _check_printable(fail, f"regions[{i}].name", region.name)
+        for model in region.models:
+            _check_printable(fail, f"regions[{i}].models", model)
+    for alias in config.models.aliases:
+        _check_printable(fail, "models.aliases", alias)
+    for alias, spec in config.rollout.models.items():
+        _check_printable(fail, "rollout.models", alias)
+        for j, d in enumerate(spec.deployments):
+            _check_printable(fail, f"rollout.models.{alias}.deployments[{j}].version", d.version)
     for alias, target in config.models.aliases.items():
         if target not in served:
             raise fail(
@@ -708,6 +722,11 @@ def _check(config: Config, source: str) -> None:
             f"got {routing.circuit_base_s}",
         )
     _check_rollout(config, source)
+
+
+def _check_printable(fail: Callable[[str, str], ConfigError], field: str, name: str) -> None:
+    if not name.isprintable():
+        raise fail(field, f"expected a name without control characters, got {name!r}")
 
 
 def _check_rollout(config: Config, source: str) -> None:

@@ -162,7 +162,8 @@ def render() -> str:
     out += [f"- `{env_name(*key)}` -> `{'.'.join(key)}`" for key in OVERRIDABLE]
     out.append("")
     for path, title, cls in _sections(Config, "", "top level"):
-        doc = (cls.__doc__ or "").strip()
+        # cleandoc: 3.13 dedents docstrings itself, earlier versions keep their indent.
+        doc = inspect.cleandoc(cls.__doc__ or "")
         doc = doc.split(":", 1)[1].strip() if doc.startswith("[") and ":" in doc else doc
         doc = doc[:1].upper() + doc[1:]
         out += [f"## {title}" if path else "## Top level", "", doc, ""]
@@ -184,7 +185,7 @@ def _fallback(name: str, tp: Any) -> str:
     sub = _section_type(tp)
     if sub is None:
         return ""
-    doc = (sub.__doc__ or "").strip().split(":", 1)[-1].strip()
+    doc = inspect.cleandoc(sub.__doc__ or "").split(":", 1)[-1].strip()
     return doc[:1].upper() + doc[1:]
 
 

@@ -26,6 +26,8 @@ class ApiError(RouterError):
     status: int = 500
     type: str = "server_error"
     code: str | None = None
+    # The connection closes after this answer (what follows on it cannot be read).
+    close: bool = False
 
     def __init__(
         self,

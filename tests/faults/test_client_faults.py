@@ -3,6 +3,7 @@ what it held, and keeps serving everyone else."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import socket
 import time
@@ -140,3 +141,97 @@ def test_client_that_never_reads_does_not_block_others(
         sock.close()
     _wait_idle(sim)
     _serves(router)
+
+
+def _answers(sock: socket.socket, whole: bool = True) -> bytes:
+    """Everything the router sends until it closes the connection (or 5 s pass); with not
+    `whole`, only until the end of its first answer's body (Content-Length)."""
+    out = b""
+    sock.settimeout(5)
+    with sock:
+        try:
+            while chunk := sock.recv(65536):
+                out += chunk
+                head, sep, body = out.partition(b"\r\n\r\n")
+                length = [
+                    int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                ]  # fmt: skip
+                if not whole and sep and length and len(body) >= length[0]:
+                    break
+        except TimeoutError:
+            out += b"<still open>"
+    return out
+
+
+def test_a_body_that_does_not_decode_is_a_400_and_the_connection_closes(
+    sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    sim = sim_region("a")
+    admin = "admin-token-0123456789abcdef"
+    digest = hashlib.sha256(admin.encode()).hexdigest()
+    header = f'[auth]\nenabled = false\nadmin_token_sha256 = "{digest}"\n'
+    router = router_proc(regions_toml(sim, header=header))
+    body = json.dumps(CHAT).encode()
+    after = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    for path, extra in (
+        ("/v1/chat/completions", {}),
+        # An operator route reads its body through aiohttp too.
+        ("/admin/rollout/weights", {"Authorization": f"Bearer {admin}"}),
+    ):
+        headers = {"Content-Encoding": "gzip", **extra}
+        answer = _answers(_raw(router, _request_bytes(body, headers, path) + after))
+        head, _, rest = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 400 "), answer[:300]
+        assert b"Connection: close" in head
+        assert json.loads(rest)["error"]["code"] == "invalid_body"
+        # The parser stopped at the body: nothing after it is answered.
+        assert b"/healthz" not in answer
+        assert answer.count(b"HTTP/1.1") == 1
+    # An empty body is what it is, not a body cut short.
+    answer = _answers(_raw(router, _request_bytes(b"", {"Connection": "close"})))
+    assert b"Request body is empty" in answer
+    _serves(router)
+    assert "Traceback" not in router.output()
+    assert sim_stats(sim)["requests"] == 1
+
+
+def test_what_aiohttp_answers_itself_is_in_openais_shape(
+    sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    sim = sim_region("a")
+    router = router_proc(regions_toml(sim))
+    body = json.dumps(CHAT).encode()
+    cases = [
+        # Request smuggling's shapes, folded headers, a header past the bound: the parser's.
+        (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+         b"Content-Length: 6\r\n\r\nhello", 400, "invalid_http"),
+        (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-A: 1\r\n folded\r\n\r\n",
+         400, "invalid_http"),
+        (b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 70000 + b"\r\n\r\n",
+         400, "invalid_http"),
+        (_request_bytes(body, {"Expect": "bogus"}), 417, "expectation_failed"),
+        # 100-continue for a body over max_body_bytes: its 413 at once, never a 100 first.
+        (_request_bytes(b"", {"Expect": "100-continue"}).replace(
+            b"Content-Length: 0", b"Content-Length: 99999999"), 413, "request_too_large"),
+    ]  # fmt: skip
+    for raw, status, code in cases:
+        # The 413's connection stays open a while for the body the client promised (aiohttp's
+        # lingering close, so the answer is not lost to a reset): its answer is enough.
+        answer = _answers(_raw(router, raw), whole=status != 413)
+        assert b"100 Continue" not in answer
+        head, _, rest = answer.partition(b"\r\n\r\n")
+        assert head.split(b" ")[1] == str(status).encode(), answer[:300]
+        assert b"application/json" in head
+        error = json.loads(rest)["error"]
+        assert (error["code"], error["type"]) == (code, "invalid_request_error")
+        # The client's own bytes are never echoed back.
+        assert b"hello" not in rest
+        assert b"folded" not in rest
+    # 100-continue for a body that fits still works.
+    answer = _answers(_raw(router, _request_bytes(body, {"Expect": "100-continue"})))
+    assert answer.startswith(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK")
+    _serves(router)
+    output = router.output()
+    assert "Traceback" not in output
+    assert "Error handling request" not in output

@@ -242,7 +242,9 @@ async def test_fail_closed_answers_503_while_redis_is_down(
         redis_proc.kill()
         # The outage is noticed by the background keeper (a lease call or its heartbeat), not
         # by a request: until then the slice already held still admits.
-        await _until_logged([router], "serving with local limits only")
+        # The log says what this mode does (it used to say "serving with local limits only").
+        await _until_logged([router], "refusing rate-limited keys' requests (503")
+        assert not _logged(router, "serving with local limits only")
         for _ in range(3):
             status, headers, body = await _post(session, router, "small1")
             assert status == 503
@@ -450,3 +452,27 @@ async def test_leases_of_one_bucket_admit_it_exactly_and_go_back(redis_proc: Pro
     finally:
         await client.aclose()
     assert left == pytest.approx(50 - sum(admitted), abs=0.01)
+
+
+async def test_a_refusal_never_claims_requests_remain(redis_proc: Proc) -> None:
+    # Two instances on one bucket of 10 refilling at 1/s, each asked 5 at a time 4 times a
+    # second: once one is refused, what it reports remaining is what it could admit then
+    # (nothing), not the global level at its last sync (the other's slice, what Redis keeps).
+    url = f"redis://127.0.0.1:{redis_proc.port}/0"
+    pops = [GlobalLeases(url, interval_s=0.05) for _ in range(2)]
+    rates = Rates(request_capacity=10, requests_per_s=1, token_capacity=UNLIMITED, tokens_per_s=1)
+    refusals: list[int] = []
+    try:
+        for _ in range(12):
+            for pop in pops:
+                for _ in range(5):
+                    verdict = pop.take("k", rates, 0)
+                    assert verdict is not None
+                    if not verdict[0]:
+                        refusals.append(verdict[2])
+            await asyncio.sleep(0.25)
+    finally:
+        for pop in pops:
+            await pop.close()
+    assert refusals
+    assert set(refusals) == {0}

@@ -57,7 +57,7 @@ async def worker(tmp_path: Path) -> AsyncIterator[tuple[str, Supervisor]]:
         "machine.toml",
     )
     app = web.Application(middlewares=[error_middleware()])
-    add_machine_routes(app, sock, Authenticator.from_config(config.auth).check_admin)
+    add_machine_routes(app, sock, Authenticator.from_config(config.auth).check_admin, 1.0)
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()
     yield str(server.make_url("")), supervisor
@@ -109,3 +109,24 @@ async def test_operator_requests_passed_on_at_once_are_bounded(
         assert await asyncio.gather(*held) == [200] * MACHINE_IN_FLIGHT
         # The slots are free again.
         assert await get("/metrics") == 200
+
+
+async def test_clients_sending_bodies_slowly_hold_no_slot(worker: tuple[str, Supervisor]) -> None:
+    url, supervisor = worker
+    host, _, port = url.removeprefix("http://").rstrip("/").partition(":")
+    # More unauthenticated clients than slots, each promising a body it never sends.
+    stalled = []
+    for _ in range(MACHINE_IN_FLIGHT * 3):
+        _, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n")
+        stalled.append(writer)
+    await asyncio.sleep(0.2)
+    try:
+        supervisor.release.set()
+        async with aiohttp.ClientSession() as session:
+            admin = {"Authorization": f"Bearer {ADMIN}"}
+            async with session.get(url + "/admin/health", headers=admin) as resp:
+                assert resp.status == 200
+    finally:
+        for writer in stalled:
+            writer.close()

@@ -161,6 +161,11 @@ def test_known_sequence_is_reflected_exactly(env: Env) -> None:
     # Every request has a total; only answered ones reached a region.
     assert value(m, "router_stage_seconds_count", stage="total") == 7
     assert value(m, "router_stage_seconds_count", stage="region_ttft") == 4
+    # Every stage Server-Timing shows has its histogram: parsed (not the 404 or the 400), sent
+    # upstream (not the hit), relayed as a stream.
+    assert value(m, "router_stage_seconds_count", stage="parse") == 5
+    assert value(m, "router_stage_seconds_count", stage="upstream") == 4
+    assert value(m, "router_stage_seconds_count", stage="stream") == 1
     miss_a = {"region": "a", "model": MODEL, "status": "200", "cache": "miss"}
     assert value(m, "router_ttft_seconds_count", **miss_a) == 2
     assert value(m, "router_request_duration_seconds_count", **miss_a) == 2
@@ -425,5 +430,64 @@ def test_cache_hits_count_tokens_as_documented(tmp_path: Path, sim_region: Any) 
         m = samples(router)
         out = value(m, "router_tokens_total", model=MODEL, region="none", direction="out")
         assert out == held["completion_tokens"]
+    finally:
+        router.kill()
+
+
+def test_a_stream_broken_mid_way_is_counted_as_a_failure(tmp_path: Path, sim_region: Any) -> None:
+    a = sim_region("a")
+    router = start_router(tmp_path, HEADER + region_toml(a))
+    try:
+        url = router.url + "/v1/chat/completions"
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+        whole = call(url, body)
+        cut = call(url, body, {"x-sim-fail": "die-mid-stream", "x-sim-after-tokens": "3"})
+        assert (whole.status, cut.status) == (200, 200)  # the cut one's head went out first
+        assert whole.body.endswith(b"data: [DONE]\n\n")
+        assert b"upstream_stream_error" in cut.body
+        assert b"[DONE]" not in cut.body
+        good, broken = router.access_lines(2)
+        assert "error" not in good
+        assert broken["status"] == 200
+        assert "stopped mid-stream" in broken["error"]
+        # A model without versions is routed as one version named after it.
+        assert good["version"] == broken["version"] == MODEL
+        m = samples(router)
+        assert value(m, "router_stream_failures_total", region="a", model=MODEL) == 1
+        # A client's own error (here a body that is not JSON) counts for neither objective.
+        for _ in range(5):
+            assert call(url, b"{not json").status == 400
+        with urllib.request.urlopen(router.url + "/status.json", timeout=5) as resp:
+            overall = json.loads(resp.read())["overall"]
+        assert (overall["requests"], overall["errors"]) == (2, 1)
+    finally:
+        router.kill()
+
+
+def test_a_model_a_reload_adds_is_labelled_as_itself(tmp_path: Path, sim_region: Any) -> None:
+    a = sim_region("a")
+    admin = "admin-token-0123456789abcdef"
+    token = hashlib.sha256(admin.encode()).hexdigest()
+    head = f'[auth]\nenabled = false\nadmin_token_sha256 = "{token}"\n'
+    router = start_router(tmp_path, head + region_toml(a))
+    path = tmp_path / f"router-{router.port}.toml"
+    try:
+        path.write_text(path.read_text() + f'\n[models]\naliases = {{ "newalias" = "{MODEL}" }}\n')
+        req = urllib.request.Request(
+            router.url + "/admin/reload",
+            method="POST",
+            headers={"Authorization": f"Bearer {admin}"},
+        )
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            assert resp.status == 200
+        body = {"model": "newalias", "messages": [{"role": "user", "content": "hi"}]}
+        assert call(router.url + "/v1/chat/completions", body).status == 200
+        assert call(router.url + "/v1/chat/completions", {**body, "model": "nope"}).status == 404
+        by_model = {
+            dict(labels)["model"]: v
+            for (name, labels), v in samples(router).items()
+            if name == "router_requests_total"
+        }
+        assert by_model == {"newalias": 1, "_other": 1}
     finally:
         router.kill()

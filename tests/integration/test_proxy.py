@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import signal
 import socket
@@ -494,6 +495,50 @@ def test_sigterm_drains_in_flight_stream(tmp_path: Path) -> None:
         stats: dict[str, Any] = sim_stats(a)
         assert stats["completed"] == 1
         assert stats["cancelled"] == 0
+    finally:
+        router.kill()
+        a.kill()
+
+
+def test_a_drain_ends_what_outlasts_it_cleanly(tmp_path: Path) -> None:
+    # A stream far longer than drain_timeout_s and a whole answer the region has not started:
+    # at the drain's deadline the stream gets one error event and a clean end, the other a
+    # 503 to retry, both logged as what they were; the router exits soon after the deadline.
+    a = start_sim(tmp_path, "a")
+    text = HEADER.replace("drain_timeout_s = 10.0", "drain_timeout_s = 1.0")
+    router = start_router(
+        tmp_path, text.replace("first_byte = 5.0", "first_byte = 20.0") + region_toml(a)
+    )
+    try:
+        url = router.url + "/v1/chat/completions"
+        slow = {"Content-Type": "application/json", "x-sim-tokens-per-s": "5"}
+        body = json.dumps({"model": MODEL, "messages": MESSAGES, "stream": True, "max_tokens": 500})
+        late = {"Content-Type": "application/json", "x-sim-ttft-ms": "15000"}
+        whole = json.dumps({"model": MODEL, "messages": MESSAGES})
+        with httpx.Client(timeout=15) as client:
+            waiting = concurrent.futures.ThreadPoolExecutor(1).submit(
+                client.post, url, content=whole, headers=late
+            )
+            with client.stream("POST", url, content=body, headers=slow) as resp:
+                lines = resp.iter_lines()
+                assert next(lines).startswith("data: ")
+                router.popen.send_signal(signal.SIGTERM)
+                began = time.monotonic()
+                rest = [line for line in lines if line]  # ends cleanly: no read error
+            ended_s = time.monotonic() - began
+            answer = waiting.result(timeout=15)
+        assert "data: [DONE]" not in rest
+        assert "shutting down" in rest[-1], rest[-3:]
+        assert answer.status_code == 503
+        assert answer.json()["error"]["code"] == "shutting_down"
+        assert router.popen.wait(timeout=15) == 0
+        # Not cut at once (the drain waited its second), nor left to its natural 100 s.
+        assert 0.9 <= ended_s < 30, ended_s
+        lines = router.access_lines(2)
+        assert sorted(line["status"] for line in lines) == [200, 503]
+        (stream,) = [line for line in lines if line["status"] == 200]
+        assert "shutting down" in stream["error"]
+        assert "Traceback" not in router.output()
     finally:
         router.kill()
         a.kill()

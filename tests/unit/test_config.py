@@ -102,6 +102,21 @@ def test_every_section_is_present_and_frozen() -> None:
             "port from 1 to 65535",
         ),
         (REGION + '[state]\nredis_url = "unix://"\n', "state.redis_url", "socket path"),
+        # Names that go out in response headers: a control character broke every answer.
+        (REGION.replace('name = "a"', r'name = "a\nb"'), "regions[0].name", "control characters"),
+        (REGION.replace('"m1"', r'"m\u0007"'), "regions[0].models", "control characters"),
+        (REGION + '[models]\naliases = { "x\\ty" = "m1" }\n', "models.aliases", "control"),
+        (
+            REGION + '[rollout.models.chat]\ndeployments = [{version = "v\\r1", model = "m1"}]\n',
+            "rollout.models.chat.deployments[0].version",
+            "control characters",
+        ),
+        (
+            REGION + '[rollout.models.chat]\ndeployments = [{model = "m1", version = "v1", '
+            "weight = 1e308}]\n",
+            "rollout.models[...].deployments[0].weight",
+            "<= 1000000000.0",
+        ),
     ],
 )
 def test_errors_name_file_field_and_expectation(text: str, field: str, expected: str) -> None:

@@ -138,7 +138,10 @@ class GlobalLeases:
         idle_s: float = 10.0,
         cluster: bool = False,
         clock: Callable[[], float] = time.monotonic,
+        fail_open: bool = True,
     ) -> None:
+        # What the limiter does while Redis is out (`[limits] on_redis_error`), as the log says.
+        self.fail_open = fail_open
         # Where, as the log names it: no credentials.
         self.where = display_url(url)
         self.timeout_s = timeout_s
@@ -182,6 +185,7 @@ class GlobalLeases:
             interval_s=config.lease_interval_s,
             idle_s=config.lease_idle_s,
             cluster=config.redis_cluster,
+            fail_open=config.on_redis_error == "open",
         )
 
     def key(self, key_id: str) -> str:
@@ -237,14 +241,9 @@ class GlobalLeases:
                 lease.reset_tokens_s,
             )
         retry = max(lease.wait_s, self.interval_s)
-        return (
-            False,
-            retry,
-            remaining_r,
-            remaining_t,
-            lease.reset_requests_s,
-            lease.reset_tokens_s,
-        )
+        # Refused: what this router can admit now is its own slice, whatever the global bucket
+        # held at the last sync (other routers' slices, or what Redis keeps back).
+        return (False, retry, held_r, held_t, lease.reset_requests_s, lease.reset_tokens_s)
 
     def settle(self, key: str, reserved: int, used: int) -> None:
         """Real usage of a request admitted from a lease: the difference stays with the slice."""
@@ -495,11 +494,14 @@ class GlobalLeases:
         self.available = False
         self.outages += 1
         log.warning(
-            "global limits: redis at %s unreachable or refusing the lease script (%s: %s); "
-            "serving with local limits only until it answers again",
+            "global limits: redis at %s unreachable or refusing the lease script (%s: %s); %s "
+            "until it answers again",
             self.where,
             type(exc).__name__,
             exc,
+            "serving with local limits only"
+            if self.fail_open
+            else "refusing rate-limited keys' requests (503, on_redis_error = closed)",
         )
         self._probe = None if sent is None else (sent[0], sent[1].rates)
         # What was held lapses: Redis may have lost the buckets it came from.

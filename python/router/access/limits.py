@@ -170,7 +170,7 @@ class Limiter:
             tenants,
             default_max_tokens=config.default_max_tokens,
             shared=shared,
-            fail_open=config.on_redis_error == "open",
+            fail_open=shared.fail_open if shared is not None else True,
             machine=machine,
             tokenizers=tokenizers,
         )

@@ -565,7 +565,7 @@ async def _follow(
                 raise _Rejoin from None
             log.warning("request %s: coalesced stream broke: %r", ctx.request_id, exc.cause)
             state = _relayed(ctx, flight.chunks[: exc.sent])
-            await resp.write(ctx.dialect.stream_failure("The region stopped mid-stream.", state))
+            await resp.write(ctx.stream_failure("The region stopped mid-stream.", state))
             await resp.write_eof()
             return resp
         if resp is None:  # no stream came: the leader's whole answer (a region's 4xx, say)

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from aiohttp import web
 
     from router.core.request import ParsedRequest
+    from router.core.stream import EventState, StreamState
     from router.core.upstream import Upstream
 
 # Request ids a client may choose: short, printable, no separators that would break a log line.
@@ -119,6 +120,7 @@ class RequestContext:
         "at_headers",
         "attempts",
         "auth_ns",
+        "broken",
         "cache",
         "candidates",
         "deadline",
@@ -136,6 +138,7 @@ class RequestContext:
         "region",
         "reported",
         "request_id",
+        "shut_down",
         "spills",
         "tenant",
         "timer",
@@ -190,6 +193,16 @@ class RequestContext:
         self.reported: list[bytes] = []
         # The response whose head went (or is going) out: past it, nothing may answer again.
         self.answer: web.StreamResponse | None = None
+        # Why the router ended the stream as a failure (the access record's `error`).
+        self.broken: str | None = None
+        # Cancelled by the end of a drain (Pipeline.shut_down), not by its client leaving.
+        self.shut_down = False
+
+    def stream_failure(self, message: str, state: StreamState | EventState) -> bytes:
+        """The event ending a stream the router could not finish (Dialect.stream_failure),
+        the failure noted for the access record and the metrics."""
+        self.broken = message
+        return self.dialect.stream_failure(message, state)
 
     @property
     def request(self) -> ParsedRequest:

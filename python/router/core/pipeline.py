@@ -51,6 +51,7 @@ from router.core.stages import (
     VersionRouter,
 )
 from router.core.stored import forward_stored
+from router.core.timing import PARSE, STREAM, UPSTREAM
 from router.core.upstream import CURRENT, Upstream, Upstreams
 from router.errors import ApiError, NotFound, Unavailable
 from router.net.whole import send_whole
@@ -128,6 +129,27 @@ class Pipeline:
         self.live = live
         self.pools = pools
         self.per_ip = per_ip if per_ip is not None and per_ip.limit > 0 else None
+        # Proxied requests in flight: what a drain waits for, and ends at its deadline.
+        self._active: dict[asyncio.Task[object], RequestContext] = {}
+        # Set when the last of them ends, once a drain waits for that.
+        self._quiet: asyncio.Event | None = None
+
+    async def settle(self, within_s: float) -> int:
+        """Wait up to `within_s` for the proxied requests in flight to end; how many are left."""
+        if self._active:
+            self._quiet = asyncio.Event()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(within_s):
+                    await self._quiet.wait()
+        return len(self._active)
+
+    def shut_down(self) -> int:
+        """End every proxied request still in flight now (a drain's deadline): a stream with
+        a failure event and a clean end, one not answered yet with a 503 to retry; how many."""
+        for task, ctx in list(self._active.items()):
+            ctx.shut_down = True
+            task.cancel()
+        return len(self._active)
 
     def handler(self, endpoint: str) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         """The aiohttp handler of one forwarded endpoint."""
@@ -139,6 +161,9 @@ class Pipeline:
         ctx = RequestContext(request_id(request.headers.get("X-Request-Id")), endpoint)
         request[CONTEXT] = ctx
         token = CURRENT.set(ctx.timer)
+        task = asyncio.current_task()
+        assert task is not None
+        self._active[task] = ctx
         per_ip = self.per_ip
         ip: str | None = None
         status = 500
@@ -158,10 +183,18 @@ class Pipeline:
             await _send_whole(request, answer)
             return answer
         except asyncio.CancelledError:
-            status = CLIENT_CLOSED
-            answer = None
-            raise
+            if not ctx.shut_down:
+                status = CLIENT_CLOSED
+                answer = None
+                raise
+            task.uncancel()
+            answer = await _ended_by_shutdown(request, ctx)
+            status = answer.status
+            return answer
         finally:
+            del self._active[task]
+            if self._quiet is not None and not self._active:
+                self._quiet.set()
             CURRENT.reset(token)
             if ip is not None and per_ip is not None:
                 per_ip.leave(ip)
@@ -194,7 +227,7 @@ class Pipeline:
         # A reload swaps the live config; this request keeps the one it read here.
         config = self.live.config
         timer = ctx.timer
-        timer.begin("parse")
+        timer.begin(PARSE)
         check_content_type(headers.get("Content-Type"))
         body = await read_body(request, config.server.max_body_bytes, config.server.body_timeout_s)
         ctx.parsed = asked = parse_body(ctx.endpoint, body, max_items=config.server.max_messages)
@@ -210,7 +243,7 @@ class Pipeline:
                 param="model",
                 code="endpoint_not_served",
             )
-        timer.end("parse")
+        timer.end(PARSE)
         for stage in features.filters:
             await stage.admit(ctx, headers)
         features.retry.begin(ctx, headers)
@@ -242,7 +275,7 @@ class Pipeline:
             # A fallback is another model: only one the key may use itself.
             chain = tuple(model for model in chain if ctx.tenant.allows(model))
         timer = ctx.timer
-        timer.begin("upstream")
+        timer.begin(UPSTREAM)
         for step, model in enumerate((asked.model, *chain)):
             more = ctx.more_models = step < len(chain)
             if step:
@@ -264,7 +297,7 @@ class Pipeline:
             if not candidates:
                 if more and fallbacks is not None and fallbacks.moves(None):
                     continue
-                timer.end("upstream")
+                timer.end(UPSTREAM)
                 raise Unavailable(f"No region can serve model `{ctx.request.model}` now.")
             attempts = Attempts(
                 ctx,
@@ -284,12 +317,12 @@ class Pipeline:
                 except AttemptError as exc:
                     if more and fallbacks is not None and fallbacks.moves(exc):
                         continue
-                    timer.end("upstream")
+                    timer.end(UPSTREAM)
                     answer = failure_response(exc, ctx.request_id, anthropic=ctx.dialect.anthropic)
                     if tap is not None:
                         tap.refused(answer)  # identical requests coalesced behind it get it too
                     return answer
-                timer.end("upstream")
+                timer.end(UPSTREAM)
                 region = opened.upstream.name
                 if opened.response is None:
                     if homes is not None and opened.status == 200:
@@ -297,7 +330,7 @@ class Pipeline:
                         if made is not None:
                             homes.record(made, region, owner)
                     return whole(ctx, opened, tap)
-                timer.begin("stream")
+                timer.begin(STREAM)
                 try:
                     return await relay_stream(
                         request,
@@ -315,7 +348,7 @@ class Pipeline:
                         else partial(homes.record, region=region, owner=owner),
                     )
                 finally:
-                    timer.end("stream")
+                    timer.end(STREAM)
             finally:
                 attempts.release()
         raise AssertionError("unreachable: the last model returns or raises")
@@ -427,13 +460,37 @@ async def _failed(
     else:
         message = "The router failed mid-stream."
         log.exception("request %s: failed after its response began", ctx.request_id)
+    await _end_begun(request, ctx, started, message)
+    return started, None
+
+
+async def _end_begun(
+    request: web.Request, ctx: RequestContext, started: web.StreamResponse, message: str
+) -> None:
+    """End an answer whose head went out as a failure: a stream with one error event in its
+    API's shape and a clean end, any other body by closing the connection (cut short)."""
     if started.content_type == "text/event-stream" and not started._eof_sent:
         with contextlib.suppress(ConnectionError):
-            await started.write(ctx.dialect.stream_failure(message, ctx.dialect.tracker()))
+            await started.write(ctx.stream_failure(message, ctx.dialect.tracker()))
             await started.write_eof()
     elif request.transport is not None:
         request.transport.close()
-    return started, None
+
+
+async def _ended_by_shutdown(request: web.Request, ctx: RequestContext) -> web.StreamResponse:
+    """What a request in flight at a drain's deadline gets: a stream already begun its failure
+    event and a clean end, one not answered yet a 503 the SDKs retry; the connection closes."""
+    message = "The router is shutting down; retry the request."
+    started = ctx.answer
+    if started is None:
+        error = Unavailable(message, code="shutting_down", headers={"Retry-After": "1"})
+        error.close = True
+        answer = error_response(error, ctx.request_id, anthropic=ctx.dialect.anthropic)
+        await _send_whole(request, answer)
+        return answer
+    started.force_close()
+    await _end_begun(request, ctx, started, message)
+    return started
 
 
 async def _send_whole(request: web.Request, answer: web.StreamResponse) -> None:

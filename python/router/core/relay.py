@@ -289,13 +289,13 @@ async def relay_stream(
                     return resp  # finished for the others; its client is not there to end it
             if not continued:
                 message = f"The region stopped mid-stream ({reason})."
-                await resp.write(ctx.dialect.stream_failure(message, state))
+                await resp.write(ctx.stream_failure(message, state))
         except _TooLarge:
             log.warning(
                 "request %s: stream from %s over %d bytes", ctx.request_id, ctx.region, max_bytes
             )
             message = f"The region's answer exceeded {max_bytes} bytes."
-            await resp.write(ctx.dialect.stream_failure(message, state))
+            await resp.write(ctx.stream_failure(message, state))
         except asyncio.CancelledError:
             # The client left (aiohttp cancels its handler): others may still read this.
             if tap is not None and tap.wanted():
@@ -317,7 +317,7 @@ async def relay_stream(
         if not isinstance(exc, ConnectionError):
             log.exception("request %s: relaying from %s failed", ctx.request_id, ctx.region)
             with contextlib.suppress(ConnectionError):
-                await resp.write(ctx.dialect.stream_failure("The router failed mid-stream.", state))
+                await resp.write(ctx.stream_failure("The router failed mid-stream.", state))
                 await resp.write_eof()
         return resp
     finally:

@@ -200,6 +200,8 @@ async def read_body(request: web.Request, max_bytes: int, within_s: float) -> by
         # aiohttp decodes the body: its length is not the declared one, and the limit applies
         # to what it decodes to (a small compressed body may expand a thousandfold).
         declared = None
+    if declared == 0:
+        return b""
     content = request.content
     try:
         if declared and content.is_eof():
@@ -224,6 +226,22 @@ async def read_body(request: web.Request, max_bytes: int, within_s: float) -> by
         raise RequestTimeout(f"Request body not received within {within_s:g} s.") from None
     except asyncio.IncompleteReadError:
         raise InvalidRequest("Request body ended before Content-Length bytes.") from None
+    except web.RequestPayloadError:
+        raise unreadable_body(request) from None
+
+
+def unreadable_body(request: web.BaseRequest) -> InvalidRequest:
+    """The 400 for a body aiohttp could not read (a Content-Encoding that does not decode, a
+    chunk that does not parse). Its parser has stopped, so the connection closes after the
+    answer; the body counts as read, so aiohttp does not read on into the same error again."""
+    request.content.feed_eof()
+    error = InvalidRequest(
+        "Request body could not be read as sent (its Content-Encoding or chunked framing is "
+        "malformed).",
+        code="invalid_body",
+    )
+    error.close = True
+    return error
 
 
 def _invalid(exc: msgspec.MsgspecError) -> InvalidRequest:

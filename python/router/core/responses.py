@@ -13,7 +13,10 @@ def error_response(error: ApiError, request_id: str, *, anthropic: bool = False)
     """An ApiError in OpenAI's shape (Anthropic's for the Messages API)."""
     headers = {"Content-Type": "application/json", "X-Request-Id": request_id, **error.headers}
     body = error.anthropic_body() if anthropic else error.body()
-    return web.Response(status=error.status, body=body, headers=headers)
+    response = web.Response(status=error.status, body=body, headers=headers)
+    if error.close:
+        response.force_close()
+    return response
 
 
 def anthropic_relayed(status: int, body: bytes) -> bytes:

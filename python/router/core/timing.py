@@ -7,14 +7,29 @@ from collections.abc import Iterable, Mapping
 
 # The stages of one request, in request order; metrics and the access log use these names.
 AUTH = "auth"
+PARSE = "parse"  # read, validate and route the body to a model
 RATE_LIMIT = "ratelimit"
 CACHE = "cache"
+UPSTREAM = "upstream"  # selection and attempts, to the first byte (queue, connect inside it)
 QUEUE = "queue"
 CONNECT = "connect"
 REGION_TTFT = "region_ttft"
+STREAM = "stream"  # a stream's relay, first byte to its end
 TTFT = "ttft"
 TOTAL = "total"
-STAGES = (AUTH, RATE_LIMIT, CACHE, QUEUE, CONNECT, REGION_TTFT, TTFT, TOTAL)
+STAGES = (
+    AUTH,
+    PARSE,
+    RATE_LIMIT,
+    CACHE,
+    UPSTREAM,
+    QUEUE,
+    CONNECT,
+    REGION_TTFT,
+    STREAM,
+    TTFT,
+    TOTAL,
+)
 
 # Stages measured from the start of the request rather than as spans of their own: they
 # overlap the others, so they are left out when checking that the spans fit in the total.

@@ -46,6 +46,9 @@ class Transport(Protocol):
     ) -> UpstreamResponse:
         """Send `body` (with `method`, POST unless said) and return at the answer's head."""
 
+    def retire(self) -> None:
+        """Keep nothing idle from now on: a reload replaced this region's pool."""
+
     async def close(self) -> None: ...
 
 
@@ -170,6 +173,9 @@ class LocalTransport:
         response = _LocalResponse(reply)
         self.responses.append(response)
         return response
+
+    def retire(self) -> None:
+        return None
 
     async def close(self) -> None:
         for response in self.responses:

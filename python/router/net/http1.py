@@ -379,6 +379,7 @@ class Pool:
         self._open = 0
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self.closed = False
+        self.retiring = False
         # Requests sent again because a kept-alive connection turned out closed (see post).
         self.stale_retries = 0
 
@@ -485,7 +486,7 @@ class Pool:
 
     def put_back(self, conn: _Connection) -> None:
         """A connection whose exchange ended cleanly, for the next request."""
-        if self.closed:
+        if self.closed or self.retiring:
             conn.abort()
             self.forget(conn)
             return
@@ -509,6 +510,20 @@ class Pool:
             if not waiter.done():
                 waiter.set_result(None)
                 return
+
+    @property
+    def idle_count(self) -> int:
+        """Connections kept alive for the next request."""
+        return len(self._idle)
+
+    def retire(self) -> None:
+        """Keep no connection idle from now on (a reload replaced this pool): those idle close
+        now, in-flight ones when their exchange ends; a request that still uses the pool gets
+        a fresh connection, closed after it."""
+        self.retiring = True
+        for conn in list(self._idle):
+            conn.abort()
+            self.forget(conn)
 
     async def close(self) -> None:
         """Close idle connections; in-flight ones close when their exchange ends."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 from aiohttp.abc import AbstractStreamWriter
 
 from router.net.whole import leanable, start
@@ -21,6 +21,10 @@ class StreamResponse(web.StreamResponse):
 
     async def prepare(self, request: web.BaseRequest) -> AbstractStreamWriter | None:
         if self.prepared or not leanable(request, self):
+            if not self.prepared and request.version < HttpVersion11:
+                # HTTP/1.0 has no chunking: the body ends where the connection does. aiohttp
+                # knows that but kept a client's keep-alive, leaving the body unframed.
+                self.force_close()
             return await super().prepare(request)
         writer = request.writer
         writer.enable_chunking()

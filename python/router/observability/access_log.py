@@ -28,6 +28,8 @@ class AccessRecord(msgspec.Struct, kw_only=True):
     status: int
     tenant: str | None = None
     model: str | None = None
+    # The rollout version the model resolved to (an alias's, or the model itself).
+    version: str | None = None
     region: str | None = None
     attempts: int = 0
     retries: int = 0
@@ -52,6 +54,8 @@ class _Line(msgspec.Struct, kw_only=True, omit_defaults=True):
     status: int
     tenant: str | None = None
     model: str | None = None
+    # The rollout version the model resolved to (an alias's, or the model itself).
+    version: str | None = None
     region: str | None = None
     attempts: int = 0
     retries: int = 0
@@ -79,6 +83,7 @@ def render_json(record: AccessRecord, ts: float) -> str:
         status=record.status,
         tenant=record.tenant,
         model=record.model,
+        version=record.version,
         region=record.region,
         attempts=record.attempts,
         retries=record.retries,
@@ -133,6 +138,7 @@ def render_plain(record: AccessRecord, ts: float) -> str:
         f"{record.status} tenant={_field(record.tenant)} model={_field(record.model)} "
         f"region={_field(record.region)} cache={record.cache} attempts={record.attempts} "
         f"tokens={record.tokens_in or 0}/{record.tokens_out or 0} total={total_ms} {stages}"
+        + ("" if record.error is None else f" error={_field(record.error)}")
     ).rstrip()
 
 

@@ -35,10 +35,36 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
+def _head(name: str, kind: str, doc: str) -> list[str]:
+    """HELP and TYPE lines under the name the samples carry: the parser strips a counter's
+    `_total` from its family name, and prometheus-client's own exposition puts it back."""
+    if kind == "counter":
+        name += "_total"
+    return [f"# HELP {name} {doc}", f"# TYPE {name} {kind}"]
+
+
 def _labels(labels: Mapping[str, str]) -> str:
     if not labels:
         return ""
     return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items()) + "}"
+
+
+# What only grows: kept from a worker that died, so the machine's sums never go down.
+_MONOTONIC = frozenset({"counter", "histogram", "summary"})
+
+
+def monotonic_only(text: str) -> str:
+    """An exposition's counters, histograms and summaries (its gauges dropped): a dead
+    worker's last figures, added to the machine's sums from then on (a sum that went down
+    would read as a counter reset and spike every rate())."""
+    out: list[str] = []
+    for family in text_string_to_metric_families(text):
+        if family.type not in _MONOTONIC or family.name in _DROPPED:
+            continue
+        out += _head(family.name, family.type, family.documentation)
+        for sample in family.samples:
+            out.append(f"{sample.name}{_labels(sample.labels)} {_render_value(sample.value)}")
+    return "\n".join(out) + "\n" if out else ""
 
 
 def merge_metrics(texts: Sequence[str], extra: str = "") -> str:
@@ -73,8 +99,7 @@ def merge_metrics(texts: Sequence[str], extra: str = "") -> str:
     out: list[str] = []
     for name in order:
         kind, doc = meta[name]
-        out.append(f"# HELP {name} {doc}")
-        out.append(f"# TYPE {name} {kind}")
+        out += _head(name, kind, doc)
         for (sample_name, label_pairs), value in values[name].items():
             out.append(f"{sample_name}{_labels(dict(label_pairs))} {_render_value(value)}")
     return "\n".join(out) + "\n"

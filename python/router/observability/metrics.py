@@ -114,6 +114,12 @@ class _Bounded:
         self._known = None if known is None else frozenset(known)
         self._seen: set[str] = set()
 
+    def know(self, values: Iterable[str]) -> None:
+        """Also take `values` (models a reload added); those known before stay known, since
+        their series are still there."""
+        if self._known is not None:
+            self._known = self._known | frozenset(values)
+
     def __call__(self, value: str | None) -> str:
         if value is None:
             return NONE
@@ -170,6 +176,8 @@ class Metrics:
         self.hedges = 0
         self.rate_limited = 0
         self.server_errors: dict[str, int] = {}
+        # Streams the router ended with a failure event (status 200, answer incomplete).
+        self.stream_failures: dict[tuple[str, str], int] = {}
         self._region = _Bounded()
         self._model = _Bounded(models)
         self.slo = slo
@@ -213,6 +221,10 @@ class Metrics:
             self.rate_limited += 1
         elif status >= 500:
             self.server_errors[region] = self.server_errors.get(region, 0) + 1
+        broken = rec.error is not None
+        if broken:
+            pair = (region, key[1])
+            self.stream_failures[pair] = self.stream_failures.get(pair, 0) + 1
         tenant = self._tenant(rec.tenant)
         counts = self.tenants.get(tenant)
         if counts is None:
@@ -232,7 +244,11 @@ class Metrics:
             spent[1] += tokens_out or 0
         if self.slo is not None:
             ttft_s = None if ttft_ns is None else ttft_ns / 1e9
-            self.slo.observe(rec.region, status, ttft_s, self._clock())
+            self.slo.observe(rec.region, status, ttft_s, self._clock(), broken=broken)
+
+    def know_models(self, models: Iterable[str]) -> None:
+        """Models a reload made servable get their own label value, not `_other`."""
+        self._model.know(models)
 
     def exposition(self) -> tuple[bytes, str]:
         """The text exposition and its content type."""
@@ -289,6 +305,14 @@ class _RequestCollector(Collector):
         for region, n in m.server_errors.items():
             errors.add_metric([region], float(n))
         yield errors
+        broken = CounterMetricFamily(
+            "router_stream_failures",
+            "Streams ended with a failure event after their 200 (the answer is incomplete).",
+            labels=["region", "model"],
+        )
+        for (region, model), n in m.stream_failures.items():
+            broken.add_metric([region, model], float(n))
+        yield broken
         yield from _tenant_families(m)
 
 

@@ -87,9 +87,22 @@ class SloTracker:
         self.ttft = QuantileBoard(window_s=self.targets.window_s, slots=10, alpha=alpha)
         self._counts: dict[str, RollingCounts] = {OVERALL: RollingCounts(self.targets.window_s)}
 
-    def observe(self, region: str | None, status: int, ttft_s: float | None, now: float) -> None:
-        """Record one finished request; `region` None (a cache hit, a 4xx) counts only overall."""
-        error = is_error(status)
+    def observe(
+        self,
+        region: str | None,
+        status: int,
+        ttft_s: float | None,
+        now: float,
+        *,
+        broken: bool = False,
+    ) -> None:
+        """Record one finished request; `region` None (a cache hit) counts only overall. A
+        client's own error (4xx: a bad key, a bad body, over its limit, gone) is no measure of
+        the service and is not counted at all, so a flood of them cannot make either objective
+        look met; a stream ended by a failure event (`broken`) is an error despite its 200."""
+        if 400 <= status < 500:
+            return
+        error = broken or is_error(status)
         self._counts[OVERALL].add(error, now)
         if region is not None:
             counts = self._counts.get(region)

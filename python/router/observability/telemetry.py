@@ -120,6 +120,7 @@ def record_of(
         status=status_code,
         tenant=tenant.name if tenant is not None else None,
         model=parsed.model if parsed is not None else None,
+        version=ctx.assignment.version if ctx.assignment is not None else None,
         region=ctx.region,
         attempts=ctx.attempts,
         retries=max(0, ctx.attempts - 1 - failovers),
@@ -130,6 +131,7 @@ def record_of(
         stages=durations,
         tokens_in=tokens[0],
         tokens_out=tokens[1],
+        error=ctx.broken,
     )
 
 

@@ -41,13 +41,17 @@ def _decode(raw: bytes, kind: type[T]) -> T:
         raise InvalidRequest(f"Invalid admin request: {exc}") from None
 
 
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 3)
+
+
 def _stats(w: WindowStats) -> dict[str, object]:
-    p95 = w.ttft_p95
     return {
         "samples": w.samples,
         "errors": w.errors,
         "error_rate": w.error_rate,
-        "ttft_p95_ms": None if p95 is None else round(p95 * 1000, 3),
+        "ttft_p95_ms": _ms(w.ttft_p95),  # streams
+        "whole_p95_ms": _ms(w.whole_p95),  # whole answers
     }
 
 

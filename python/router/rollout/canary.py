@@ -1,4 +1,8 @@
-"""Per-version error rate and TTFT over a rolling window; automatic rollback of a worse canary."""
+"""Per-version error rate and latency over a rolling window; automatic rollback of a worse canary.
+
+Latency is judged per kind: streams by their time to first token, whole answers by their time to
+the whole answer, each version against stable's of the same kind (a p95 over both kinds would
+be the whole answers' and hide a canary whose streams start late)."""
 
 from __future__ import annotations
 
@@ -21,8 +25,10 @@ class WindowStats:
 
     samples: int
     errors: int
-    ttft_samples: int
+    ttft_samples: int  # streams answered (first token came)
     ttft_p95: float | None
+    whole_samples: int = 0  # whole answers
+    whole_p95: float | None = None
 
     @property
     def error_rate(self) -> float:
@@ -54,21 +60,31 @@ class VersionWindow:
     """Timestamped outcomes of one (alias, version), bounded in age and count."""
 
     def __init__(self, max_samples: int) -> None:
-        self._samples: deque[tuple[float, bool, float | None]] = deque(maxlen=max_samples)
+        self._samples: deque[tuple[float, bool, float | None, bool]] = deque(maxlen=max_samples)
 
-    def add(self, now: float, ok: bool, ttft_s: float | None) -> None:
-        """Record one request's outcome."""
-        self._samples.append((now, ok, ttft_s))
+    def add(self, now: float, ok: bool, ttft_s: float | None, stream: bool = True) -> None:
+        """Record one request's outcome; `ttft_s` is a stream's time to first token, or a whole
+        answer's time when not `stream`."""
+        self._samples.append((now, ok, ttft_s, stream))
 
     def stats(self, now: float, window_s: float) -> WindowStats:
         """Drop samples older than the window, summarize the rest."""
         horizon = now - window_s
         while self._samples and self._samples[0][0] < horizon:
             self._samples.popleft()
-        errors = sum(1 for _, ok, _ in self._samples if not ok)
-        ttfts = [t for _, ok, t in self._samples if ok and t is not None]
+        errors = sum(1 for _, ok, _, _ in self._samples if not ok)
+        ttfts: list[float] = []
+        wholes: list[float] = []
+        for _, ok, t, stream in self._samples:
+            if ok and t is not None:
+                (ttfts if stream else wholes).append(t)
         return WindowStats(
-            samples=len(self._samples), errors=errors, ttft_samples=len(ttfts), ttft_p95=p95(ttfts)
+            samples=len(self._samples),
+            errors=errors,
+            ttft_samples=len(ttfts),
+            ttft_p95=p95(ttfts),
+            whole_samples=len(wholes),
+            whole_p95=p95(wholes),
         )
 
 
@@ -82,17 +98,21 @@ def judge(policy: CanaryConfig, stable: WindowStats, canary: WindowStats) -> str
             f"error rate {canary.error_rate:.3f} vs stable {stable.error_rate:.3f} "
             f"(delta {delta:.3f} > {policy.max_error_rate_delta})"
         )
-    if (
-        min(stable.ttft_samples, canary.ttft_samples) >= policy.min_samples
-        and stable.ttft_p95 is not None
-        and canary.ttft_p95 is not None
-        and stable.ttft_p95 > 0
-    ):
-        ratio = canary.ttft_p95 / stable.ttft_p95
-        slower_ms = (canary.ttft_p95 - stable.ttft_p95) * 1000
+    s, c = stable, canary
+    kinds = (
+        ("TTFT", s.ttft_samples, s.ttft_p95, c.ttft_samples, c.ttft_p95),
+        ("whole-answer", s.whole_samples, s.whole_p95, c.whole_samples, c.whole_p95),
+    )
+    for what, stable_n, stable_p95, canary_n, canary_p95 in kinds:
+        if min(stable_n, canary_n) < policy.min_samples:
+            continue
+        if stable_p95 is None or canary_p95 is None or stable_p95 <= 0:
+            continue
+        ratio = canary_p95 / stable_p95
+        slower_ms = (canary_p95 - stable_p95) * 1000
         if ratio > policy.max_ttft_p95_ratio and slower_ms >= policy.min_ttft_p95_delta_ms:
             return (
-                f"TTFT p95 {canary.ttft_p95 * 1000:.1f}ms vs stable {stable.ttft_p95 * 1000:.1f}ms "
+                f"{what} p95 {canary_p95 * 1000:.1f}ms vs stable {stable_p95 * 1000:.1f}ms "
                 f"(ratio {ratio:.2f} > {policy.max_ttft_p95_ratio})"
             )
     return None
@@ -106,12 +126,15 @@ class CanaryTracker:
         self._clock = clock
         self._windows: dict[tuple[str, str], VersionWindow] = {}
 
-    def record(self, alias: str, version: str, *, ok: bool, ttft_s: float | None) -> None:
-        """One finished request: `ok` is False for upstream failures, ttft_s when a byte came."""
+    def record(
+        self, alias: str, version: str, *, ok: bool, ttft_s: float | None, stream: bool = True
+    ) -> None:
+        """One finished request: `ok` is False for upstream failures, ttft_s when a byte came
+        (a whole answer's time when not `stream`)."""
         window = self._windows.get((alias, version))
         if window is None:
             window = self._windows[(alias, version)] = VersionWindow(self.policy.max_samples)
-        window.add(self._clock(), ok, ttft_s)
+        window.add(self._clock(), ok, ttft_s, stream)
 
     def stats(self, alias: str, version: str) -> WindowStats:
         """The window's summary for one version (empty if it never served)."""
@@ -169,9 +192,11 @@ class CanaryMonitor:
         """New thresholds (a reload); windows restart since their bounds may have changed."""
         self.tracker = CanaryTracker(policy, self._clock)
 
-    def record(self, alias: str, version: str, *, ok: bool, ttft_s: float | None) -> list[Verdict]:
+    def record(
+        self, alias: str, version: str, *, ok: bool, ttft_s: float | None, stream: bool = True
+    ) -> list[Verdict]:
         """Record an outcome; at most once per check interval, judge and roll back."""
-        self.tracker.record(alias, version, ok=ok, ttft_s=ttft_s)
+        self.tracker.record(alias, version, ok=ok, ttft_s=ttft_s, stream=stream)
         now = self._clock()
         if not self.policy.auto_rollback or now < self._next_check:
             return []

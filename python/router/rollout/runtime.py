@@ -130,7 +130,11 @@ def canary_hook(runtime: RolloutRuntime) -> AttemptObserver:
         if error is not None and error.status == 429:
             return  # the region is full, which says nothing about the version
         runtime.canary.record(
-            a.alias, a.deployment.version, ok=error is None, ttft_s=s if error is None else None
+            a.alias,
+            a.deployment.version,
+            ok=error is None,
+            ttft_s=s if error is None else None,
+            stream=ctx.request.stream,
         )
 
     return hook

@@ -53,6 +53,11 @@ class Alias:
         return {d.version: d.weight for d in self.deployments}
 
 
+# Weights are relative; past this a sticky key's score (weight / -ln(u)) or the weights' sum
+# could overflow to infinity, and infinities tie (the first version would win them all).
+MAX_WEIGHT = 1e9
+
+
 def validate_alias(alias: Alias) -> None:
     """Raise ValueError naming the problem if the alias cannot route anything."""
     if not alias.deployments:
@@ -66,9 +71,10 @@ def validate_alias(alias: Alias) -> None:
             raise ValueError(f"model {alias.name!r}: empty version tag")
         if not d.upstream_model:
             raise ValueError(f"model {alias.name!r} version {d.version!r}: empty upstream_model")
-        if not (math.isfinite(d.weight) and d.weight >= 0):
+        if not (math.isfinite(d.weight) and 0 <= d.weight <= MAX_WEIGHT):
             raise ValueError(
-                f"model {alias.name!r} version {d.version!r}: weight must be a finite number >= 0"
+                f"model {alias.name!r} version {d.version!r}: weight must be a number from 0 "
+                f"to {MAX_WEIGHT:.0e}"
             )
     if alias.stable not in versions:
         raise ValueError(f"model {alias.name!r}: stable version {alias.stable!r} is not deployed")
@@ -191,10 +197,16 @@ class RoutingTable:
         The other versions stay deployed at weight 0, so rolling forward again is one more swap.
         """
         a = self.alias(name)
-        target = a.deployment(to if to is not None else a.stable).version
-        return self.with_weights(
-            name, {d.version: float(d.version == target) for d in a.deployments}
-        )
+        target = a.stable if to is None else to
+        if all(d.version != target for d in a.deployments):
+            raise NotFound(
+                f"model {name!r} has no version {target!r}", param="to", code="unknown_version"
+            )
+        # The target keeps its weight, so rolling a canary forward again later gives it the
+        # share asked for; one at weight 0 gets what all of them had.
+        weights = {d.version: 0.0 for d in a.deployments}
+        weights[target] = a.deployment(target).weight or sum(d.weight for d in a.deployments)
+        return self.with_weights(name, weights)
 
     def _with_alias(self, alias: Alias) -> RoutingTable:
         merged = dict(self.aliases)

@@ -7,26 +7,26 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import msgspec
-from aiohttp import web, web_response
+from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from router.access import tokenizers
-from router.access.auth import Authenticator, Tenant
+from router.access.auth import Authenticator
 from router.access.limits import Limiter, Limits, auth_preparer, rate_limit_headers
 from router.cache.admin import CACHE
 from router.cache.serving import CacheLayer, cache_headers
-from router.config import Config
+from router.config import Commit, Config, Preparer
 from router.core.admin import AdminRoutes, Handler
 from router.core.client_limit import InFlightPerIp
 from router.core.context import request_id
 from router.core.dialect import DIALECTS, dialect_of
 from router.core.pipeline import CONTEXT, Features, Pipeline
-from router.core.request import RESPONSES
+from router.core.request import RESPONSES, unreadable_body
 from router.core.responses import error_response
 from router.core.stages import AttemptObserver, ResponseDecorator
 from router.errors import ApiError, InvalidRequest, NotFound
 from router.observability import telemetry
+from router.observability.metrics import Metrics
 from router.observability.tracing import Tracing
 from router.observability.tracing import lifetime as tracing_lifetime
 from router.rollout import admin as rollout_admin
@@ -46,7 +46,8 @@ from router.routing.runtime import (
     routing_headers,
     selector,
 )
-from router.server import reload
+from router.server import http_errors, reload
+from router.server import models as served
 from router.server.machine import Machine, add_machine_routes
 from router.server.pools import POOLS, RegionPools, regions_preparer
 from router.server.reload import RELOADER, LiveConfig, Reloader, health_preparer, sighup_ctx
@@ -80,26 +81,10 @@ SERVER_HEADER = "router"
 
 
 def hide_versions() -> None:
-    """aiohttp fills in `Server: Python/x aiohttp/y` on every response, its own 400s for
-    unparsable requests included (written before any app hook runs); its module default is the
-    one place that covers them all."""
-    web_response.SERVER_SOFTWARE = SERVER_HEADER  # type: ignore[attr-defined]
-
-
-def _models_body(config: Config, tenant: Tenant) -> bytes:
-    """GET /v1/models: the models of `config` that `tenant`'s key may use."""
-    data = [
-        {
-            "id": name,
-            "object": "model",
-            "created": 0,
-            "owned_by": "router",
-            "endpoints": config.endpoints_of(name),
-        }
-        for name in config.served_models()
-        if tenant.allows(name)
-    ]
-    return msgspec.json.encode({"object": "list", "data": data})
+    """aiohttp fills in `Server: Python/x aiohttp/y` on every response, and answers a request
+    it cannot parse in text/plain, before any app hook runs: its module defaults are the one
+    place that covers them all (server.http_errors)."""
+    http_errors.install(SERVER_HEADER)
 
 
 def error_middleware(unknown: Handler | None = None) -> Middleware:
@@ -116,6 +101,10 @@ def error_middleware(unknown: Handler | None = None) -> Middleware:
             return await handler(request)
         except ApiError as exc:
             return error_response(exc, _request_id(request), anthropic=anthropic)
+        except web.RequestPayloadError:
+            # An operator route's body that does not decode or parse (the pipeline's own reads
+            # answer the same in core.request.read_body).
+            return error_response(unreadable_body(request), _request_id(request))
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
@@ -225,6 +214,11 @@ def build_app(
             health, admission.in_flight, admission.depth
         )
         observer.telemetry.generation = lambda: live.generation
+        reloader.register(
+            "metric labels",
+            _known_models(observer.telemetry.metrics),
+            ("models", "rollout", "regions"),
+        )
         observers.append(observer.attempt)
         telemetry.add_routes(app, observer, config.observability, routes=ops)
     observers += [canary_hook(rollout), passive_hook(health, circuits)]
@@ -274,8 +268,10 @@ def build_app(
         app.middlewares.append(tracing.middleware())
     app.middlewares.append(error_middleware(pipeline.unknown))
     hide_versions()
+    # 100-continue only for a body that fits (else its 413 at once); other expectations: 417.
+    expect = http_errors.expect_handler(lambda: live.config.server.max_body_bytes)
     for endpoint in DIALECTS:
-        app.router.add_post(endpoint, pipeline.handler(endpoint))
+        app.router.add_post(endpoint, pipeline.handler(endpoint), expect_handler=expect)
     # A stored Responses API response, asked for again at the region that holds it.
     stored = RESPONSES + "/{id}"
     app.router.add_get(stored, pipeline.stored)
@@ -284,9 +280,18 @@ def build_app(
     app.router.add_get(stored + "/input_items", pipeline.stored)
 
     async def models(request: web.Request) -> web.Response:
-        tenant = auth.authenticate(request.headers)
-        # From the live config, so models added or removed by a reload show up at once.
-        body = _models_body(live.config, tenant)
+        # Anthropic's SDK sends its API version on every request; its errors take its shape too.
+        anthropic = "anthropic-version" in request.headers
+        try:
+            tenant = auth.authenticate(request.headers)
+            # From the live config, so models added or removed by a reload show up at once.
+            name = request.match_info.get("model")
+            if name is None:
+                body = served.listing(live.config, tenant, request.query, anthropic)
+            else:
+                body = served.one(live.config, tenant, name, anthropic)
+        except ApiError as exc:
+            return error_response(exc, _request_id(request), anthropic=anthropic)
         return web.Response(body=body, content_type="application/json")
 
     async def healthz(request: web.Request) -> web.Response:
@@ -300,6 +305,8 @@ def build_app(
         return web.json_response({"status": "ready"})
 
     app.router.add_get("/v1/models", models)
+    # Ids may hold a slash (`org/model`), sent as is by the SDKs.
+    app.router.add_get("/v1/models/{model:.+}", models)
     for probes in {id(app): app, id(ops): ops}.values():
         probes.router.add_get("/healthz", healthz)
         probes.router.add_get("/readyz", readyz)
@@ -307,7 +314,7 @@ def build_app(
         ops.middlewares.append(error_middleware(pipeline.unknown))
     if machine is not None and config.server.admin_listen is None:
         # The client listener's operator routes answer for the machine, not for one worker.
-        add_machine_routes(app, machine.socket, auth.check_admin)
+        add_machine_routes(app, machine.socket, auth.check_admin, config.server.body_timeout_s)
     routing_admin.add_routes(admin)
     rollout_admin.add_routes(admin)
     reload.add_routes(admin)
@@ -322,6 +329,16 @@ def check(config: Config) -> None:
     # The native prober's own rules for [health] and each region's URL and probe path.
     Health(config.health, config.regions)
     tokenizers.load(config.tokenizers.models)
+
+
+def _known_models(metrics: Metrics) -> Preparer:
+    """Reload preparer: models a reload made servable are labelled as themselves in metrics."""
+
+    def prepare(old: Config, new: Config) -> Commit:
+        names = new.served_models()
+        return lambda: metrics.know_models(names)
+
+    return prepare
 
 
 def _sharing_cache(app: web.Application) -> Callable[[web.Application], Awaitable[None]]:

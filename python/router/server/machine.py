@@ -20,6 +20,7 @@ from aiohttp import web
 
 from router.access.shared_buckets import SharedBucketTable
 from router.core.admin import Guard
+from router.core.request import read_body
 from router.errors import Unavailable
 from router.routing.shared_health import SharedHealth
 from router.routing.shared_pins import SharedPins
@@ -92,14 +93,20 @@ class Machine:
 # Operator requests one worker passes to the supervisor at once (each is answered by every
 # worker: a flood would multiply); more are refused with a 503 at once, never queued.
 MACHINE_IN_FLIGHT = 4
+# The supervisor's own limit on what it is asked (its listener's aiohttp default, 1 MiB).
+MACHINE_MAX_BODY = 1 << 20
 
 
-def add_machine_routes(app: web.Application, socket: str, guard: Guard) -> None:
+def add_machine_routes(
+    app: web.Application, socket: str, guard: Guard, body_timeout_s: float
+) -> None:
     """The client listener's /metrics, /status* and /admin/* (no admin listener), answered by
     the supervisor for the whole machine instead of by whichever worker took the connection.
 
     An /admin/* call without the admin token is refused here (`guard`), before its body is read
-    or anything is passed on; at most MACHINE_IN_FLIGHT calls are passed on at once."""
+    or anything is passed on; at most MACHINE_IN_FLIGHT calls are passed on at once, each
+    counted once its body is in (read within `body_timeout_s`, at most MACHINE_MAX_BODY
+    bytes), so a client sending a body slowly holds no slot."""
     passing = 0
 
     async def session(app: web.Application) -> AsyncIterator[None]:
@@ -115,6 +122,7 @@ def add_machine_routes(app: web.Application, socket: str, guard: Guard) -> None:
         nonlocal passing
         if request.path.startswith("/admin/"):
             guard(request.headers)
+        body = await read_body(request, MACHINE_MAX_BODY, body_timeout_s)
         if passing >= MACHINE_IN_FLIGHT:
             raise Unavailable(
                 f"Too many operator requests in flight on this worker (limit "
@@ -124,7 +132,7 @@ def add_machine_routes(app: web.Application, socket: str, guard: Guard) -> None:
             )
         passing += 1
         try:
-            return await _pass(app[_SESSION], request)
+            return await _pass(app[_SESSION], request, body)
         finally:
             passing -= 1
 
@@ -134,14 +142,13 @@ def add_machine_routes(app: web.Application, socket: str, guard: Guard) -> None:
     app.router.add_route("*", "/admin/{tail:.*}", ask)
 
 
-async def _pass(session: aiohttp.ClientSession, request: web.Request) -> web.Response:
-    """`request` asked of the supervisor; its answer as the client's."""
+async def _pass(session: aiohttp.ClientSession, request: web.Request, body: bytes) -> web.Response:
+    """`request` (its `body` read) asked of the supervisor; its answer as the client's."""
     headers = {
         k: v
         for k, v in request.headers.items()
         if k.lower() not in ("host", "connection", "content-length", "transfer-encoding")
     }
-    body = await request.read()
     async with session.request(
         request.method, f"http://machine{request.path_qs}", headers=headers, data=body or None
     ) as resp:

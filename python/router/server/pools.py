@@ -39,9 +39,12 @@ class RegionPools:
         await self.close()
 
     def retire(self, upstreams: list[Upstream], after_s: float) -> None:
-        """Close these pools after `after_s`: the longest an in-flight request may still run."""
+        """Close these pools after `after_s`: the longest an in-flight request may still run;
+        until then they keep no connection idle."""
         if not upstreams:
             return
+        for u in upstreams:
+            u.pool.retire()
         loop = asyncio.get_running_loop()
 
         def close() -> None:

@@ -15,14 +15,20 @@ import uvloop
 from aiohttp import web
 
 from router.config import Config, parse_listen
+from router.core.pipeline import Pipeline
 from router.errors import ConfigError, StartupError
 from router.server import gctune, parent
-from router.server.app import ADMIN_APP, STATE, build_app
+from router.server.app import ADMIN_APP, PIPELINE, STATE, build_app
 from router.server.machine import Machine, MachineDir
 from router.server.reload import RELOADER
 from router.server.tls import Listeners
 
 log = logging.getLogger("router")
+
+
+# After a drain's deadline: time for the requests it ended to send their last bytes, and for
+# aiohttp to wait on any other handler before cancelling it.
+_AFTER_DRAIN_S = 2.0
 
 
 def make_runner(app: web.Application, config: Config) -> web.AppRunner:
@@ -34,7 +40,9 @@ def make_runner(app: web.Application, config: Config) -> web.AppRunner:
         handler_cancellation=True,
         # aiohttp arms this at connect and after each response: a request head must arrive in time.
         keepalive_timeout=config.server.header_timeout_s,
-        shutdown_timeout=config.server.drain_timeout_s,
+        # What aiohttp waits for its handlers after the router's own drain (drain_after_stop)
+        # ended the proxied requests; then it cancels whatever is left.
+        shutdown_timeout=_AFTER_DRAIN_S,
         access_log=None,
         # Oversized request lines and headers get aiohttp's own 400 before any handler runs.
         max_line_size=config.server.max_header_bytes,
@@ -106,9 +114,10 @@ async def run_until_signal(
     ssl_context: ssl.SSLContext | None = None,
     reuse_port: bool = False,
     stop: asyncio.Event | None = None,
+    drain: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
     """Serve on `listen` until SIGTERM/SIGINT (or until `stop`, which they set, is set by
-    anything else); `runner.cleanup()` then drains in-flight work."""
+    anything else); then `drain()` and `runner.cleanup()`, which waits for what is left."""
     await runner.setup()
     try:
         url = await start_site(runner, listen, ssl_context, "listen", reuse_port)
@@ -130,8 +139,30 @@ async def run_until_signal(
             loop.remove_signal_handler(sig)
         if on_stop is not None:
             on_stop()
-        # Closes the listening socket first, then waits up to shutdown_timeout for handlers.
+        if drain is not None:
+            await drain()
+        # Closes the listening socket (if drain did not), then waits up to shutdown_timeout
+        # for handlers.
         await runner.cleanup()
+
+
+async def drain_after_stop(runner: web.AppRunner, pipeline: Pipeline, within_s: float) -> None:
+    """Stop accepting and close idle connections, let the proxied requests in flight finish
+    within `within_s`, then end those left (Pipeline.shut_down: a stream's failure event, a
+    503 for one not answered yet) and give them a moment to send it."""
+    for site in list(runner.sites):
+        await site.stop()
+    if runner.server is not None:
+        runner.server.pre_shutdown()
+    if await pipeline.settle(within_s):
+        ended = pipeline.shut_down()
+        log.warning(
+            "drain: %d requests still in flight after %gs ended (streams with an error event, "
+            "the others with a 503)",
+            ended,
+            within_s,
+        )
+        await pipeline.settle(_AFTER_DRAIN_S)
 
 
 async def serve_async(
@@ -207,6 +238,7 @@ async def serve_async(
             listeners.client,
             reuse_port=worker is not None,
             stop=stop,
+            drain=lambda: drain_after_stop(runner, app[PIPELINE], config.server.drain_timeout_s),
         )
     finally:
         if admin_runner is not None:

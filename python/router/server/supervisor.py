@@ -40,7 +40,7 @@ from router.access.auth import Authenticator
 from router.config import Config, load, parse_listen
 from router.core.admin import json_response
 from router.errors import ConfigError, InvalidRequest, StartupError
-from router.observability.merge import merge_metrics, merge_status
+from router.observability.merge import merge_metrics, merge_status, monotonic_only
 from router.routing import shared_pins
 from router.routing.admin import admin_change
 from router.routing.machine_prober import MachineProber
@@ -103,6 +103,10 @@ class Supervisor:
             config.health, config.regions, self.dir.health_table, self.dir.health_reports
         )
         self._done = asyncio.Event()
+        # Each slot's last /metrics (its process's pid, the text), and the counters of the
+        # processes that died since start: the machine's counters never go down.
+        self._last_metrics: dict[int, tuple[int, str]] = {}
+        self._retired_metrics = ""
 
     # ---- workers ----
 
@@ -303,8 +307,32 @@ class Supervisor:
         return [r for r in results if not isinstance(r, BaseException)]
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        answers = await self._gather("GET", "/metrics")
-        texts = [body.decode() for status, body, _ in answers if status == 200]
+        """Every worker's figures summed; a worker that died (or did not answer) counts with
+        the counters it had last, so no sum goes down when one is restarted."""
+        alive = {s.index: s for s in self.alive()}
+        answers = await asyncio.gather(
+            *(self._ask(s, "GET", "/metrics", {}, b"") for s in alive.values()),
+            return_exceptions=True,
+        )
+        texts: list[str] = []
+        answered: set[int] = set()
+        for slot, answer in zip(alive.values(), answers, strict=True):
+            if isinstance(answer, BaseException) or answer[0] != 200:
+                continue
+            assert slot.proc is not None
+            last = self._last_metrics.get(slot.index)
+            if last is not None and last[0] != slot.proc.pid:
+                # Its predecessor died: what it counted stays counted.
+                retired = merge_metrics([self._retired_metrics, monotonic_only(last[1])])
+                self._retired_metrics = retired
+            text = answer[1].decode()
+            self._last_metrics[slot.index] = (slot.proc.pid, text)
+            texts.append(text)
+            answered.add(slot.index)
+        texts += [
+            monotonic_only(text) for i, (_, text) in self._last_metrics.items() if i not in answered
+        ]
+        texts.append(self._retired_metrics)
         own = generate_latest(_own_registry(self)).decode()
         return web.Response(
             text=merge_metrics(texts, own), content_type="text/plain", charset="utf-8"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from router.observability.merge import merge_metrics, merge_status
+from router.observability.merge import merge_metrics, merge_status, monotonic_only
 
 W0 = """# HELP router_requests_total Finished requests.
 # TYPE router_requests_total counter
@@ -80,3 +80,33 @@ def test_status_feeds_merge() -> None:
     (region,) = merged["regions"]
     assert region["healthy"] is False
     assert region["in_flight"] == 2
+
+
+def test_monotonic_only_keeps_counters_and_histograms_not_gauges() -> None:
+    text = (
+        "# HELP router_requests_total Finished requests.\n"
+        "# TYPE router_requests_total counter\n"
+        'router_requests_total{region="a"} 3.0\n'
+        "# HELP router_region_in_flight In flight.\n"
+        "# TYPE router_region_in_flight gauge\n"
+        'router_region_in_flight{region="a"} 2.0\n'
+        "# HELP router_ttft_seconds TTFT.\n"
+        "# TYPE router_ttft_seconds histogram\n"
+        'router_ttft_seconds_bucket{le="+Inf"} 3.0\n'
+        "router_ttft_seconds_count 3.0\n"
+        "router_ttft_seconds_sum 0.5\n"
+    )
+    kept = monotonic_only(text)
+    assert "router_region_in_flight" not in kept
+    merged = merge_metrics([kept, text])
+    assert 'router_requests_total{region="a"} 6.0' in merged
+    assert "router_ttft_seconds_count 6.0" in merged
+    assert 'router_region_in_flight{region="a"} 2.0' in merged  # the live worker's only
+    # Re-read, every family keeps its type (TYPE lines name counters with their `_total`).
+    types = {f.name: f.type for f in text_string_to_metric_families(merged)}
+    assert types == {
+        "router_requests": "counter",
+        "router_ttft_seconds": "histogram",
+        "router_region_in_flight": "gauge",
+    }
+    assert monotonic_only("") == ""

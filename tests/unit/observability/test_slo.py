@@ -53,3 +53,25 @@ def test_no_traffic_meets_the_objectives() -> None:
     assert st.ok
     assert st.error_rate is None
     assert st.ttft_p95_s is None
+
+
+def test_a_flood_of_client_errors_cannot_make_the_objectives_look_met() -> None:
+    slo = SloTracker(SloTargets(ttft_p95_s=0.2, error_rate=0.1, window_s=60.0))
+    for _ in range(40):
+        slo.observe("eu", 200, 0.4, 1.0)
+    slo.observe("eu", 502, None, 1.0)
+    for status in (401, 404, 415, 429, 499):
+        for _ in range(200):
+            slo.observe(None, status, 0.001, 1.0)
+    overall = slo.status(OVERALL, 1.0)
+    assert (overall.requests, overall.errors) == (41, 1)
+    assert overall.ttft_p95_s == pytest.approx(0.4, rel=0.02)
+    assert not overall.ttft_ok
+
+
+def test_a_broken_stream_is_an_error_despite_its_200() -> None:
+    slo = SloTracker(SloTargets(error_rate=0.1, window_s=60.0))
+    slo.observe("eu", 200, 0.05, 1.0)
+    slo.observe("eu", 200, 0.05, 1.0, broken=True)
+    eu = slo.status("eu", 1.0)
+    assert (eu.requests, eu.errors, eu.errors_ok) == (2, 1, False)

@@ -197,3 +197,39 @@ def test_monitor_healthy_canary_keeps_its_weight() -> None:
     clock.now += 2
     assert monitor.check() == []
     assert rollout.table.alias("chat").weights()["v2"] == 5.0
+
+
+def test_streams_are_judged_by_ttft_apart_from_whole_answers() -> None:
+    # Whole answers take seconds, streams start in 0.1 s; the canary's streams start 10x later.
+    # One p95 over both kinds would be the whole answers' (equal in both) and see nothing.
+    tracker = CanaryTracker(POLICY, Clock())
+    for version, ttft in (("v1", 0.1), ("v2", 1.0)):
+        for _ in range(30):
+            tracker.record("chat", version, ok=True, ttft_s=ttft, stream=True)
+        for _ in range(70):
+            tracker.record("chat", version, ok=True, ttft_s=3.0, stream=False)
+    stable, canary = tracker.stats("chat", "v1"), tracker.stats("chat", "v2")
+    assert (canary.ttft_samples, canary.ttft_p95) == (30, 1.0)
+    assert (canary.whole_samples, canary.whole_p95) == (70, 3.0)
+    reason = judge(POLICY, stable, canary)
+    assert reason is not None
+    assert reason.startswith("TTFT p95 1000.0ms vs stable 100.0ms")
+
+
+def test_whole_answers_are_judged_against_whole_answers() -> None:
+    tracker = CanaryTracker(POLICY, Clock())
+    for version, whole in (("v1", 1.0), ("v2", 5.0)):
+        for _ in range(30):
+            tracker.record("chat", version, ok=True, ttft_s=0.1, stream=True)
+            tracker.record("chat", version, ok=True, ttft_s=whole, stream=False)
+    reason = judge(POLICY, tracker.stats("chat", "v1"), tracker.stats("chat", "v2"))
+    assert reason is not None
+    assert reason.startswith("whole-answer p95 5000.0ms vs stable 1000.0ms")
+    # Too few whole answers on one side: not compared (the streams are alike).
+    few = CanaryTracker(POLICY, Clock())
+    for version in ("v1", "v2"):
+        for _ in range(30):
+            few.record("chat", version, ok=True, ttft_s=0.1, stream=True)
+    for _ in range(5):
+        few.record("chat", "v2", ok=True, ttft_s=50.0, stream=False)
+    assert judge(POLICY, few.stats("chat", "v1"), few.stats("chat", "v2")) is None

@@ -136,6 +136,9 @@ def test_unknown_alias_is_404_in_openai_shape() -> None:
         (alias(0.0, 0.0), "all weights are zero"),
         (alias(-1.0, 2.0), "weight must be"),
         (alias(float("nan"), 2.0), "weight must be"),
+        # Past this a score or the sum overflows and infinities tie: the split would be wrong.
+        (alias(1e308, 1e308), "weight must be"),
+        (alias(2e9, 1.0), "weight must be"),
         (alias(1.0, sticky="ip"), "sticky must be"),
         (
             Alias(name="m", deployments=(Deployment("v1", "", weight=1.0),), stable="v1"),
@@ -185,8 +188,22 @@ def test_rollback_sends_everyone_to_stable_and_keeps_canary_deployed() -> None:
 
 def test_rollback_to_unknown_version_is_404() -> None:
     rollout = Rollout(RoutingTable.build([alias(95.0, 5.0)]))
-    with pytest.raises(NotFound, match="no version 'v3'"):
+    with pytest.raises(NotFound, match="no version 'v3'") as caught:
         rollout.rollback("chat-default", to="v3")
+    assert caught.value.param == "to"
+
+
+def test_rolling_forward_after_a_rollback_gives_the_canary_its_share() -> None:
+    rollout = Rollout(RoutingTable.build([alias(80.0, 20.0)]))
+    rollout.rollback("chat-default")
+    assert rollout.table.alias("chat-default").weights() == {"v1": 80.0, "v2": 0.0}
+    rollout.set_weights("chat-default", {"v2": 20.0})
+    got = counts(rollout.table.alias("chat-default"))
+    assert 0.15 * N < got["v2"] < 0.25 * N, got
+    # A target at weight 0 gets what all the versions had.
+    rollout.set_weights("chat-default", {"v1": 0.0})
+    rollout.rollback("chat-default")
+    assert rollout.table.alias("chat-default").weights() == {"v1": 20.0, "v2": 0.0}
 
 
 def test_replace_bumps_generation_past_current() -> None:

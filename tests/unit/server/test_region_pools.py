@@ -60,3 +60,38 @@ async def test_close_at_cleanup_also_closes_pools_still_retiring() -> None:
     assert not b.pool.closed
     await pools.close()
     assert b.pool.closed
+
+
+async def test_a_retired_pool_keeps_no_connection_idle() -> None:
+    # A region answering keep-alive: one exchange through the pool, its connection idle after.
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await reader.readuntil(b"\r\n\r\n"):
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+            await writer.drain()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    old = loads(f'[[regions]]\nname = "a"\nbase_url = "http://127.0.0.1:{port}"\nmodels = ["m"]\n')
+    pools = RegionPools(open_upstreams(old))
+    (a,) = pools.current
+    try:
+        for _ in range(2):
+            resp = await a.pool.post("/v1/x", b"{}", [("Content-Type", "application/json")])
+            while await resp.content.readany():
+                pass
+            resp.release()
+            if not a.pool.retiring:
+                assert a.pool.idle_count == 1
+                # A reload re-points the region: its old pool is retired, not closed yet.
+                new = msgspec.structs.replace(
+                    old, regions=(msgspec.structs.replace(old.regions[0], bias_ms=1.0),)
+                )
+                regions_preparer(pools, None)(old, new)()
+                assert not a.pool.closed
+                assert a.pool.idle_count == 0  # closed at once, not after timeouts.total
+        # A request still using it got a fresh connection, not kept afterwards either.
+        assert a.pool.idle_count == 0
+    finally:
+        await pools.close()
+        server.close()
+        await server.wait_closed()

@@ -1,0 +1,96 @@
+"""What aiohttp answers before any handler runs, in OpenAI's error shape: a request it could not
+parse, and an `Expect` header (100-continue only once the declared body fits)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+from aiohttp import HttpVersion11, web, web_protocol, web_response
+
+from router.errors import ApiError, PayloadTooLarge
+
+log = logging.getLogger("router")
+
+# A fixed message per status: the parser's own would echo the client's bytes back.
+_UNPARSABLE = {
+    400: "The request is not valid HTTP/1.1.",
+    413: "The request is too large.",
+    414: "The request line is too long.",
+    431: "The request's header fields are too large or too many.",
+}
+
+
+def install(server_header: str) -> None:
+    """aiohttp's module defaults, the one place covering its own answers: `Server` names no
+    versions, and an unparsable request gets a JSON error (aiohttp's is text/plain)."""
+    web_response.SERVER_SOFTWARE = server_header  # type: ignore[attr-defined]
+    web_protocol.RequestHandler.handle_error = _handle_error  # type: ignore[method-assign]
+
+
+def _handle_error(
+    self: web_protocol.RequestHandler,
+    request: web.BaseRequest,
+    status: int = 500,
+    exc: BaseException | None = None,
+    message: str | None = None,
+) -> web.StreamResponse:
+    """aiohttp's handle_error, answering in OpenAI's shape with the connection closed; a
+    client's garbage is logged at debug (a scanner on the port is no operator's error), a 5xx
+    with its traceback."""
+    if status >= 500:
+        log.error("error handling a request from %s", request.remote, exc_info=exc)
+    else:
+        log.debug("unparsable request from %s: %r", request.remote, exc)
+    if request.writer.output_size > 0:
+        # Part of an answer went out already: the connection is broken, as aiohttp says.
+        raise ConnectionError("an answer was sent already; cannot send an error after it")
+    if status >= 500:
+        error = ApiError("Internal router error.", status=status)
+    else:
+        text = _UNPARSABLE.get(status, "The request could not be read.")
+        error = ApiError(text, status=status, type="invalid_request_error", code="invalid_http")
+    response = web.Response(status=status, body=error.body(), content_type="application/json")
+    response.force_close()
+    return response
+
+
+ExpectHandler = Callable[[web.Request], Awaitable[web.StreamResponse | None]]
+
+
+def expect_handler(max_body: Callable[[], int]) -> ExpectHandler:
+    """`Expect: 100-continue` answered with 100 only when the declared body fits `max_body()`
+    (else the 413 now, before the client sends it); any other expectation is a 417 in OpenAI's
+    shape."""
+
+    async def expect(request: web.Request) -> web.StreamResponse | None:
+        if request.version != HttpVersion11:
+            return None
+        expectation = request.headers.get("Expect", "").lower()
+        if expectation != "100-continue":
+            return _error(
+                ApiError(
+                    "Only `Expect: 100-continue` is supported.",
+                    status=417,
+                    type="invalid_request_error",
+                    code="expectation_failed",
+                )
+            )
+        declared = request.content_length
+        limit = max_body()
+        if declared is not None and declared > limit:
+            return _error(
+                PayloadTooLarge(f"Request body is {declared} bytes; the limit is {limit}.")
+            )
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        # Not the answer's bytes (aiohttp's own handler resets the count too).
+        request.writer.output_size = 0
+        return None
+
+    return expect
+
+
+def _error(error: ApiError) -> web.Response:
+    response = web.Response(status=error.status, body=error.body(), content_type="application/json")
+    response.force_close()
+    return response
