@@ -125,12 +125,16 @@ def _add_core(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     demo.set_defaults(handler=_demo)
 
 
-def _load_config(path: str) -> Config | None:
-    from router.config import load
+def _load_config(path: str) -> tuple[Config, str] | None:
+    """The config at `path` and the text it was decoded from; None (the error printed) if bad."""
+    import os
+
+    from router.config import loads, read
     from router.errors import ConfigError
 
     try:
-        return load(path)
+        text = read(path)
+        return loads(text, str(Path(path)), os.environ), text
     except ConfigError as exc:
         print(f"router: {exc}", file=sys.stderr)
         return None
@@ -141,14 +145,15 @@ def _serve(args: argparse.Namespace) -> int:
     stderr, no traceback: a port in use, a certificate that will not load)."""
     from router.errors import ConfigError, StartupError
     from router.observability import logs
-    from router.server import parent
+    from router.server import parent, snapshot
     from router.server.app import check
     from router.server.run import Worker, serve
     from router.server.supervisor import cpu_count, supervise
 
-    config = _load_config(args.config)
-    if config is None:
+    loaded = _load_config(args.config)
+    if loaded is None:
         return 2
+    config, text = loaded
     wanted = args.workers if args.workers is not None else config.server.workers
     if wanted == "auto":
         workers = min(cpu_count(), 64)
@@ -170,6 +175,11 @@ def _serve(args: argparse.Namespace) -> int:
             index, generation, supervisor = map(int, [*args.worker.split(":"), 0, 0][:3])
             if supervisor:
                 parent.follow(supervisor)
+            # The generation of the snapshot it read, not the one it was started at: a reload
+            # may have come in between.
+            read_generation = snapshot.generation(text)
+            if read_generation is not None:
+                generation = read_generation
             worker = Worker(index, generation, args.machine_dir)
             serve(config, Path(args.config), worker)
             if parent.orphaned() and args.machine_dir:
@@ -180,7 +190,7 @@ def _serve(args: argparse.Namespace) -> int:
                 check(config)
             except ConfigError as exc:
                 raise ConfigError(f"{args.config}: {exc}") from None
-            return supervise(config, Path(args.config), workers)
+            return supervise(config, Path(args.config), workers, text)
         else:
             serve(config, Path(args.config))
     except ConfigError as exc:
@@ -198,9 +208,10 @@ def _check_config(args: argparse.Namespace) -> int:
     from router.server.app import check
     from router.server.tls import Listeners
 
-    config = _load_config(args.file)
-    if config is None:
+    loaded = _load_config(args.file)
+    if loaded is None:
         return 2
+    config = loaded[0]
     try:
         check(config)
         # The certificate files load here as `serve` loads them (which refuses to start).

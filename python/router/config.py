@@ -838,12 +838,16 @@ def loads(text: str, source: str = "<config>", env: Mapping[str, str] | None = N
     return config
 
 
+def read(path: str | Path) -> str:
+    """The text of the config file at `path`; ConfigError naming it if it cannot be read."""
+    p = Path(path)
+    try:
+        return p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{p}: cannot read config: {exc}") from None
+
+
 def load(path: str | Path, env: Mapping[str, str] | None = None) -> Config:
     """Read, decode and check the config file at `path`, with the process environment's
     overrides unless `env` is given."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{p}: cannot read config: {exc}") from None
-    return loads(text, str(p), os.environ if env is None else env)
+    return loads(read(path), str(Path(path)), os.environ if env is None else env)

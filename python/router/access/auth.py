@@ -130,6 +130,15 @@ class Authenticator:
             admin_token_sha256=config.admin_token_sha256,
         )
 
+    @classmethod
+    def reloaded(cls, old: AuthConfig, new: AuthConfig) -> Authenticator:
+        """The keys a reload from `old` to `new` adopts; ConfigError for what only a restart
+        applies (other features built their admin guards and cache namespaces from those)."""
+        for field in ("enabled", "admin_token_sha256"):
+            if getattr(new, field) != getattr(old, field):
+                raise ConfigError(f"field `auth.{field}`: changed; restart the router to apply it")
+        return cls.from_config(new)
+
     def warn_if_disabled(self) -> None:
         """The loud startup WARNING of a router serving without key checks."""
         if not self.enabled:

@@ -19,7 +19,7 @@ from router.access.usage import StreamUsage, completion_budget, usage_tokens
 from router.config import Commit, Preparer
 from router.core.request import CHAT, COUNT_TOKENS, INPUT_TOKENS, MESSAGES, RESPONSES
 from router.core.timing import AUTH, RATE_LIMIT
-from router.errors import ConfigError, RateLimited, Unavailable
+from router.errors import RateLimited, Unavailable
 from router.native import (
     BucketTable,
     NativeError,
@@ -395,11 +395,7 @@ def auth_preparer(auth: Authenticator, limiter: Limiter) -> Preparer:
     def prepare(old: Config, new: Config) -> Commit:
         if new.auth == old.auth:
             return lambda: None
-        # Other features built their admin guards and cache namespaces from these at startup.
-        for field in ("enabled", "admin_token_sha256"):
-            if getattr(new.auth, field) != getattr(old.auth, field):
-                raise ConfigError(f"field `auth.{field}`: changed; restart the router to apply it")
-        fresh = Authenticator.from_config(new.auth)
+        fresh = Authenticator.reloaded(old.auth, new.auth)
 
         def commit() -> None:
             for tenant in fresh.tenants:

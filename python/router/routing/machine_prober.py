@@ -62,11 +62,6 @@ class MachineProber:
         if self.health.set_admin(name, state):
             self.publish()
 
-    def reconfigure(self, config: HealthConfig) -> None:
-        """A reloaded [health] section: new settings, history kept, probing on or off."""
-        self.health.reconfigure(config)
-        self.health.set_probing(config.enabled)
-
     async def _receive(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One worker's reports, frame by frame, until it goes."""
         task = asyncio.current_task()

@@ -1,6 +1,7 @@
 """What the workers of one machine share: the files in the supervisor's private directory, a
 worker's handles on them, and the client listener's operator routes answered for the machine.
 
+    config.toml     the config the supervisor last accepted, which every worker loads (snapshot)
     limits.table    rate-limit buckets, `max_concurrent` and admission counts (shared_buckets)
     health.table    region health from the one prober (routing.shared_health)
     health.sock     the workers' passive reports to that prober
@@ -37,6 +38,10 @@ class MachineDir:
     """The supervisor's private directory and the names in it."""
 
     path: str
+
+    @property
+    def config(self) -> str:
+        return os.path.join(self.path, "config.toml")
 
     @property
     def limits(self) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -11,11 +12,12 @@ from pathlib import Path
 
 from aiohttp import web
 
-from router.config import Commit, Config, Preparer, load
+from router.config import Commit, Config, Preparer, loads, read
 from router.core.admin import AdminRoutes, json_response
 from router.errors import ConfigError, InvalidRequest
 from router.native import Prober
 from router.routing.health import Health, prober_kwargs
+from router.server import snapshot
 
 log = logging.getLogger("router")
 
@@ -76,37 +78,49 @@ class Reloader:
         self._handled.update(sections)
 
     def reload(self) -> ReloadResult:
-        """Load, validate, prepare every component, then commit all without yielding the loop."""
+        """Load, validate, prepare every component, then commit all without yielding the loop.
+
+        A supervisor's snapshot names its generation: a worker takes that one, and one it
+        already runs (or an older one) is left alone."""
         path = self.live.path
         if path is None:
             return self._reject("no config file to reload (started without --config)")
         try:
-            new = load(path)
+            text = read(path)
+            generation = snapshot.generation(text)
+            if generation is not None and generation <= self.live.generation:
+                message = f"{path}: generation {generation} already applied"
+                log.debug("%s", message)
+                return ReloadResult(applied=True, generation=self.live.generation, message=message)
+            new = loads(text, str(path), os.environ)
         except ConfigError as exc:
             return self._reject(str(exc))
-        return self.apply(new, str(path))
+        return self.apply(new, str(path), generation)
 
-    def apply(self, new: Config, source: str) -> ReloadResult:
-        """Swap in an already-decoded config; a component that refuses it rejects the reload."""
-        old = self.live.config
-        changed = _changed_sections(old, new)
-        unapplied = sorted(changed - self._handled)
-        blocking = [name for name in unapplied if name in _MUST_APPLY]
+    def prepare(self, new: Config, source: str) -> list[Commit]:
+        """Every component's commit for `new`, nothing changed yet; ConfigError naming
+        `source` and the component if one refuses it (a component's bug refuses it too)."""
+        changed = _changed_sections(self.live.config, new)
+        blocking = [name for name in sorted(changed - self._handled) if name in _MUST_APPLY]
         if blocking:
-            return self._reject(
+            raise ConfigError(
                 f"{source}: field `{blocking[0]}`: changed, but this router cannot add, remove or "
                 "change regions while running; restart it to apply"
             )
         commits: list[Commit] = []
         for name, prepare in self._preparers:
             try:
-                commits.append(prepare(old, new))
+                commits.append(prepare(self.live.config, new))
             except (ConfigError, ValueError) as exc:
-                return self._reject(f"{source}: {name}: {exc}")
+                raise ConfigError(f"{source}: {name}: {exc}") from None
             except Exception as exc:
                 # A bug in one component must not take the process down or half-apply anything.
                 log.exception("config reload: %s failed to prepare", name)
-                return self._reject(f"{source}: {name}: internal error: {exc!r}")
+                raise ConfigError(f"{source}: {name}: internal error: {exc!r}") from None
+        return commits
+
+    def commit(self, commits: list[Commit]) -> None:
+        """Apply what prepare() returned, in order; a commit that fails is logged, not raised."""
         # No await between the first and last swap: a request sees all of the old or all of the new.
         for (name, _), commit in zip(self._preparers, commits, strict=True):
             try:
@@ -115,8 +129,19 @@ class Reloader:
                 log.exception(
                     "config reload: %s failed to apply; that component is inconsistent", name
                 )
+
+    def apply(self, new: Config, source: str, generation: int | None = None) -> ReloadResult:
+        """Swap in an already-decoded config (as `generation`, else the next one); a component
+        that refuses it rejects the reload."""
+        old = self.live.config
+        try:
+            commits = self.prepare(new, source)
+        except ConfigError as exc:
+            return self._reject(str(exc))
+        self.commit(commits)
         self.live.config = new
-        self.live.generation += 1
+        self.live.generation = self.live.generation + 1 if generation is None else generation
+        unapplied = sorted(_changed_sections(old, new) - self._handled)
         for section in unapplied:
             log.warning(
                 "config reload: [%s] changed but is not hot-reloadable; it takes effect on restart",

@@ -213,8 +213,11 @@ async def serve_async(
         admin_runner = make_runner(app[ADMIN_APP], config)
         await admin_runner.setup()
         if ops_socket is not None:
-            # The supervisor answers for the machine and asks each worker here.
+            # The supervisor answers for the machine and asks each worker here. It sends SIGHUP
+            # only once this socket exists (the handler is installed by then): a reload it
+            # snapshotted before that is caught up with here.
             await web.UnixSite(admin_runner, ops_socket).start()
+            app[RELOADER].reload()
             return
         assert config.server.admin_listen is not None
         url = await start_site(

@@ -3,7 +3,9 @@
 Each worker is `router serve` itself, binding the client listener with SO_REUSEPORT so the kernel
 spreads connections over them. The supervisor restarts a worker that dies (giving back the
 limit and admission slots it held), checks a reload once and then has every worker apply it (so
-all reach the same generation), and on SIGTERM has every worker drain. It runs the machine's
+all reach the same generation), and on SIGTERM has every worker drain. Workers load its
+snapshot of the config it last accepted (server.snapshot), never the operator's file: a
+restarted worker runs its siblings' config whatever the file says by then. It runs the machine's
 one health prober (routing.machine_prober). It answers for the machine: /metrics and
 /status.json merged from every worker (each answers on a private Unix socket), /admin/reload for
 all, other /admin/* calls passed to every worker once the admin token checks out; on
@@ -37,15 +39,18 @@ from prometheus_client.registry import Collector
 
 from router.access import shared_buckets
 from router.access.auth import Authenticator
-from router.config import Config, load, parse_listen
+from router.config import Config, loads, parse_listen, read
 from router.core.admin import json_response
 from router.errors import ConfigError, InvalidRequest, StartupError
 from router.observability.merge import merge_metrics, merge_status, monotonic_only
 from router.routing import shared_pins
 from router.routing.admin import admin_change
 from router.routing.machine_prober import MachineProber
+from router.server import snapshot
 from router.server.app import error_middleware, hide_versions
 from router.server.machine import MachineDir
+from router.server.machine_reload import supervisor_reloader
+from router.server.reload import LiveConfig
 from router.server.run import listen_error
 from router.server.tls import Listeners
 
@@ -81,16 +86,17 @@ class _Slot:
 class Supervisor:
     """Starts, restarts, reloads and stops the workers."""
 
-    def __init__(self, config: Config, path: Path, count: int) -> None:
-        self.config = config
+    def __init__(self, config: Config, path: Path, count: int, text: str) -> None:
+        """`text`: the file's text `config` was decoded from (what the workers load)."""
         self.path = path
         self.count = count
-        self.generation = 0
         self.stopping = False
         self.failed: str | None = None
         # Private (0700): only this user's processes reach the tables and sockets in it.
         self.dir = MachineDir(tempfile.mkdtemp(prefix="router-workers-"))
         self.slots = [_Slot(i, self.dir.ops_socket(i)) for i in range(count)]
+        self.live = LiveConfig(config, path)
+        snapshot.write(self.dir.config, text, self.generation)
         self.auth = Authenticator.from_config(config.auth)
         self.listeners = Listeners(config)
         # Rate-limit buckets, in-flight and admission counts every worker maps (exact across
@@ -102,11 +108,23 @@ class Supervisor:
         self.prober = MachineProber(
             config.health, config.regions, self.dir.health_table, self.dir.health_reports
         )
+        self.reloader = supervisor_reloader(
+            self.live, self.auth, self.prober.health, self.listeners
+        )
         self._done = asyncio.Event()
         # Each slot's last /metrics (its process's pid, the text), and the counters of the
         # processes that died since start: the machine's counters never go down.
         self._last_metrics: dict[int, tuple[int, str]] = {}
         self._retired_metrics = ""
+
+    @property
+    def config(self) -> Config:
+        """The config the workers run (the last one accepted)."""
+        return self.live.config
+
+    @property
+    def generation(self) -> int:
+        return self.live.generation
 
     # ---- workers ----
 
@@ -117,7 +135,7 @@ class Supervisor:
             "router",
             "serve",
             "--config",
-            str(self.path),
+            self.dir.config,
             "--worker",
             f"{slot.index}:{self.generation}:{os.getpid()}",
             "--machine-dir",
@@ -168,45 +186,47 @@ class Supervisor:
             with contextlib.suppress(ProcessLookupError):
                 slot.proc.send_signal(sig)
 
+    def _signal_ready(self, sig: int) -> None:
+        """`sig` to the workers that can take it: a starting worker (no ops socket yet, made
+        after its SIGHUP handler) would die of it; it reads the snapshot once ready instead."""
+        for slot in self.alive():
+            assert slot.proc is not None
+            if os.path.exists(slot.socket):
+                with contextlib.suppress(ProcessLookupError):
+                    slot.proc.send_signal(sig)
+
     # ---- reload ----
 
     def reload(self) -> tuple[bool, str]:
-        """Check the file once, then have every worker apply it: all reach one generation."""
+        """Check the file once, refusing what any worker would, then snapshot it and have every
+        worker apply it: all reach one generation. All or nothing; never raises."""
         try:
-            new = load(self.path)
+            text = read(self.path)
+            new = loads(text, str(self.path), os.environ)
+            commits = self.reloader.prepare(new, str(self.path))
+            # Before anything commits: a snapshot that cannot be written changes nothing.
+            snapshot.write(self.dir.config, text, self.generation + 1)
         except ConfigError as exc:
-            message = f"config reload rejected, workers stay at generation {self.generation}: {exc}"
-            log.error("%s", message)
-            return False, message
-        if new.regions != self.config.regions:
-            message = (
-                f"config reload rejected, workers stay at generation {self.generation}: "
-                f"{self.path}: field `regions`: changed, but regions cannot change while running; "
-                "restart to apply"
-            )
-            log.error("%s", message)
-            return False, message
-        try:
-            # The supervisor's own admin listener re-reads its certificate like the workers do.
-            commit_tls = self.listeners.preparer()(self.config, new)
-            if new.health != self.config.health:
-                # Refuses before changing anything (the workers' reload checks the same).
-                self.prober.reconfigure(new.health)
-        except ConfigError as exc:
-            message = f"config reload rejected, workers stay at generation {self.generation}: {exc}"
-            log.error("%s", message)
-            return False, message
-        commit_tls()
-        self.config = new
-        self.auth = Authenticator.from_config(new.auth)
-        self.generation += 1
-        self.signal_all(signal.SIGHUP)
+            return self._rejected(str(exc))
+        except Exception as exc:
+            log.exception("config reload: unexpected error")
+            return self._rejected(f"{self.path}: internal error: {exc!r}")
+        self.reloader.commit(commits)
+        self.live.config = new
+        self.live.generation += 1
+        # After the snapshot: a worker not signalled (still starting) reads it once ready.
+        self._signal_ready(signal.SIGHUP)
         message = (
             f"config reloaded from {self.path} by {len(self.alive())} workers "
             f"(generation {self.generation})"
         )
         log.info("%s", message)
         return True, message
+
+    def _rejected(self, reason: str) -> tuple[bool, str]:
+        message = f"config reload rejected, workers stay at generation {self.generation}: {reason}"
+        log.error("%s", message)
+        return False, message
 
     # ---- lifetime ----
 
@@ -445,9 +465,10 @@ def _preflight(config: Config, path: Path) -> None:
         probe.close()
 
 
-def supervise(config: Config, path: Path, count: int) -> int:
-    """Blocking entry point of `router serve --workers N` (N > 1): the exit code."""
+def supervise(config: Config, path: Path, count: int, text: str) -> int:
+    """Blocking entry point of `router serve --workers N` (N > 1): the exit code. `text`: the
+    file's text `config` was decoded from."""
     _preflight(config, path)
     if config.server.listen.rpartition(":")[2] == "0":
         raise StartupError(f"{path}: field `server.listen`: workers need a fixed port, not 0")
-    return uvloop.run(Supervisor(config, path, count).run())
+    return uvloop.run(Supervisor(config, path, count, text).run())
