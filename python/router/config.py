@@ -504,9 +504,11 @@ class ObservabilityConfig(_Section, frozen=True):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # Format of the access log and the operational logs: JSON lines or plain text.
     log_format: Literal["json", "plain"] = "json"
-    # SLO objectives over a rolling window: TTFT p95 and 5xx ratio.
+    # SLO objectives over a rolling window: TTFT p95 and error ratio (of what the router set out
+    # to serve: clients' own 4xx count for neither).
     slo_ttft_p95_ms: Annotated[float, msgspec.Meta(gt=0)] = 200.0
-    # See slo_ttft_p95_ms: the 5xx ratio objective.
+    # See slo_ttft_p95_ms: the error ratio objective (5xx, regions' 429s passed on, streams
+    # ended by a failure event).
     slo_error_rate: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.001
     # See slo_ttft_p95_ms: the rolling window.
     slo_window_s: Annotated[float, msgspec.Meta(gt=0)] = 300.0

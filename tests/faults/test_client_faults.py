@@ -211,6 +211,9 @@ def test_what_aiohttp_answers_itself_is_in_openais_shape(
         (b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 70000 + b"\r\n\r\n",
          400, "invalid_http"),
         (_request_bytes(body, {"Expect": "bogus"}), 417, "expectation_failed"),
+        # Every route, not only the proxied ones.
+        (b"GET /v1/models HTTP/1.1\r\nHost: x\r\nExpect: foo\r\n\r\n", 417,
+         "expectation_failed"),
         # 100-continue for a body over max_body_bytes: its 413 at once, never a 100 first.
         (_request_bytes(b"", {"Expect": "100-continue"}).replace(
             b"Content-Length: 0", b"Content-Length: 99999999"), 413, "request_too_large"),

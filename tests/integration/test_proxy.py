@@ -505,7 +505,9 @@ def test_a_drain_ends_what_outlasts_it_cleanly(tmp_path: Path) -> None:
     # at the drain's deadline the stream gets one error event and a clean end, the other a
     # 503 to retry, both logged as what they were; the router exits soon after the deadline.
     a = start_sim(tmp_path, "a")
-    text = HEADER.replace("drain_timeout_s = 10.0", "drain_timeout_s = 1.0")
+    text = HEADER.replace("drain_timeout_s = 10.0", "drain_timeout_s = 4.0")
+    # Idle connections are kept long enough that only the drain can close one here.
+    text = text.replace("header_timeout_s = 1.0", "header_timeout_s = 30.0")
     router = start_router(
         tmp_path, text.replace("first_byte = 5.0", "first_byte = 20.0") + region_toml(a)
     )
@@ -515,6 +517,11 @@ def test_a_drain_ends_what_outlasts_it_cleanly(tmp_path: Path) -> None:
         body = json.dumps({"model": MODEL, "messages": MESSAGES, "stream": True, "max_tokens": 500})
         late = {"Content-Type": "application/json", "x-sim-ttft-ms": "15000"}
         whole = json.dumps({"model": MODEL, "messages": MESSAGES})
+        # A client with a kept-alive connection, idle when the drain begins.
+        idle = socket.create_connection(("127.0.0.1", router.port), timeout=10)
+        healthz = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+        idle.sendall(healthz)
+        assert idle.recv(65536).startswith(b"HTTP/1.1 200")
         with httpx.Client(timeout=15) as client:
             waiting = concurrent.futures.ThreadPoolExecutor(1).submit(
                 client.post, url, content=whole, headers=late
@@ -524,20 +531,37 @@ def test_a_drain_ends_what_outlasts_it_cleanly(tmp_path: Path) -> None:
                 assert next(lines).startswith("data: ")
                 router.popen.send_signal(signal.SIGTERM)
                 began = time.monotonic()
+
+                def idle_asks() -> tuple[bytes, float]:
+                    assert wait_until(lambda: not _accepts(router.port), timeout=5.0)
+                    idle.sendall(healthz)
+                    return idle.recv(65536), time.monotonic()
+
+                asked = concurrent.futures.ThreadPoolExecutor(1).submit(idle_asks)
                 rest = [line for line in lines if line]  # ends cleanly: no read error
-            ended_s = time.monotonic() - began
+                stream_ended = time.monotonic()
+            ended_s = stream_ended - began
+            # The idle connection is closed at once (its client goes elsewhere), not left to
+            # swallow a request until the drain ends: its EOF came while the stream still ran.
+            got, closed_at = asked.result(timeout=15)
+            assert got == b""
+            assert closed_at - began < 4.0  # before the drain's end, which closes all
             answer = waiting.result(timeout=15)
+        idle.close()
         assert "data: [DONE]" not in rest
         assert "shutting down" in rest[-1], rest[-3:]
+        assert json.loads(rest[-1].removeprefix("data: "))["error"]["code"] == "shutting_down"
         assert answer.status_code == 503
         assert answer.json()["error"]["code"] == "shutting_down"
         assert router.popen.wait(timeout=15) == 0
-        # Not cut at once (the drain waited its second), nor left to its natural 100 s.
-        assert 0.9 <= ended_s < 30, ended_s
+        # Not cut at once (the drain waited its 4 s), nor left to its natural 100 s.
+        assert 4.0 <= ended_s < 30, ended_s
         lines = router.access_lines(2)
         assert sorted(line["status"] for line in lines) == [200, 503]
         (stream,) = [line for line in lines if line["status"] == 200]
         assert "shutting down" in stream["error"]
+        # Ended by the router's own shutdown: neither is held against the region.
+        assert all(line["drained"] for line in lines)
         assert "Traceback" not in router.output()
     finally:
         router.kill()

@@ -198,11 +198,13 @@ class RequestContext:
         # Cancelled by the end of a drain (Pipeline.shut_down), not by its client leaving.
         self.shut_down = False
 
-    def stream_failure(self, message: str, state: StreamState | EventState) -> bytes:
+    def stream_failure(
+        self, message: str, state: StreamState | EventState, code: str = "upstream_stream_error"
+    ) -> bytes:
         """The event ending a stream the router could not finish (Dialect.stream_failure),
         the failure noted for the access record and the metrics."""
         self.broken = message
-        return self.dialect.stream_failure(message, state)
+        return self.dialect.stream_failure(message, state, code)
 
     @property
     def request(self) -> ParsedRequest:

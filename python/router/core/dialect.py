@@ -98,11 +98,13 @@ class Dialect:
         """A fresh stream state for one relayed stream."""
         return EventState(self.terminal) if self.events else StreamState()
 
-    def stream_failure(self, message: str, state: StreamState | EventState) -> bytes:
+    def stream_failure(
+        self, message: str, state: StreamState | EventState, code: str = "upstream_stream_error"
+    ) -> bytes:
         """The event that ends a stream the router could not finish: one the API's clients
-        treat as a failure, never as a complete answer."""
+        treat as a failure, never as a complete answer (`code` where the API carries one)."""
         if not self.events:
-            return stream_error_event(message)
+            return stream_error_event(message, code)
         if self.anthropic:
             body = anthropic_error_body(500, message)
             return b"event: error\ndata: " + body + b"\n\n"

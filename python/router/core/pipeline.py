@@ -465,13 +465,17 @@ async def _failed(
 
 
 async def _end_begun(
-    request: web.Request, ctx: RequestContext, started: web.StreamResponse, message: str
+    request: web.Request,
+    ctx: RequestContext,
+    started: web.StreamResponse,
+    message: str,
+    code: str = "upstream_stream_error",
 ) -> None:
     """End an answer whose head went out as a failure: a stream with one error event in its
     API's shape and a clean end, any other body by closing the connection (cut short)."""
     if started.content_type == "text/event-stream" and not started._eof_sent:
         with contextlib.suppress(ConnectionError):
-            await started.write(ctx.stream_failure(message, ctx.dialect.tracker()))
+            await started.write(ctx.stream_failure(message, ctx.dialect.tracker(), code))
             await started.write_eof()
     elif request.transport is not None:
         request.transport.close()
@@ -489,7 +493,7 @@ async def _ended_by_shutdown(request: web.Request, ctx: RequestContext) -> web.S
         await _send_whole(request, answer)
         return answer
     started.force_close()
-    await _end_begun(request, ctx, started, message)
+    await _end_begun(request, ctx, started, message, "shutting_down")
     return started
 
 

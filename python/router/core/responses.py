@@ -57,7 +57,7 @@ def failure_response(
     return error_response(error, request_id, anthropic=anthropic)
 
 
-def stream_error_event(message: str) -> bytes:
+def stream_error_event(message: str, code: str = "upstream_stream_error") -> bytes:
     """An SSE event OpenAI SDKs raise as an APIError, for a stream that broke mid-way."""
-    body = UpstreamError(message, code="upstream_stream_error").body()
+    body = UpstreamError(message, code=code).body()
     return b"data: " + body + b"\n\n"

@@ -42,6 +42,8 @@ class AccessRecord(msgspec.Struct, kw_only=True):
     tokens_in: int | None = None
     tokens_out: int | None = None
     error: str | None = None
+    # Ended by the router's own shutdown (a drain's deadline), not by its region or client.
+    drained: bool = False
 
 
 class _Line(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -68,6 +70,8 @@ class _Line(msgspec.Struct, kw_only=True, omit_defaults=True):
     tokens_in: int | None = None
     tokens_out: int | None = None
     error: str | None = None
+    # Ended by the router's own shutdown (a drain's deadline), not by its region or client.
+    drained: bool = False
 
 
 _encode = msgspec.json.Encoder().encode
@@ -95,6 +99,7 @@ def render_json(record: AccessRecord, ts: float) -> str:
         tokens_in=record.tokens_in,
         tokens_out=record.tokens_out,
         error=record.error,
+        drained=record.drained,
     )
     return _encode(line).decode()
 

@@ -21,6 +21,10 @@ _SUMMED_GAUGES = frozenset(
 )
 # The same in every worker: reported once.
 _SAME_GAUGES = frozenset({"router_build_info"})
+# Counters each worker reads from the machine's shared tables (the one prober's ejections):
+# every worker reports the machine's count, so the most any reports is the machine's, and a
+# dead worker's copy is not kept.
+_SHARED_COUNTERS = frozenset({"router_region_ejections"})
 # Per process, meaningless summed: dropped.
 _DROPPED = frozenset({"process_start_time_seconds", "process_max_fds"})
 
@@ -59,7 +63,7 @@ def monotonic_only(text: str) -> str:
     would read as a counter reset and spike every rate())."""
     out: list[str] = []
     for family in text_string_to_metric_families(text):
-        if family.type not in _MONOTONIC or family.name in _DROPPED:
+        if family.type not in _MONOTONIC or family.name in _DROPPED | _SHARED_COUNTERS:
             continue
         out += _head(family.name, family.type, family.documentation)
         for sample in family.samples:
@@ -94,6 +98,8 @@ def merge_metrics(texts: Sequence[str], extra: str = "") -> str:
                 key = (sample.name, tuple(labels.items()))
                 if family.name in _SAME_GAUGES:
                     series[key] = sample.value
+                elif family.name in _SHARED_COUNTERS:
+                    series[key] = max(series.get(key, 0.0), sample.value)
                 else:
                     series[key] = series.get(key, 0.0) + sample.value
     out: list[str] = []

@@ -217,11 +217,13 @@ class Metrics:
         self.failovers += rec.failovers
         self.hedges += rec.hedges
         status = rec.status
+        # The router's own shutdown ended it: no region's failure, no objective's either.
+        drained = rec.drained
         if status == 429:
             self.rate_limited += 1
-        elif status >= 500:
+        elif status >= 500 and not drained:
             self.server_errors[region] = self.server_errors.get(region, 0) + 1
-        broken = rec.error is not None
+        broken = rec.error is not None and not drained
         if broken:
             pair = (region, key[1])
             self.stream_failures[pair] = self.stream_failures.get(pair, 0) + 1
@@ -242,7 +244,7 @@ class Metrics:
                 spent = self.tokens[pair] = [0, 0]
             spent[0] += tokens_in or 0
             spent[1] += tokens_out or 0
-        if self.slo is not None:
+        if self.slo is not None and not drained:
             ttft_s = None if ttft_ns is None else ttft_ns / 1e9
             self.slo.observe(rec.region, status, ttft_s, self._clock(), broken=broken)
 
@@ -432,7 +434,11 @@ def _slo_families(slo: SloTracker, now: float) -> Iterator[Metric]:
         f"Rolling TTFT quantiles over {t.window_s:g} s.",
         labels=["region", "quantile"],
     )
-    errors = GaugeMetricFamily("router_error_rate_rolling", "Rolling 5xx ratio.", labels=["region"])
+    errors = GaugeMetricFamily(
+        "router_error_rate_rolling",
+        "Rolling error ratio: 5xx, regions' 429s passed on, streams ended by a failure event.",
+        labels=["region"],
+    )
     ok = GaugeMetricFamily(
         "router_slo_compliant",
         "1 if the objective is met over the window.",

@@ -73,7 +73,8 @@ class SloStatus:
 
 
 def is_error(status: int) -> bool:
-    """Errors for the SLO are the router's fault (5xx), not the client's (4xx, 429)."""
+    """An answer's status that fails the service (5xx); a client's 4xx is its own (see
+    SloTracker.observe for what else counts)."""
     return status >= 500
 
 
@@ -99,10 +100,15 @@ class SloTracker:
         """Record one finished request; `region` None (a cache hit) counts only overall. A
         client's own error (4xx: a bad key, a bad body, over its limit, gone) is no measure of
         the service and is not counted at all, so a flood of them cannot make either objective
-        look met; a stream ended by a failure event (`broken`) is an error despite its 200."""
+        look met; a region's 429 passed on (every region full) and a stream ended by a failure
+        event (`broken`) are errors despite their status."""
         if 400 <= status < 500:
-            return
-        error = broken or is_error(status)
+            if status != 429 or region is None:
+                return
+            # A region's 429 passed on: every region was full, a failure of the service.
+            error = True
+        else:
+            error = broken or is_error(status)
         self._counts[OVERALL].add(error, now)
         if region is not None:
             counts = self._counts.get(region)

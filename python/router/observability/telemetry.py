@@ -132,6 +132,7 @@ def record_of(
         tokens_in=tokens[0],
         tokens_out=tokens[1],
         error=ctx.broken,
+        drained=ctx.shut_down,
     )
 
 

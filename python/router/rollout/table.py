@@ -205,7 +205,8 @@ class RoutingTable:
         # The target keeps its weight, so rolling a canary forward again later gives it the
         # share asked for; one at weight 0 gets what all of them had.
         weights = {d.version: 0.0 for d in a.deployments}
-        weights[target] = a.deployment(target).weight or sum(d.weight for d in a.deployments)
+        total = sum(d.weight for d in a.deployments)
+        weights[target] = a.deployment(target).weight or min(total, MAX_WEIGHT)
         return self.with_weights(name, weights)
 
     def _with_alias(self, alias: Alias) -> RoutingTable:

@@ -147,6 +147,8 @@ def build_app(
     `span_exporter` replaces the OTLP exporter (tests); `shared_stdout`: sibling workers
     write to the same stdout; `machine`: what the workers of the machine share (limits and
     admission counts, region health, the supervisor's machine view)."""
+    # Before any route exists: routes take aiohttp's default Expect handler when made.
+    hide_versions()
     # client_max_size is a backstop; read_body enforces max_body_bytes with a proper 413.
     app = web.Application(client_max_size=config.server.max_body_bytes + 1)
     # With an admin listener, operator routes live on their own app so the client listener
@@ -267,7 +269,6 @@ def build_app(
         # Outermost, so the request span sees the status every other layer settled on.
         app.middlewares.append(tracing.middleware())
     app.middlewares.append(error_middleware(pipeline.unknown))
-    hide_versions()
     # 100-continue only for a body that fits (else its 413 at once); other expectations: 417.
     expect = http_errors.expect_handler(lambda: live.config.server.max_body_bytes)
     for endpoint in DIALECTS:

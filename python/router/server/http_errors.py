@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 
-from aiohttp import HttpVersion11, web, web_protocol, web_response
+from aiohttp import HttpVersion11, web, web_protocol, web_response, web_urldispatcher
 
 from router.errors import ApiError, PayloadTooLarge
 
@@ -26,6 +26,8 @@ def install(server_header: str) -> None:
     versions, and an unparsable request gets a JSON error (aiohttp's is text/plain)."""
     web_response.SERVER_SOFTWARE = server_header  # type: ignore[attr-defined]
     web_protocol.RequestHandler.handle_error = _handle_error  # type: ignore[method-assign]
+    # Every route made from now on without its own: 100-continue, or a JSON 417.
+    web_urldispatcher._default_expect_handler = _continue  # type: ignore[assignment]
 
 
 def _handle_error(
@@ -64,30 +66,33 @@ def expect_handler(max_body: Callable[[], int]) -> ExpectHandler:
     shape."""
 
     async def expect(request: web.Request) -> web.StreamResponse | None:
-        if request.version != HttpVersion11:
-            return None
-        expectation = request.headers.get("Expect", "").lower()
-        if expectation != "100-continue":
-            return _error(
-                ApiError(
-                    "Only `Expect: 100-continue` is supported.",
-                    status=417,
-                    type="invalid_request_error",
-                    code="expectation_failed",
-                )
-            )
         declared = request.content_length
         limit = max_body()
-        if declared is not None and declared > limit:
+        if request.version == HttpVersion11 and declared is not None and declared > limit:
             return _error(
                 PayloadTooLarge(f"Request body is {declared} bytes; the limit is {limit}.")
             )
-        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        # Not the answer's bytes (aiohttp's own handler resets the count too).
-        request.writer.output_size = 0
-        return None
+        return await _continue(request)
 
     return expect
+
+
+async def _continue(request: web.BaseRequest) -> web.StreamResponse | None:
+    """aiohttp's default Expect handler, its 417 in OpenAI's shape."""
+    if request.version != HttpVersion11:
+        return None
+    if request.headers.get("Expect", "").lower() != "100-continue":
+        error = ApiError(
+            "Only `Expect: 100-continue` is supported.",
+            status=417,
+            type="invalid_request_error",
+            code="expectation_failed",
+        )
+        return _error(error)
+    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    # Not the answer's bytes (aiohttp's own handler resets the count too).
+    request.writer.output_size = 0
+    return None
 
 
 def _error(error: ApiError) -> web.Response:

@@ -152,8 +152,14 @@ async def drain_after_stop(runner: web.AppRunner, pipeline: Pipeline, within_s: 
     503 for one not answered yet) and give them a moment to send it."""
     for site in list(runner.sites):
         await site.stop()
-    if runner.server is not None:
-        runner.server.pre_shutdown()
+    server = runner.server
+    if server is not None:
+        server.pre_shutdown()
+        # That stops an idle connection's reading but leaves its socket open: a request sent
+        # on it would wait out the drain unanswered. Closed now, its client goes elsewhere.
+        for conn in server.connections:
+            if not conn._request_in_progress:
+                conn.force_close()
     if await pipeline.settle(within_s):
         ended = pipeline.shut_down()
         log.warning(

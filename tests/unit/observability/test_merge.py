@@ -110,3 +110,16 @@ def test_monotonic_only_keeps_counters_and_histograms_not_gauges() -> None:
         "router_region_in_flight": "gauge",
     }
     assert monotonic_only("") == ""
+
+
+def test_a_counter_read_from_the_machines_tables_is_the_machines_not_a_sum() -> None:
+    # Every worker reports the one prober's ejections: 3 is the machine's count, not 3 x 3,
+    # and a dead worker's copy is not kept on top.
+    text = (
+        "# HELP router_region_ejections_total Times the region was ejected.\n"
+        "# TYPE router_region_ejections_total counter\n"
+        'router_region_ejections_total{region="a"} 3.0\n'
+    )
+    merged = merge_metrics([text, text, monotonic_only(text)])
+    assert 'router_region_ejections_total{region="a"} 3.0' in merged
+    assert monotonic_only(text) == ""

@@ -137,3 +137,19 @@ def test_unknown_models_never_take_label_space() -> None:
     labels = {"region": "eu", "status": "200", "cache": "miss"}
     assert sample(m, "router_requests_total", model=OTHER, **labels) == 1
     assert sample(m, "router_requests_total", model="m", **labels) == 1
+
+
+def test_what_a_drain_ended_is_no_regions_failure() -> None:
+    slo = SloTracker(SloTargets(window_s=60.0))
+    m = Metrics(slo=slo, clock=lambda: 1.0)
+    m.observe(record(status=503, region="eu", drained=True))
+    m.observe(record(error="The router is shutting down; retry the request.", drained=True))
+    m.observe(record(error="The region stopped mid-stream (idle)."))
+    assert sample(m, "router_server_errors_total", region="eu") is None
+    assert sample(m, "router_stream_failures_total", region="eu", model="m") == 1
+    # Counted as requests; for the objectives only the region's own broken stream.
+    assert (
+        sample(m, "router_requests_total", region="eu", model="m", status="503", cache="miss") == 1
+    )
+    eu = slo.status("eu", 1.0)
+    assert (eu.requests, eu.errors) == (1, 1)

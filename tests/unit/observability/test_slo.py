@@ -75,3 +75,13 @@ def test_a_broken_stream_is_an_error_despite_its_200() -> None:
     slo.observe("eu", 200, 0.05, 1.0, broken=True)
     eu = slo.status("eu", 1.0)
     assert (eu.requests, eu.errors, eu.errors_ok) == (2, 1, False)
+
+
+def test_a_regions_429_passed_on_is_an_error_the_routers_own_is_not() -> None:
+    slo = SloTracker(SloTargets(error_rate=0.1, window_s=60.0))
+    slo.observe("eu", 200, 0.05, 1.0)
+    slo.observe("eu", 429, None, 1.0)  # every region full: the region's 429 passed on
+    slo.observe(None, 429, None, 1.0)  # the key over its own limit
+    overall = slo.status(OVERALL, 1.0)
+    assert (overall.requests, overall.errors) == (2, 1)
+    assert slo.status("eu", 1.0).errors == 1

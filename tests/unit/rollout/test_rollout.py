@@ -331,3 +331,9 @@ def test_hash_to_unit_stays_strictly_inside_zero_one() -> None:
         u = unit_of(h)
         assert 0.0 < u < 1.0
         assert -math.log(u) > 0
+
+
+def test_a_rollback_to_a_version_at_weight_0_fits_the_weight_bound() -> None:
+    rollout = Rollout(RoutingTable.build([alias(0.0, 1e9, 1e9)]))
+    rollout.rollback("chat-default")
+    assert rollout.table.alias("chat-default").weights() == {"v1": 1e9, "v2": 0.0, "v3": 0.0}
