@@ -160,7 +160,7 @@ def build_app(
     app[CONFIG] = ops[CONFIG] = config
     state = app[STATE] = ops[STATE] = RouterState()
     live = LiveConfig(config, config_path, generation)
-    reloader = app[RELOADER] = ops[RELOADER] = Reloader(live)
+    reloader = app[RELOADER] = ops[RELOADER] = Reloader(live, snapshot=machine is not None)
     app.cleanup_ctx.append(sighup_ctx(reloader))
     pools = app[POOLS] = RegionPools.opening(config)
     app.cleanup_ctx.append(pools.lifetime)

@@ -3,14 +3,11 @@ parse, and an `Expect` header (100-continue only once the declared body fits).""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable
 
 from aiohttp import HttpVersion11, web, web_protocol, web_response, web_urldispatcher
 
 from router.errors import ApiError, PayloadTooLarge
-
-log = logging.getLogger("router")
 
 # A fixed message per status: the parser's own would echo the client's bytes back.
 _UNPARSABLE = {
@@ -37,13 +34,10 @@ def _handle_error(
     exc: BaseException | None = None,
     message: str | None = None,
 ) -> web.StreamResponse:
-    """aiohttp's handle_error, answering in OpenAI's shape with the connection closed; a
-    client's garbage is logged at debug (a scanner on the port is no operator's error), a 5xx
-    with its traceback."""
-    if status >= 500:
-        log.error("error handling a request from %s", request.remote, exc_info=exc)
-    else:
-        log.debug("unparsable request from %s: %r", request.remote, exc)
+    """aiohttp's handle_error, answering in OpenAI's shape with the connection closed; logged
+    as aiohttp logs it (observability.logs shortens that to one rate-limited line without the
+    client's bytes)."""
+    self.log_exception("Error handling request from %s", request.remote, exc_info=exc)
     if request.writer.output_size > 0:
         # Part of an answer went out already: the connection is broken, as aiohttp says.
         raise ConnectionError("an answer was sent already; cannot send an error after it")

@@ -26,7 +26,7 @@ def supervisor_reloader(
     """A Reloader for the supervisor: its commits change its own admin token check (tenant
     keys only), its prober's [health] and its admin listener's certificate; every other
     preparer only checks. Regions changes are refused (no preparer takes them)."""
-    reloader = Reloader(live)
+    reloader = Reloader(live, refuse_restart_only=True)
     reloader.register("rollout", _checking(table_from_config), ("rollout", "models"))
     reloader.register("auth", _auth_preparer(auth), ("auth",))
     reloader.register("health", health_preparer(health), ("health",))

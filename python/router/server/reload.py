@@ -67,8 +67,16 @@ class ReloadResult:
 class Reloader:
     """Reloads `live.path` on demand; components register how to take a new config."""
 
-    def __init__(self, live: LiveConfig) -> None:
+    def __init__(
+        self, live: LiveConfig, *, snapshot: bool = False, refuse_restart_only: bool = False
+    ) -> None:
         self.live = live
+        # A supervised worker's: its file is the supervisor's snapshot, whose first line names
+        # the generation (any other file's first line is only a comment).
+        self.snapshot = snapshot
+        # The supervisor's: a change that only a restart applies is refused, not put off, since
+        # a worker restarted later would run it beside workers that do not.
+        self.refuse_restart_only = refuse_restart_only
         self._preparers: list[tuple[str, Preparer]] = []
         self._handled: set[str] = set(_LIVE_SECTIONS)
 
@@ -87,7 +95,7 @@ class Reloader:
             return self._reject("no config file to reload (started without --config)")
         try:
             text = read(path)
-            generation = snapshot.generation(text)
+            generation = snapshot.generation(text) if self.snapshot else None
             if generation is not None and generation <= self.live.generation:
                 message = f"{path}: generation {generation} already applied"
                 log.debug("%s", message)
@@ -107,6 +115,14 @@ class Reloader:
                 f"{source}: field `{blocking[0]}`: changed, but this router cannot add, remove or "
                 "change regions while running; restart it to apply"
             )
+        if self.refuse_restart_only:
+            later = self.restart_only(self.live.config, new)
+            if later:
+                raise ConfigError(
+                    f"{source}: field `{later[0]}`: changed, but it takes effect only on restart, "
+                    "and a worker restarted later would run it beside workers that do not; "
+                    "restart the router to apply it (or leave it as it is to reload the rest)"
+                )
         commits: list[Commit] = []
         for name, prepare in self._preparers:
             try:
@@ -141,26 +157,38 @@ class Reloader:
         self.commit(commits)
         self.live.config = new
         self.live.generation = self.live.generation + 1 if generation is None else generation
-        unapplied = sorted(_changed_sections(old, new) - self._handled)
-        for section in unapplied:
-            log.warning(
-                "config reload: [%s] changed but is not hot-reloadable; it takes effect on restart",
-                section,
-            )
-        for section, key in _RESTART_ONLY:
+        for field in self.restart_only(old, new):
+            if "." not in field:
+                log.warning(
+                    "config reload: [%s] changed but is not hot-reloadable; it takes effect on "
+                    "restart",
+                    field,
+                )
+                continue
+            section, key = field.split(".")
             before = getattr(getattr(old, section), key)
             after = getattr(getattr(new, section), key)
-            if before != after:
-                log.warning(
-                    "config reload: %s.%s changed (%r -> %r); it takes effect on restart",
-                    section,
-                    key,
-                    before,
-                    after,
-                )
+            log.warning(
+                "config reload: %s changed (%r -> %r); it takes effect on restart",
+                field,
+                before,
+                after,
+            )
         message = f"config reloaded from {source} (generation {self.live.generation})"
         log.info("%s", message)
         return ReloadResult(applied=True, generation=self.live.generation, message=message)
+
+    def restart_only(self, old: Config, new: Config) -> list[str]:
+        """What `new` changes that only a restart applies: sections no component takes, the
+        [server] and [timeouts] fields fixed when sockets and pools open, TLS on or off."""
+        fields = sorted(_changed_sections(old, new) - self._handled)
+        for section, key in _RESTART_ONLY:
+            if getattr(getattr(old, section), key) != getattr(getattr(new, section), key):
+                fields.append(f"{section}.{key}")
+        for key in ("tls", "admin_tls"):
+            if (getattr(old.server, key) is None) != (getattr(new.server, key) is None):
+                fields.append(f"server.{key}")
+        return fields
 
     def _reject(self, reason: str) -> ReloadResult:
         message = (

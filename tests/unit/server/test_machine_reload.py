@@ -3,6 +3,7 @@ changes; a worker takes the generation its snapshot names."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -78,7 +79,10 @@ def test_a_snapshot_names_its_generation_and_a_worker_takes_it(tmp_path: Path) -
     assert snapshot.generation(BASE) is None
     assert [p.name for p in tmp_path.iterdir()] == ["config.toml"]
     config: Config = loads(text)
-    reloader = Reloader(LiveConfig(config, path, generation=3))
+    # Another router's file with the same first line is only a comment: a full reload.
+    alone = Reloader(LiveConfig(config, path, generation=3))
+    assert alone.reload().generation == 4
+    reloader = Reloader(LiveConfig(config, path, generation=3), snapshot=True)
     # The generation it runs: nothing to do.
     assert reloader.reload().generation == 3
     assert reloader.live.config is config
@@ -87,3 +91,20 @@ def test_a_snapshot_names_its_generation_and_a_worker_takes_it(tmp_path: Path) -
     result = reloader.reload()
     assert (result.applied, result.generation) == (True, 5)
     assert reloader.live.config.auth.keys[0].tenant == "b"
+
+
+@pytest.mark.parametrize(
+    ("edit", "field"),
+    [
+        (lambda t: '[server]\nlisten = "127.0.0.1:9999"\n' + t, "server.listen"),
+        (lambda t: t + '\n[observability]\nlog_level = "debug"\n', "observability"),
+        (lambda t: t + "\n[limits]\ndefault_max_tokens = 7\n", "limits"),
+    ],
+)
+def test_what_only_a_restart_applies_is_refused_with_workers(
+    edit: Callable[[str], str], field: str
+) -> None:
+    # A worker restarted later would run it beside the others: refused, naming the field.
+    reloader, _, _ = _supervisor()
+    with pytest.raises(ConfigError, match=f"field `{field}`: changed, but it takes effect only"):
+        reloader.prepare(loads(edit(BASE)), "router.toml")
