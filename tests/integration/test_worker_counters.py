@@ -8,20 +8,22 @@ import signal
 
 import pytest
 
-from tests.integration.conftest import RouterFactory, SimFactory, regions_toml
-from tests.integration.test_workers import _chat, _children, _metrics, _series, _until
-from tests.support import free_port, wait_for_port
+from tests.integration.conftest import RouterFactory, SimFactory
+from tests.integration.test_workers import (
+    _chat,
+    _children,
+    _metrics,
+    _series,
+    _until,
+    two_workers,
+)
 
 
 @pytest.mark.timeout(120)
 def test_counters_keep_what_a_dead_worker_counted(
     sim_region: SimFactory, router_proc: RouterFactory
 ) -> None:
-    admin = free_port()
-    header = f'[server]\nadmin_listen = "127.0.0.1:{admin}"\nworkers = 2\n'
-    router = router_proc(regions_toml(sim_region("a"), header=header))
-    wait_for_port(admin, proc=router.popen)
-    _until(lambda: len(_children(router.popen.pid)) == 2, "two workers")
+    router, admin = two_workers(sim_region, router_proc)
     assert [_chat(router) for _ in range(20)] == [200] * 20
     _until(lambda: sum(_series(_metrics(admin), "router_requests_total")) == 20, "20 counted")
     seen = _metrics(admin)

@@ -122,10 +122,9 @@ def test_workers_dying_as_they_start_stop_the_supervisor_with_exit_1(
     assert "giving up" in router.output()
 
 
-@pytest.mark.timeout(120)
-def test_two_workers_share_the_port_restart_reload_and_stop(
-    sim_region: SimFactory, router_proc: RouterFactory
-) -> None:
+def two_workers(sim_region: SimFactory, router_proc: RouterFactory) -> tuple[Proc, int]:
+    """A supervisor with 2 workers in front of sim region `a`, both started, and the port of
+    its admin listener (the machine's /metrics and /admin)."""
     admin = free_port()
     header = f'[server]\nadmin_listen = "127.0.0.1:{admin}"\nworkers = 2\n'
     router = router_proc(regions_toml(sim_region("a"), header=header))
@@ -133,6 +132,14 @@ def test_two_workers_share_the_port_restart_reload_and_stop(
     _until(lambda: len(_children(router.popen.pid)) == 2, "two workers")
     for _ in range(2):
         wait_for_port(router.port, proc=router.popen)
+    return router, admin
+
+
+@pytest.mark.timeout(120)
+def test_two_workers_share_the_port_restart_reload_and_stop(
+    sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    router, admin = two_workers(sim_region, router_proc)
     assert [_chat(router) for _ in range(20)] == [200] * 20
 
     # The admin listener is the machine: every worker's requests, both workers' views.
