@@ -525,6 +525,11 @@ class ObservabilityConfig(_Section, frozen=True):
     trace_sample_ratio: Annotated[float, msgspec.Meta(ge=0, le=1)] = 1.0
 
 
+# A version's weight at most: weights are relative, and past this a sticky key's score (weight /
+# -ln(u)) or the weights' sum could overflow to infinity, where ties pick the first version.
+MAX_WEIGHT = 1e9
+
+
 class DeploymentConfig(_Section, frozen=True):
     """One [[rollout.models.<alias>.deployments]] entry: a version of an alias."""
 
@@ -535,7 +540,7 @@ class DeploymentConfig(_Section, frozen=True):
     # Regions allowed to serve this version; empty means every region serving `model`.
     regions: tuple[str, ...] = ()
     # Share of the alias's traffic this version gets (relative to the others).
-    weight: Annotated[float, msgspec.Meta(ge=0, le=1e9)] = 0.0
+    weight: Annotated[float, msgspec.Meta(ge=0, le=MAX_WEIGHT)] = 0.0
 
 
 class RolloutModelConfig(_Section, frozen=True):

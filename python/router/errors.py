@@ -26,8 +26,6 @@ class ApiError(RouterError):
     status: int = 500
     type: str = "server_error"
     code: str | None = None
-    # The connection closes after this answer (what follows on it cannot be read).
-    close: bool = False
 
     def __init__(
         self,
@@ -38,9 +36,12 @@ class ApiError(RouterError):
         code: str | None = None,
         param: str | None = None,
         headers: Mapping[str, str] | None = None,
+        close: bool = False,
     ) -> None:
         super().__init__(message)
         self.message = message
+        # The connection closes after this answer (what follows on it cannot be read).
+        self.close = close
         if status is not None:
             self.status = status
         if type is not None:

@@ -487,8 +487,7 @@ async def _ended_by_shutdown(request: web.Request, ctx: RequestContext) -> web.S
     message = "The router is shutting down; retry the request."
     started = ctx.answer
     if started is None:
-        error = Unavailable(message, code="shutting_down", headers={"Retry-After": "1"})
-        error.close = True
+        error = Unavailable(message, code="shutting_down", headers={"Retry-After": "1"}, close=True)
         answer = error_response(error, ctx.request_id, anthropic=ctx.dialect.anthropic)
         await _send_whole(request, answer)
         return answer

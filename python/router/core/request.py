@@ -235,13 +235,12 @@ def unreadable_body(request: web.BaseRequest) -> InvalidRequest:
     chunk that does not parse). Its parser has stopped, so the connection closes after the
     answer; the body counts as read, so aiohttp does not read on into the same error again."""
     request.content.feed_eof()
-    error = InvalidRequest(
+    return InvalidRequest(
         "Request body could not be read as sent (its Content-Encoding or chunked framing is "
         "malformed).",
         code="invalid_body",
+        close=True,
     )
-    error.close = True
-    return error
 
 
 def _invalid(exc: msgspec.MsgspecError) -> InvalidRequest:

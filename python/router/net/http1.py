@@ -511,6 +511,11 @@ class Pool:
                 waiter.set_result(None)
                 return
 
+    def _drop_idle(self) -> None:
+        for conn in list(self._idle):
+            conn.abort()
+            self.forget(conn)
+
     @property
     def idle_count(self) -> int:
         """Connections kept alive for the next request."""
@@ -521,16 +526,12 @@ class Pool:
         now, in-flight ones when their exchange ends; a request that still uses the pool gets
         a fresh connection, closed after it."""
         self.retiring = True
-        for conn in list(self._idle):
-            conn.abort()
-            self.forget(conn)
+        self._drop_idle()
 
     async def close(self) -> None:
         """Close idle connections; in-flight ones close when their exchange ends."""
         self.closed = True
-        for conn in list(self._idle):
-            conn.abort()
-            self.forget(conn)
+        self._drop_idle()
         for waiter in self._waiters:
             if not waiter.done():
                 waiter.set_exception(ClientError("the region's connection pool is closed"))

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
-from router.config import Config
+from router.config import MAX_WEIGHT, Config
 from router.errors import InvalidRequest, NotFound, Unavailable
 
 VERSION_HEADER = "x-router-model-version"
@@ -51,11 +51,6 @@ class Alias:
     def weights(self) -> dict[str, float]:
         """Version tag -> weight."""
         return {d.version: d.weight for d in self.deployments}
-
-
-# Weights are relative; past this a sticky key's score (weight / -ln(u)) or the weights' sum
-# could overflow to infinity, and infinities tie (the first version would win them all).
-MAX_WEIGHT = 1e9
 
 
 def validate_alias(alias: Alias) -> None:

@@ -76,15 +76,6 @@ PIPELINE: web.AppKey[Pipeline] = web.AppKey("pipeline")
 # The app behind `admin_listen` (/metrics, /status*, /admin/*), set only when that is configured;
 # it shares every feature with the client app and starts after it.
 ADMIN_APP: web.AppKey[web.Application] = web.AppKey("admin_app")
-# What the Server header says: no Python or aiohttp version for a scanner to match.
-SERVER_HEADER = "router"
-
-
-def hide_versions() -> None:
-    """aiohttp fills in `Server: Python/x aiohttp/y` on every response, and answers a request
-    it cannot parse in text/plain, before any app hook runs: its module defaults are the one
-    place that covers them all (server.http_errors)."""
-    http_errors.install(SERVER_HEADER)
 
 
 def error_middleware(unknown: Handler | None = None) -> Middleware:
@@ -148,7 +139,7 @@ def build_app(
     write to the same stdout; `machine`: what the workers of the machine share (limits and
     admission counts, region health, the supervisor's machine view)."""
     # Before any route exists: routes take aiohttp's default Expect handler when made.
-    hide_versions()
+    http_errors.install()
     # client_max_size is a backstop; read_body enforces max_body_bytes with a proper 413.
     app = web.Application(client_max_size=config.server.max_body_bytes + 1)
     # With an admin listener, operator routes live on their own app so the client listener

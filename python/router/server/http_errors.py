@@ -18,10 +18,15 @@ _UNPARSABLE = {
 }
 
 
-def install(server_header: str) -> None:
-    """aiohttp's module defaults, the one place covering its own answers: `Server` names no
-    versions, and an unparsable request gets a JSON error (aiohttp's is text/plain)."""
-    web_response.SERVER_SOFTWARE = server_header  # type: ignore[attr-defined]
+# What the Server header says: no Python or aiohttp version for a scanner to match.
+SERVER_HEADER = "router"
+
+
+def install() -> None:
+    """aiohttp's module defaults, the one place covering its own answers (written before any
+    app hook runs): `Server` names no versions, and an unparsable request or an unknown
+    `Expect` gets a JSON error (aiohttp's is text/plain). Call before any route is made."""
+    web_response.SERVER_SOFTWARE = SERVER_HEADER  # type: ignore[attr-defined]
     web_protocol.RequestHandler.handle_error = _handle_error  # type: ignore[method-assign]
     # Every route made from now on without its own: 100-continue, or a JSON 417.
     web_urldispatcher._default_expect_handler = _continue  # type: ignore[assignment]
@@ -46,9 +51,7 @@ def _handle_error(
     else:
         text = _UNPARSABLE.get(status, "The request could not be read.")
         error = ApiError(text, status=status, type="invalid_request_error", code="invalid_http")
-    response = web.Response(status=status, body=error.body(), content_type="application/json")
-    response.force_close()
-    return response
+    return _error(error)
 
 
 ExpectHandler = Callable[[web.Request], Awaitable[web.StreamResponse | None]]
@@ -90,6 +93,7 @@ async def _continue(request: web.BaseRequest) -> web.StreamResponse | None:
 
 
 def _error(error: ApiError) -> web.Response:
+    """`error` in OpenAI's shape, the connection closed after it."""
     response = web.Response(status=error.status, body=error.body(), content_type="application/json")
     response.force_close()
     return response

@@ -46,8 +46,8 @@ from router.observability.merge import merge_metrics, merge_status, monotonic_on
 from router.routing import shared_pins
 from router.routing.admin import admin_change
 from router.routing.machine_prober import MachineProber
-from router.server import snapshot
-from router.server.app import error_middleware, hide_versions
+from router.server import http_errors, snapshot
+from router.server.app import error_middleware
 from router.server.machine import MachineDir
 from router.server.machine_reload import supervisor_reloader
 from router.server.reload import LiveConfig
@@ -278,7 +278,7 @@ class Supervisor:
         """The machine's operator routes: on the private socket the workers pass the client
         listener's to, and on admin_listen when set."""
         listen = self.config.server.admin_listen
-        hide_versions()
+        http_errors.install()
         # Errors (aiohttp's 404/405/413 included) in OpenAI's shape, as the workers answer them.
         app = web.Application(middlewares=[error_middleware()])
         app.router.add_get("/metrics", self._metrics)
