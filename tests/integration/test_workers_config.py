@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from router.access.auth import hash_key
 from tests.integration.conftest import MODEL, RouterFactory, SimFactory, region_toml, sim_stats
 from tests.integration.test_workers import (
     _all_serving,
@@ -95,15 +96,9 @@ def _kill_one_worker(router: Proc, workers: int) -> None:
 def _aliased_config(sim: Proc, target: str) -> str:
     return (
         "[server]\nworkers = 2\n"
-        f'[auth]\nenabled = false\nadmin_token_sha256 = "{_hash(ADMIN)}"\n'
+        f'[auth]\nenabled = false\nadmin_token_sha256 = "{hash_key(ADMIN)}"\n'
         f'[models]\naliases = {{ chat = "{target}" }}\n' + region_toml(sim, models=(MODEL, "sim-2"))
     )
-
-
-def _hash(key: str) -> str:
-    from router.access.auth import hash_key
-
-    return hash_key(key)
 
 
 @pytest.mark.timeout(120)
@@ -175,8 +170,8 @@ def _keyed_machine(sim_region: SimFactory, router_proc: RouterFactory) -> tuple[
     config = (
         f'[server]\nworkers = 2\nadmin_listen = "127.0.0.1:{admin}"\n'
         "[health]\ninterval_s = 0.2\n"
-        f'[auth]\nadmin_token_sha256 = "{_hash(ADMIN)}"\n'
-        f'[[auth.keys]]\nsha256 = "{_hash(KEY)}"\ntenant = "t"\n' + region_toml(region)
+        f'[auth]\nadmin_token_sha256 = "{hash_key(ADMIN)}"\n'
+        f'[[auth.keys]]\nsha256 = "{hash_key(KEY)}"\ntenant = "t"\n' + region_toml(region)
     )
     router = router_proc(config)
     wait_for_port(admin, proc=router.popen)
@@ -193,7 +188,7 @@ def test_a_new_admin_token_is_refused_by_the_supervisor_as_by_the_workers(
     good = path.read_text()
     # Every worker refuses it (restart-only): had the supervisor taken it, /admin/* would
     # take neither token.
-    path.write_text(good.replace(_hash(ADMIN), _hash(OTHER_ADMIN)))
+    path.write_text(good.replace(hash_key(ADMIN), hash_key(OTHER_ADMIN)))
     status, body = _admin(admin, "POST", "/admin/reload", ADMIN)
     assert status == 400, body
     assert body["error"]["code"] == "invalid_config"
@@ -219,7 +214,7 @@ def test_a_key_listed_twice_is_refused_before_anything_changes(
     path = _config_path(router, tmp_path)
     good = path.read_text()
     # With [health] probing switched off in the same file: nothing of it may apply.
-    twice = f'[[auth.keys]]\nsha256 = "{_hash(KEY)}"\ntenant = "u"\n'
+    twice = f'[[auth.keys]]\nsha256 = "{hash_key(KEY)}"\ntenant = "u"\n'
     broken = good.replace("interval_s = 0.2\n", "interval_s = 0.2\nenabled = false\n")
     path.write_text(broken.replace("[[regions]]", twice + "[[regions]]", 1))
     status, body = _admin(admin, "POST", "/admin/reload", ADMIN)
