@@ -56,6 +56,11 @@ from tests.support import Proc, spawn
 
 from router.net import http1
 
+try:
+    from router.server import dispatch
+except ImportError:  # a baseline tree from before it
+    dispatch = None  # type: ignore[assignment]
+
 # (segment, what it holds), in request order; each runs from its stamp to the next one's.
 SEGMENTS = (
     ("front", "aiohttp: request head parsed, request objects, handler task"),
@@ -121,6 +126,21 @@ def _instrument(stamps: _Stamps, stream: bool) -> None:
         stamps.point(1)
         return await handle(self, request)
 
+    # The router's own dispatch of its forwarded routes (router.server.dispatch, in trees that
+    # have it) replaces the app's _handle: the dispatch point is its start instead.
+    install = getattr(dispatch, "install", None) if dispatch is not None else None
+
+    def install_stamped(app: web_app.Application, *args: Any) -> None:
+        assert install is not None
+        install(app, *args)
+        fast = app._handle
+
+        async def stamped(request: Any) -> Any:
+            stamps.point(1)
+            return await fast(request)
+
+        app._handle = stamped  # type: ignore[method-assign]
+
     # The end: aiohttp has sent the handler's answer (the router sends a whole one itself
     # before its bookkeeping, and so does router-core, the same pipeline).
     finish = web_protocol.RequestHandler.finish_response
@@ -145,6 +165,8 @@ def _instrument(stamps: _Stamps, stream: bool) -> None:
 
     web_protocol.RequestHandler.data_received = data_received  # type: ignore[method-assign]
     web_app.Application._handle = _handle  # type: ignore[method-assign]
+    if install is not None:
+        dispatch.install = install_stamped  # type: ignore[union-attr]
     web_protocol.RequestHandler.finish_response = finish_response  # type: ignore[method-assign,assignment]
     http1._Connection.send = around(http1._Connection.send, 2, 3)  # type: ignore[method-assign]
     if stream:

@@ -46,7 +46,7 @@ from router.routing.runtime import (
     routing_headers,
     selector,
 )
-from router.server import http_errors, reload
+from router.server import dispatch, http_errors, reload
 from router.server import models as served
 from router.server.machine import Machine, add_machine_routes
 from router.server.pools import POOLS, RegionPools, regions_preparer
@@ -259,11 +259,17 @@ def build_app(
     if tracing is not None:
         # Outermost, so the request span sees the status every other layer settled on.
         app.middlewares.append(tracing.middleware())
-    app.middlewares.append(error_middleware(pipeline.unknown))
+    errors = error_middleware(pipeline.unknown)
+    app.middlewares.append(errors)
     # 100-continue only for a body that fits (else its 413 at once); other expectations: 417.
     expect = http_errors.expect_handler(lambda: live.config.server.max_body_bytes)
-    for endpoint in DIALECTS:
-        app.router.add_post(endpoint, pipeline.handler(endpoint), expect_handler=expect)
+    forwarded = {
+        endpoint: app.router.add_post(endpoint, pipeline.handler(endpoint), expect_handler=expect)
+        for endpoint in DIALECTS
+    }
+    if tracing is None:
+        # The error middleware is the only one: the forwarded routes skip aiohttp's resolve.
+        dispatch.install(app, forwarded, errors)
     # A stored Responses API response, asked for again at the region that holds it.
     stored = RESPONSES + "/{id}"
     app.router.add_get(stored, pipeline.stored)
