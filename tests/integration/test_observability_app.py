@@ -22,6 +22,7 @@ from router.server.reload import LiveConfig
 
 REGION = RegionConfig(name="a", base_url="http://127.0.0.1:9/v1", models=("m",))
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+JSON = {"Content-Type": "application/json"}
 
 
 class BrokenLog(AccessLog):
@@ -79,3 +80,29 @@ async def test_disabled_builds_nothing() -> None:
         assert resp.status == 200
         assert "Server-Timing" not in resp.headers
         assert (await client.get("/metrics")).status == 404
+
+
+async def test_a_request_failing_inside_a_stage_still_shows_that_stage() -> None:
+    observer = observability.build(ObservabilityConfig(), ["a"])
+    assert observer is not None
+    records: list[AccessRecord] = []
+
+    class Kept(AccessLog):
+        def emit(self, record: AccessRecord) -> None:
+            records.append(record)
+
+    observer.telemetry.log = Kept(stream=io.StringIO())
+    async with TestClient(TestServer(app_with(observer), host="127.0.0.1")) as client:
+        # A body that does not decode fails inside the parse stage.
+        resp = await client.post(
+            CHAT, data=b"\x1f\x8b not gzip", headers={"Content-Encoding": "gzip", **JSON}
+        )
+        assert resp.status == 400
+        assert (await resp.json())["error"]["code"] == "invalid_body"
+        assert "parse;dur=" in resp.headers["Server-Timing"]
+        # Not JSON at all: parse too.
+        resp = await client.post(CHAT, data=b"{", headers=JSON)
+        assert resp.status == 400
+        assert "parse;dur=" in resp.headers["Server-Timing"]
+    assert [sorted(r.stages) for r in records] == [["parse", "total", "ttft"]] * 2
+    observer.telemetry.log.close()

@@ -183,6 +183,7 @@ class Pipeline:
             await _send_whole(request, answer)
             return answer
         except asyncio.CancelledError:
+            ctx.timer.end_open()
             if not ctx.shut_down:
                 status = CLIENT_CLOSED
                 answer = None
@@ -443,6 +444,8 @@ async def _failed(
     gets one error event in the API's shape and a clean end, any other body a closed
     connection (the client sees it cut short); a client that left is let go.
     """
+    # The stage it failed in ends here: its time shows in Server-Timing and the access record.
+    ctx.timer.end_open()
     started = ctx.answer
     anthropic = ctx.dialect.anthropic
     if started is None:

@@ -86,6 +86,11 @@ class StageTimer:
             durations = self.durations
             durations[name] = durations.get(name, 0) + time.perf_counter_ns() - began
 
+    def end_open(self) -> None:
+        """Stop every stage still timing (a request that failed inside one)."""
+        for name in list(self._open):
+            self.end(name)
+
     def record(self, name: str, duration_ns: int) -> None:
         """Add a stage measured elsewhere."""
         durations = self.durations

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from router.core.timing import parse_server_timing, server_timing, totals
+from router.core.timing import StageTimer, parse_server_timing, server_timing, totals
 
 
 def test_totals_add_up_repeated_stages() -> None:
@@ -25,3 +25,17 @@ def test_only_picks_stages_in_the_given_order() -> None:
 
 def test_parse_ignores_other_params_and_junk() -> None:
     assert parse_server_timing('cache;desc="x";dur=2, miss, ;dur=1') == {"cache": 2.0}
+
+
+def test_end_open_ends_only_the_stages_still_timing() -> None:
+    timer = StageTimer()
+    timer.begin("parse")
+    timer.end("parse")
+    parsed = timer.durations["parse"]
+    timer.begin("upstream")
+    timer.begin("stream")
+    timer.end_open()
+    assert list(timer.durations) == ["parse", "upstream", "stream"]
+    assert timer.durations["parse"] == parsed
+    timer.end_open()  # nothing open: nothing changes
+    assert list(timer.durations) == ["parse", "upstream", "stream"]
