@@ -300,3 +300,45 @@ def test_chunk_framing_that_breaks_mid_body_is_a_400_at_once_and_the_connection_
     _serves(router)
     assert "Traceback" not in router.output()
     assert sim_stats(sim)["requests"] == 1
+
+
+# What curl --http2 sends over plain HTTP: an offer to switch to HTTP/2 (h2c).
+UPGRADE = {"Upgrade": "h2c", "Connection": "Upgrade", "HTTP2-Settings": "AAMAAABkAAQAoAAAAAIAAAAA"}
+HEALTHZ = (
+    b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+    b"Upgrade: h2c\r\nConnection: Upgrade\r\nHTTP2-Settings: AAMAAABkAAQAoAAAAAIAAAAA\r\n\r\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("request_", "forwarded"),
+    [
+        (_request_bytes(json.dumps({**CHAT, "max_tokens": 4}).encode(), UPGRADE), 1),
+        (HEALTHZ, 0),
+    ],
+    ids=["chat", "healthz"],
+)
+def test_a_request_asking_to_upgrade_is_served_and_its_answer_closes_the_connection(
+    request_: bytes, forwarded: int, sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    """aiohttp's parser drops what came after a request asking for an upgrade it does not do:
+    a request pipelined behind it must see the connection close (and be sent again), never
+    wait for an answer that does not come."""
+    sim = sim_region("a")
+    router = router_proc(regions_toml(sim))
+    pipelined = b"GET /readyz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    answer = _answers(_raw(router, request_ + pipelined))
+    head, _, rest = answer.partition(b"\r\n\r\n")
+    # The request itself is served as if it had not asked; then the connection closes.
+    assert head.startswith(b"HTTP/1.1 200 "), answer[:300]
+    assert b"<still open>" not in answer
+    assert b"Connection: close" in head
+    assert _status_lines(answer) == 1
+    served = json.loads(rest)
+    if forwarded:
+        assert served["object"] == "chat.completion"
+    else:
+        assert served == {"status": "ok"}
+    assert sim_stats(sim)["requests"] == forwarded
+    _serves(router)
+    assert "Traceback" not in router.output()

@@ -1,6 +1,7 @@
 """What aiohttp answers before any handler runs, in OpenAI's error shape: a request it could not
 parse, and an `Expect` header (100-continue only once the declared body fits); and what its
-connection does when its parser stops: a body being read fails at once."""
+connection does when its parser stops: a body being read fails at once, a request asking to
+upgrade is the connection's last."""
 
 from __future__ import annotations
 
@@ -65,12 +66,22 @@ def _queued(self: web_protocol.RequestHandler, start: int) -> None:
     It fails now as a body that does not decode fails (RequestPayloadError: a 400 and the
     connection closed, core.request.unreadable_body); the parser's own 400 stays queued,
     answered only should the connection outlive the answer in progress.
+
+    A request asking to upgrade (`Connection: Upgrade` and an `Upgrade` header, or CONNECT;
+    the router upgrades nothing): aiohttp's C parser stops at its end and drops the rest of
+    the bytes that came with it (not for `websocket` or CONNECT, whose rest aiohttp keeps and
+    parses once declined), so a request pipelined behind it in those bytes is never answered
+    and its client waits. Its answer closes the connection instead
+    (`Connection: close`, as if the client had asked), which tells a pipelining client to send
+    the rest again (RFC 9112 9.3.2); nothing parsed after it is handled.
     """
     messages = self._messages
     for index in range(start, len(messages)):
-        message, _ = messages[index]
+        message, payload = messages[index]
         if isinstance(message, web_protocol._ErrInfo):
             _fail_bodies(self, index, message.exc)
+        elif message.upgrade and not message.should_close:
+            messages[index] = (message._replace(should_close=True), payload)
 
 
 def _fail_bodies(self: web_protocol.RequestHandler, before: int, cause: BaseException) -> None:
