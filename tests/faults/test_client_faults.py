@@ -238,3 +238,107 @@ def test_what_aiohttp_answers_itself_is_in_openais_shape(
     output = router.output()
     assert "Traceback" not in output
     assert "malformed request from 127.0.0.1" in output  # one short line each
+
+
+def _status_lines(answer: bytes) -> int:
+    """How many answers `answer` holds (a status line each)."""
+    return answer.count(b"HTTP/1.0 ") + answer.count(b"HTTP/1.1 ")
+
+
+def _chunked_head(path: str, headers: dict[str, str] | None = None) -> bytes:
+    head = [
+        f"POST {path} HTTP/1.1",
+        "Host: 127.0.0.1",
+        "Content-Type: application/json",
+        "Transfer-Encoding: chunked",
+        *(f"{k}: {v}" for k, v in (headers or {}).items()),
+    ]
+    return ("\r\n".join(head) + "\r\n\r\n").encode()
+
+
+def test_chunk_framing_that_breaks_mid_body_is_a_400_at_once_and_the_connection_closes(
+    sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    sim = sim_region("a")
+    admin = "admin-token-0123456789abcdef"
+    digest = hashlib.sha256(admin.encode()).hexdigest()
+    # A body deadline the 5 s read bound in _answers cannot reach: only a 400 sent as soon as
+    # the bad framing arrives is seen (the handler waiting for the rest of its body is not).
+    header = (
+        "[server]\nbody_timeout_s = 30.0\n"
+        f'[auth]\nenabled = false\nadmin_token_sha256 = "{digest}"\n'
+    )
+    router = router_proc(regions_toml(sim, header=header))
+    body = json.dumps(CHAT).encode()
+    first = b"%x\r\n%s\r\n" % (10, body[:10])
+    after = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    for path, extra in (
+        ("/v1/chat/completions", {}),
+        # An operator route reads its body through aiohttp too.
+        ("/admin/rollout/weights", {"Authorization": f"Bearer {admin}"}),
+    ):
+        # The head and a good first chunk, then (once the handler reads the body) a chunk size
+        # that is not hex, and a request behind it.
+        sock = _raw(router, _chunked_head(path, extra) + first)
+        time.sleep(0.3)
+        sock.sendall(b"zz\r\n" + after)
+        answer = _answers(sock)
+        head, _, rest = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 400 "), answer[:300]
+        assert b"Connection: close" in head
+        assert json.loads(rest)["error"]["code"] == "invalid_body"
+        # One answer, then the close: not the parser's own 400 after it, nor /healthz's.
+        assert _status_lines(answer) == 1
+        assert b"<still open>" not in answer
+    # Bad framing that comes with the head (before any handler runs) is the parser's 400, as
+    # before.
+    answer = _answers(_raw(router, _chunked_head("/v1/chat/completions") + first + b"zz\r\n"))
+    head, _, rest = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.0 400 "), answer[:300]
+    assert json.loads(rest)["error"]["code"] == "invalid_http"
+    assert _status_lines(answer) == 1
+    _serves(router)
+    assert "Traceback" not in router.output()
+    assert sim_stats(sim)["requests"] == 1
+
+
+# What curl --http2 sends over plain HTTP: an offer to switch to HTTP/2 (h2c).
+UPGRADE = {"Upgrade": "h2c", "Connection": "Upgrade", "HTTP2-Settings": "AAMAAABkAAQAoAAAAAIAAAAA"}
+HEALTHZ = (
+    b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+    b"Upgrade: h2c\r\nConnection: Upgrade\r\nHTTP2-Settings: AAMAAABkAAQAoAAAAAIAAAAA\r\n\r\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("request_", "forwarded"),
+    [
+        (_request_bytes(json.dumps({**CHAT, "max_tokens": 4}).encode(), UPGRADE), 1),
+        (HEALTHZ, 0),
+    ],
+    ids=["chat", "healthz"],
+)
+def test_a_request_asking_to_upgrade_is_served_and_its_answer_closes_the_connection(
+    request_: bytes, forwarded: int, sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    """aiohttp's parser drops what came after a request asking for an upgrade it does not do:
+    a request pipelined behind it must see the connection close (and be sent again), never
+    wait for an answer that does not come."""
+    sim = sim_region("a")
+    router = router_proc(regions_toml(sim))
+    pipelined = b"GET /readyz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    answer = _answers(_raw(router, request_ + pipelined))
+    head, _, rest = answer.partition(b"\r\n\r\n")
+    # The request itself is served as if it had not asked; then the connection closes.
+    assert head.startswith(b"HTTP/1.1 200 "), answer[:300]
+    assert b"<still open>" not in answer
+    assert b"Connection: close" in head
+    assert _status_lines(answer) == 1
+    served = json.loads(rest)
+    if forwarded:
+        assert served["object"] == "chat.completion"
+    else:
+        assert served == {"status": "ok"}
+    assert sim_stats(sim)["requests"] == forwarded
+    _serves(router)
+    assert "Traceback" not in router.output()

@@ -1,9 +1,12 @@
 """What aiohttp answers before any handler runs, in OpenAI's error shape: a request it could not
-parse, and an `Expect` header (100-continue only once the declared body fits)."""
+parse, and an `Expect` header (100-continue only once the declared body fits); and what its
+connection does when its parser stops: a body being read fails at once, a request asking to
+upgrade is the connection's last."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from itertools import islice
 
 from aiohttp import HttpVersion11, web, web_protocol, web_response, web_urldispatcher
 
@@ -25,11 +28,72 @@ SERVER_HEADER = "router"
 def install() -> None:
     """aiohttp's module defaults, the one place covering its own answers (written before any
     app hook runs): `Server` names no versions, and an unparsable request or an unknown
-    `Expect` gets a JSON error (aiohttp's is text/plain). Call before any route is made."""
+    `Expect` gets a JSON error (aiohttp's is text/plain); its connections watch what their
+    parser queues (`_watching`). Call before any route is made; calling again changes nothing."""
     web_response.SERVER_SOFTWARE = SERVER_HEADER  # type: ignore[attr-defined]
-    web_protocol.RequestHandler.handle_error = _handle_error  # type: ignore[method-assign]
+    handler = web_protocol.RequestHandler
+    handler.handle_error = _handle_error  # type: ignore[method-assign]
+    if not getattr(handler.data_received, _WATCHING, False):
+        # Around whatever is there (a bench's stamps), once.
+        handler.data_received = _watching(handler.data_received)  # type: ignore[method-assign,assignment]
     # Every route made from now on without its own: 100-continue, or a JSON 417.
     web_urldispatcher._default_expect_handler = _continue  # type: ignore[assignment]
+
+
+_WATCHING = "_router_watching"
+Feed = Callable[[web_protocol.RequestHandler, bytes], None]
+
+
+def _watching(feed: Feed) -> Feed:
+    """`feed` (aiohttp's data_received), then a look at the messages it queued, if any."""
+
+    def data_received(self: web_protocol.RequestHandler, data: bytes) -> None:
+        messages = self._messages
+        known = len(messages)
+        feed(self, data)
+        if len(messages) > known:
+            _queued(self, known)
+
+    setattr(data_received, _WATCHING, True)
+    return data_received
+
+
+def _queued(self: web_protocol.RequestHandler, start: int) -> None:
+    """The messages aiohttp's parser queued from index `start` on.
+
+    A parse error: the parser has dropped the body it was reading without ending it, so that
+    body's reader would wait for bytes that never come (the handler's body deadline, a 408).
+    It fails now as a body that does not decode fails (RequestPayloadError: a 400 and the
+    connection closed, core.request.unreadable_body); the parser's own 400 stays queued,
+    answered only should the connection outlive the answer in progress.
+
+    A request asking to upgrade (`Connection: Upgrade` and an `Upgrade` header, or CONNECT;
+    the router upgrades nothing): aiohttp's C parser stops at its end and drops the rest of
+    the bytes that came with it (not for `websocket` or CONNECT, whose rest aiohttp keeps and
+    parses once declined), so a request pipelined behind it in those bytes is never answered
+    and its client waits. Its answer closes the connection instead
+    (`Connection: close`, as if the client had asked), which tells a pipelining client to send
+    the rest again (RFC 9112 9.3.2); nothing parsed after it is handled.
+    """
+    messages = self._messages
+    for index in range(start, len(messages)):
+        message, payload = messages[index]
+        if isinstance(message, web_protocol._ErrInfo):
+            _fail_bodies(self, index, message.exc)
+        elif message.upgrade and not message.should_close:
+            messages[index] = (message._replace(should_close=True), payload)
+
+
+def _fail_bodies(self: web_protocol.RequestHandler, before: int, cause: BaseException) -> None:
+    """Fail the body still being received (the request in its handler's hands, or one queued
+    ahead of message `before`), as aiohttp fails one that does not decode."""
+    bodies = [payload for _, payload in islice(self._messages, before)]
+    if self._current_request is not None:
+        bodies.append(self._current_request.content)
+    for body in bodies:
+        if not body.is_eof() and body.exception() is None:
+            broken = web.RequestPayloadError("the request's framing is malformed after its head")
+            body.set_exception(broken, cause)
 
 
 def _handle_error(
