@@ -116,6 +116,46 @@ async def test_every_endpoint_serves_an_allowed_key(router: Proc, path: str) -> 
     assert status == 200
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "status", "allow"),
+    [
+        ("POST", "/v1/responses/resp_1", 405, "DELETE,GET,HEAD"),
+        ("PUT", "/v1/responses/resp_1", 405, "DELETE,GET,HEAD"),
+        ("GET", "/v1/responses/resp_1/cancel", 405, "POST"),
+        ("POST", "/v1/responses/resp_1/input_items", 405, "GET,HEAD"),
+        ("GET", "/v1/chat/completions", 405, "POST"),
+        ("DELETE", "/v1/embeddings", 405, "POST"),
+        ("GET", "/v1/messages", 405, "POST"),
+        ("GET", "/v1/nothing", 404, None),
+        ("DELETE", "/v1/nothing", 404, None),
+        ("POST", "/v1/nothing", 404, None),
+    ],
+)
+async def test_what_is_not_served_is_authenticated_first(
+    router: Proc, method: str, path: str, status: int, allow: str | None
+) -> None:
+    # A wrong method, or any method but POST on an unknown path, was answered 405 or 404 to
+    # anyone: without a key, which paths exist showed. Now 401 as on a served path, then the
+    # 405 (with Allow) or 404, in the shape of the path's API.
+    anthropic = path == "/v1/messages"
+    async with aiohttp.ClientSession() as session:
+        for headers in ({}, {"x-api-key": KEYS["beta"]}):
+            async with session.request(method, router.url + path, headers=headers) as resp:
+                body = await resp.json()
+                assert resp.status == (status if headers else 401)
+                assert resp.headers.get("Allow") == (allow if headers else None)
+            if anthropic:
+                assert body["type"] == "error"
+                kind = "invalid_request_error" if headers else "authentication_error"
+                assert body["error"]["type"] == kind
+            elif headers:
+                _assert_openai_error(body, "invalid_request_error")
+            else:
+                assert _assert_openai_error(body, "authentication_error")["code"] == (
+                    "missing_api_key"
+                )
+
+
 async def test_model_list_needs_a_key(router: Proc) -> None:
     async with aiohttp.ClientSession() as session:
         async with session.get(router.url + "/v1/models") as resp:

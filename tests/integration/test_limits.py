@@ -15,7 +15,7 @@ import redis.asyncio as aioredis
 
 from router.access.auth import hash_key
 from router.access.global_limits import UNLIMITED, GlobalLeases, Rates
-from router.access.leasing import LeasePolicy, accuracy_bound, max_slice
+from router.access.leasing import LeasePolicy, accuracy_bound, credit, max_slice
 from router.core.timing import parse_server_timing
 from tests.integration.conftest import region_toml, sim_stats, start_router, start_sim
 from tests.support import Proc, redis_server_binary, start_redis
@@ -31,6 +31,8 @@ KEYS: dict[str, str] = {
     "small3": "requests_per_minute = 60\nrequest_burst = 4",
     "tokens": "tokens_per_minute = 600\ntoken_burst = 1000",
     "conc": "max_concurrent = 1",
+    "both": "requests_per_minute = 60\nrequest_burst = 100\ntokens_per_minute = 6000\n"
+    "token_burst = 10000",
     "open": "",
 }
 BODY = {"model": "sim-1", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
@@ -476,3 +478,72 @@ async def test_a_refusal_never_claims_requests_remain(redis_proc: Proc) -> None:
             await pop.close()
     assert refusals
     assert set(refusals) == {0}
+
+
+@pytest.mark.redis
+async def test_first_answer_on_credit_says_what_remains(
+    sim: Proc, routers: list[Proc], tmp_path: Path, redis_proc: Proc
+) -> None:
+    # A fresh router holds no slice of the key's global bucket (burst 100) and admits its first
+    # request on credit (5 of 100): its headers said 0 requests and 0 tokens remained, and the
+    # next request was admitted all the same. What this router may still admit is the credit it
+    # has left (the global level is unknown until Redis answers); tokens, the local bucket's.
+    router = _start(routers, tmp_path, _config(sim, _redis_limits(redis_proc)))
+    left = credit(LeasePolicy(), 100) - 1
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+        status, headers, _ = await _post(session, router, "both")
+        assert status == 200
+        assert headers["x-ratelimit-remaining-requests"] == str(left)
+        assert 0 < int(headers["x-ratelimit-remaining-tokens"]) <= 10000
+        # ... and that many are admitted, on credit or from the slice leased meanwhile.
+        assert await _sequential(session, [router], "both", left) == [200] * left
+    assert "unreachable" not in router.output()
+
+
+async def test_admissions_on_credit_never_claim_fewer_remain_than_are_admitted(
+    redis_proc: Proc,
+) -> None:
+    # One instance, a bucket of 100 (credit 5) that (almost) never refills and holds 8. Asked
+    # synchronously (no lease answer in between), the instance admits on credit before its
+    # first answer, and again once its slice ran out while Redis had granted all it asked:
+    # each admission must report at least as many remaining as it then admits (it said 0).
+    url = f"redis://127.0.0.1:{redis_proc.port}/0"
+    # A tick too long to come: the only calls are the ones a take kicks.
+    pop = GlobalLeases(url, interval_s=10.0)
+    rates = Rates(
+        request_capacity=100, requests_per_s=1e-6, token_capacity=UNLIMITED, tokens_per_s=1
+    )
+    admin = aioredis.Redis(port=redis_proc.port)
+    # A refill stamp in the future: no refill until the first call.
+    await admin.hset(pop.key("k"), mapping={"r": 8, "ts": 1e12})
+
+    def run() -> list[int]:
+        """Remaining of each admission until the first refusal (which reports its own)."""
+        said: list[int] = []
+        while (verdict := pop.take("k", rates, 0)) is not None and verdict[0]:
+            said.append(verdict[2])
+            assert len(said) <= 100
+        assert verdict is not None
+        said.append(verdict[2])
+        return said
+
+    try:
+        first = run()
+        # Redis answers: the 5 on credit paid, a slice of at most 3 (6 wanted in 2.5 s or
+        # more, over a horizon of 1 s) granted in full.
+        deadline = time.monotonic() + 20
+        while not pop.leases["k"].leased or pop.leases["k"].scarce:
+            assert time.monotonic() < deadline, "no lease answer"
+            await asyncio.sleep(0.01)
+        second = run()
+    finally:
+        await pop.close()
+        await admin.aclose()
+    assert len(first) - 1 == credit(LeasePolicy(), 100)
+    # Refused: nothing left here; admitted: at least as many as then were.
+    understated = [
+        said
+        for said in (first, second)
+        if said[-1] != 0 or any(n < len(said) - 2 - i for i, n in enumerate(said[:-1]))
+    ]
+    assert not understated, (first, second)

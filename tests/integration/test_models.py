@@ -94,3 +94,37 @@ def test_a_key_pages_over_its_own_models_only(router: Proc) -> None:
     page = _anthropic(router, ONE).models.list()
     assert [m.id for m in page.data] == ["sim-1"]
     assert (page.first_id, page.last_id, page.has_more) == ("sim-1", "sim-1", False)
+
+
+@pytest.mark.parametrize("method", ["POST", "DELETE", "PUT"])
+@pytest.mark.parametrize("path", ["/v1/models", "/v1/models/sim-1", "/v1/models/org/sim-3"])
+def test_a_wrong_method_is_authenticated_before_its_405(
+    router: Proc, method: str, path: str
+) -> None:
+    # It was a 405 to anyone, without Allow: a client without a key learned the path exists.
+    url = router.url + path
+    for headers in ({}, {"Authorization": "Bearer sk-wrong-0123456789abcdef"}):
+        resp = requests.request(method, url, headers=headers, timeout=10)
+        assert resp.status_code == 401
+        assert resp.json()["error"]["type"] == "authentication_error"
+        assert "Allow" not in resp.headers
+    resp = requests.request(method, url, headers={"Authorization": f"Bearer {ALL}"}, timeout=10)
+    assert resp.status_code == 405
+    assert set(resp.json()["error"]) == {"message", "type", "param", "code"}
+    assert resp.json()["error"]["type"] == "invalid_request_error"
+    assert resp.headers["Allow"] == "GET,HEAD"
+    # Anthropic's SDK (anthropic-version) gets Anthropic's shape, as GET on these routes does.
+    anthropic_version = {"anthropic-version": "2023-06-01"}
+    resp = requests.request(method, url, headers=anthropic_version, timeout=10)
+    assert resp.status_code == 401
+    assert resp.json() == {
+        "type": "error",
+        "error": {"type": "authentication_error", "message": resp.json()["error"]["message"]},
+    }
+    resp = requests.request(
+        method, url, headers={"x-api-key": ALL, **anthropic_version}, timeout=10
+    )
+    assert resp.status_code == 405
+    assert resp.json()["type"] == "error"
+    assert resp.json()["error"]["type"] == "invalid_request_error"
+    assert resp.headers["Allow"] == "GET,HEAD"

@@ -217,7 +217,11 @@ class GlobalLeases:
                 lease.credit -= 1
                 lease.owe_requests += 1
                 lease.owe_tokens += tokens
-                return (True, 0.0, lease.remaining_requests, lease.remaining_tokens, 0.0, 0.0)
+                # No slice and no global level known yet: what this router may still admit is
+                # the credit it has left, requests of any size while that lasts (the local
+                # bucket, which the limiter also asks, bounds their tokens).
+                more_t = UNLIMITED if lease.credit > 0 else 0
+                return (True, 0.0, lease.credit, more_t, 0.0, 0.0)
             return (False, self.interval_s, 0, 0, self.interval_s, self.interval_s)
         allowed, _, held_r, held_t, _, _ = self.allowance.try_acquire(key, tokens)
         if not allowed and not lease.scarce and lease.credit > 0:
@@ -226,7 +230,10 @@ class GlobalLeases:
             lease.owe_requests += 1
             lease.owe_tokens += tokens
             allowed = True
-        remaining_r = lease.remaining_requests + held_r
+        # Admitted: its slice, plus what the global bucket had left at the last answer (a top-up
+        # may bring it) or, when more, the credit it may still borrow (charged to that bucket).
+        credit_left = 0 if lease.scarce else lease.credit
+        remaining_r = held_r + max(lease.remaining_requests, credit_left)
         remaining_t = lease.remaining_tokens + held_t
         if not lease.scarce and not lease.syncing and held_r < self._goal_requests(lease) / 2:
             # Running low while the global bucket has plenty: top up now, not at the tick.

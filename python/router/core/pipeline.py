@@ -354,16 +354,19 @@ class Pipeline:
                 attempts.release()
         raise AssertionError("unreachable: the last model returns or raises")
 
-    async def unknown(self, request: web.Request) -> web.StreamResponse:
-        """A POST to a /v1/ path the router does not serve: authenticated, then 404."""
+    async def unknown(
+        self, request: web.Request, error: ApiError, anthropic: bool = False
+    ) -> web.StreamResponse:
+        """A /v1/ request the router does not serve (an unknown path, or a method its path does
+        not take): authenticated, then `error` (its 404, or 405 with Allow)."""
         ctx = RequestContext(request_id(request.headers.get("X-Request-Id")), request.path)
         request[CONTEXT] = ctx
-        try:
-            if self.features.auth is not None:
+        if self.features.auth is not None:
+            try:
                 self.features.auth.authenticate(request.headers)
-            raise NotFound(f"Unknown path {request.path}.")
-        except ApiError as exc:
-            answer = error_response(exc, ctx.request_id)
+            except ApiError as exc:
+                error = exc
+        answer = error_response(error, ctx.request_id, anthropic=anthropic)
         try:
             await _send_whole(request, answer)
         finally:

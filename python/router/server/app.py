@@ -16,7 +16,7 @@ from router.access.limits import Limiter, Limits, auth_preparer, rate_limit_head
 from router.cache.admin import CACHE
 from router.cache.serving import CacheLayer, cache_headers
 from router.config import Commit, Config, Preparer
-from router.core.admin import AdminRoutes, Handler
+from router.core.admin import AdminRoutes
 from router.core.client_limit import InFlightPerIp
 from router.core.context import request_id
 from router.core.dialect import DIALECTS, dialect_of
@@ -78,20 +78,26 @@ PIPELINE: web.AppKey[Pipeline] = web.AppKey("pipeline")
 ADMIN_APP: web.AppKey[web.Application] = web.AppKey("admin_app")
 
 
-def error_middleware(unknown: Handler | None = None) -> Middleware:
+# A /v1/ request the router does not serve, and the error to answer once it is authenticated
+# (the pipeline's, logged), in Anthropic's shape or not.
+NotServed = Callable[[web.Request, ApiError, bool], Awaitable[web.StreamResponse]]
+MODELS = "/v1/models"
+
+
+def error_middleware(unknown: NotServed | None = None) -> Middleware:
     """Errors outside the pipeline leave in OpenAI's shape too: aiohttp's 404/405/413, and
-    bugs. With `unknown` (the pipeline's own 404: auth first, logged), a POST to an unknown /v1/
-    path goes there."""
+    bugs. With `unknown` (the pipeline's: auth first, logged), a /v1/ request for a path the
+    router does not serve, or with a method its path does not take, goes there, so a client
+    without a key learns nothing of which paths exist."""
 
     @web.middleware
     async def errors(
         request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
-        anthropic = dialect_of(request.path).anthropic
         try:
             return await handler(request)
         except ApiError as exc:
-            return error_response(exc, _request_id(request), anthropic=anthropic)
+            return error_response(exc, _request_id(request), anthropic=_anthropic(request))
         except web.RequestPayloadError:
             # An operator route's body that does not decode or parse (the pipeline's own reads
             # answer the same in core.request.read_body).
@@ -99,25 +105,34 @@ def error_middleware(unknown: Handler | None = None) -> Middleware:
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
-            if (
-                unknown is not None
-                and exc.status == 404
-                and request.method == "POST"
-                and request.path.startswith("/v1/")
-            ):
-                return await unknown(request)
-            error: ApiError = (
-                NotFound(f"Unknown path {request.path}.")
-                if exc.status == 404
-                else InvalidRequest(exc.reason, status=exc.status, code=None)
-            )
-            return error_response(error, _request_id(request), anthropic=anthropic)
+            error = _not_served(request, exc)
+            if unknown is not None and exc.status in (404, 405) and request.path.startswith("/v1/"):
+                return await unknown(request, error, _anthropic(request))
+            return error_response(error, _request_id(request), anthropic=_anthropic(request))
         except Exception:
             log.exception("unhandled error on %s %r", request.method, request.path)
             error = ApiError("Internal router error.")
-            return error_response(error, _request_id(request), anthropic=anthropic)
+            return error_response(error, _request_id(request), anthropic=_anthropic(request))
 
     return errors
+
+
+def _not_served(request: web.Request, exc: web.HTTPException) -> ApiError:
+    """aiohttp's 404/405/413 as an ApiError; a 405 keeps aiohttp's Allow header."""
+    if exc.status == 404:
+        return NotFound(f"Unknown path {request.path}.")
+    allow = exc.headers.get("Allow")
+    headers = {"Allow": allow} if allow is not None else None
+    return InvalidRequest(exc.reason, status=exc.status, code=None, headers=headers)
+
+
+def _anthropic(request: web.Request) -> bool:
+    """Whether an error takes Anthropic's shape: on its API's paths, and on the models routes
+    both APIs share when the client sends `anthropic-version` (Anthropic's SDK always does)."""
+    path = request.path
+    if path == MODELS or path.startswith(MODELS + "/"):
+        return "anthropic-version" in request.headers
+    return dialect_of(path).anthropic
 
 
 def _request_id(request: web.Request) -> str:
@@ -278,8 +293,7 @@ def build_app(
     app.router.add_get(stored + "/input_items", pipeline.stored)
 
     async def models(request: web.Request) -> web.Response:
-        # Anthropic's SDK sends its API version on every request; its errors take its shape too.
-        anthropic = "anthropic-version" in request.headers
+        anthropic = _anthropic(request)
         try:
             tenant = auth.authenticate(request.headers)
             # From the live config, so models added or removed by a reload show up at once.
@@ -302,9 +316,9 @@ def build_app(
             return web.json_response({"status": "not ready"}, status=503)
         return web.json_response({"status": "ready"})
 
-    app.router.add_get("/v1/models", models)
+    app.router.add_get(MODELS, models)
     # Ids may hold a slash (`org/model`), sent as is by the SDKs.
-    app.router.add_get("/v1/models/{model:.+}", models)
+    app.router.add_get(MODELS + "/{model:.+}", models)
     for probes in {id(app): app, id(ops): ops}.values():
         probes.router.add_get("/healthz", healthz)
         probes.router.add_get("/readyz", readyz)

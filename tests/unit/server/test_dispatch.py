@@ -107,3 +107,15 @@ async def test_anything_else_takes_aiohttps_own_path(
     else:
         assert (await resp.json())["error"]["code"] == "not_found"
     assert len(resolved) == 1
+
+
+async def test_a_wrong_method_is_a_405_that_says_what_is_allowed(
+    client: tuple[TestClient, list[str]],
+) -> None:
+    # aiohttp's 405 names the methods in Allow; the error middleware's OpenAI-shaped answer
+    # dropped it.
+    test_client, _ = client
+    resp = await test_client.delete("/v1/chat/completions")
+    assert resp.status == 405
+    assert resp.headers["Allow"] == "GET,HEAD,POST"
+    assert (await resp.json())["error"]["type"] == "invalid_request_error"
