@@ -161,9 +161,9 @@ def test_known_sequence_is_reflected_exactly(env: Env) -> None:
     # Every request has a total; only answered ones reached a region.
     assert value(m, "router_stage_seconds_count", stage="total") == 7
     assert value(m, "router_stage_seconds_count", stage="region_ttft") == 4
-    # Every stage Server-Timing shows has its histogram: parsed (not the 404 or the 400), sent
-    # upstream (not the hit), relayed as a stream.
-    assert value(m, "router_stage_seconds_count", stage="parse") == 5
+    # Every stage Server-Timing shows has its histogram: parsed (every request, the 404 and
+    # the 400 refused inside that stage too), sent upstream (not the hit), relayed as a stream.
+    assert value(m, "router_stage_seconds_count", stage="parse") == 7
     assert value(m, "router_stage_seconds_count", stage="upstream") == 4
     assert value(m, "router_stage_seconds_count", stage="stream") == 1
     miss_a = {"region": "a", "model": MODEL, "status": "200", "cache": "miss"}

@@ -104,9 +104,15 @@ def _anthropic_messages(decoded: Any) -> list[dict[str, Any]]:
     for message in decoded.messages:
         content = message.content
         if isinstance(content, list):
-            calls = [b for b in content if isinstance(b, dict) and b.get("type") == "tool_use"]
-            results = [b for b in content if isinstance(b, dict) and b.get("type") == "tool_result"]
-            rest = [b for b in content if b not in calls and b not in results]
+            # One pass, by type (comparing blocks by value made this quadratic in the blocks).
+            calls: list[Any] = []
+            results: list[Any] = []
+            rest: list[Any] = []
+            for block in content:
+                kind = block.get("type") if isinstance(block, dict) else None
+                (
+                    calls if kind == "tool_use" else results if kind == "tool_result" else rest
+                ).append(block)
             for result in results:
                 messages.append({"role": "tool", "content": _flat(result.get("content"))})
             if rest or not (calls or results):
