@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 from typing import Any
 
 import msgspec
@@ -206,16 +207,9 @@ def test_a_messages_content_is_split_by_type_without_comparing_blocks() -> None:
     ]
     blocks += [_Block(type="text", text="and"), _Block(type="tool_use", name="f", input={})]
 
-    class Message:
-        role = "user"
-        content = blocks
-
-    class Decoded:
-        system = None
-        messages = [Message]
-
+    message = SimpleNamespace(role="user", content=blocks)
     _Block.compared = 0
-    messages = _anthropic_messages(Decoded)
+    messages = _anthropic_messages(SimpleNamespace(system=None, messages=[message]))
     assert _Block.compared == 0
     assert len(messages) == 202
     assert messages[200] == {"role": "user", "content": "and"}
