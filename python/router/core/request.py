@@ -273,10 +273,16 @@ def _shown(value: object, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+# The largest integer a field may hold: servers read these as 64-bit integers (llama.cpp's
+# parser refuses more; vLLM's context check does), and the router's arithmetic on them (n
+# times max_tokens, plus the prompt) stays printable.
+MAX_WHOLE = 2**63 - 1
+
+
 def whole_number(value: object, param: str, minimum: int = 0) -> int | None:
     """An integer field read the way a lax region parser (pydantic) reads it: 5000, 5000.0,
-    5e3 and "5000" are 5000. Anything else is a 400, never a default: a limit must not be
-    dodged by how a number is written."""
+    5e3 and "5000" are 5000. Anything else (or above MAX_WHOLE) is a 400, never a default: a
+    limit must not be dodged by how a number is written."""
     if value is None:
         return None
     number: int | None = None
@@ -291,9 +297,9 @@ def whole_number(value: object, param: str, minimum: int = 0) -> int | None:
         # Past 4,300 digits int() refuses (CPython's guard against quadratic conversion).
         if digits.isascii() and digits.isdigit() and len(digits) <= 4300:
             number = int(digits)
-    if number is None or number < minimum:
+    if number is None or not minimum <= number <= MAX_WHOLE:
         raise InvalidRequest(
-            f"`{param}` must be an integer of at least {minimum}, got {_shown(value)}.",
+            f"`{param}` must be an integer from {minimum} to {MAX_WHOLE}, got {_shown(value)}.",
             param=param,
         )
     return number

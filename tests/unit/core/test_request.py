@@ -281,3 +281,29 @@ def test_a_model_name_is_at_most_256_characters(endpoint: str) -> None:
     assert refused.value.param == "model"
     assert refused.value.status == 400
     assert len(str(refused.value)) < 200
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "fields"),
+    [
+        (CHAT, {"max_tokens": "9" * 4300, "n": 10}),
+        (CHAT, {"n": "9" * 30}),
+        (CHAT, {"max_completion_tokens": 1e300}),
+        (MESSAGES, {"max_tokens": 2**63}),
+        (RESPONSES, {"max_output_tokens": str(2**63)}),
+    ],
+)
+def test_a_token_field_past_64_bits_is_a_400(endpoint: str, fields: dict[str, object]) -> None:
+    # Servers read them as 64-bit integers; a 4,300-digit one times `n` was a 500 (an int too
+    # long to print) in the limits' refusal.
+    body: dict[str, object] = {"model": "m", "max_tokens": 5, **fields}
+    if endpoint == RESPONSES:
+        body.pop("max_tokens")
+        body["input"] = "hi"
+    else:
+        body["messages"] = [{"role": "user", "content": "hi"}]
+    raw = json.dumps(body).encode()
+    with pytest.raises(InvalidRequest, match=f"must be an integer from \\d+ to {2**63 - 1}"):
+        parse_body(endpoint, raw)
+    body.update({name: 2**63 - 1 for name in fields})
+    parse_body(endpoint, json.dumps(body).encode())
