@@ -17,7 +17,15 @@ from router.access.shared_buckets import SharedBucketTable
 from router.access.tokenizers import ModelTokenizer
 from router.access.usage import StreamUsage, completion_budget, usage_tokens
 from router.config import Commit, Preparer
-from router.core.request import CHAT, COUNT_TOKENS, INPUT_TOKENS, MESSAGES, RESPONSES
+from router.core.request import (
+    CHAT,
+    COMPLETIONS,
+    COUNT_TOKENS,
+    INPUT_TOKENS,
+    MESSAGES,
+    RESPONSES,
+    ParsedRequest,
+)
 from router.core.timing import AUTH, RATE_LIMIT
 from router.errors import RateLimited, Unavailable
 from router.native import (
@@ -219,7 +227,9 @@ class Limiter:
             prompt = len(parsed.body) // 4 + 1
         if parsed.endpoint.endswith("/embeddings"):
             return encoding, prompt, 0
-        budget = completion_budget(parsed.body, self.default_max_tokens, parsed.endpoint)
+        budget = completion_budget(
+            parsed.body, self.default_max_tokens, parsed.endpoint, _prompts(parsed)
+        )
         return encoding, prompt, budget
 
     def _tokenizer(self, parsed: ParsedRequest) -> ModelTokenizer | None:
@@ -358,6 +368,15 @@ def rate_limit_headers(ctx: RequestContext, headers: MutableMapping[str, str]) -
     grant = ctx.grant
     if grant is not None:
         headers.update(grant.headers)
+
+
+def _prompts(parsed: ParsedRequest) -> int:
+    """How many prompts the request holds: a completions batch (a list of strings or of
+    token-id lists) is answered once per prompt."""
+    prompt = getattr(parsed.decoded, "prompt", None) if parsed.endpoint == COMPLETIONS else None
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        return len(prompt)
+    return 1
 
 
 class Limits:

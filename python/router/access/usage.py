@@ -22,6 +22,10 @@ class _Budget(msgspec.Struct):
     max_completion_tokens: Any = None
     max_output_tokens: Any = None
     n: Any = None
+    # llama.cpp's server's own: the answer's length (read before the others, -1 unbounded) and
+    # the choices per prompt (read before `n`).
+    n_predict: Any = None
+    n_cmpl: Any = None
 
 
 _BUDGET = msgspec.json.Decoder(_Budget)
@@ -35,26 +39,43 @@ _BOUNDS: dict[str, tuple[str, ...]] = {
     RESPONSES: ("max_output_tokens",),
     MESSAGES: ("max_tokens",),
 }
+# What llama.cpp's server reads instead, first first: its `n_predict` before any of them, and
+# for a Responses request the chat fields too (it turns the whole body into a chat request).
+_LLAMA_BOUNDS: dict[str, tuple[str, ...]] = {
+    CHAT: ("n_predict", "max_completion_tokens", "max_tokens"),
+    COMPLETIONS: ("n_predict", "max_tokens"),
+    RESPONSES: ("n_predict", "max_output_tokens", "max_completion_tokens", "max_tokens"),
+    MESSAGES: ("n_predict", "max_tokens"),
+}
 
 
-def completion_budget(body: bytes, default: int, endpoint: str = CHAT) -> int:
-    """Tokens the answer may use: the first of the API's length fields that is set (else
-    `default`), times `n` (chat, completions), each read as a region would read it; a value no
-    region would read is a 400, never the default. Another API's field bounds nothing: its
-    regions ignore it."""
+def _first_set(budget: _Budget, names: tuple[str, ...]) -> int:
+    """The first of `names` set to a positive length (0: none; `n_predict` may be -1)."""
+    for name in names:
+        most = whole_number(getattr(budget, name), name, minimum=-1 if name == "n_predict" else 0)
+        if most is not None and most > 0:
+            return most
+    return 0
+
+
+def completion_budget(body: bytes, default: int, endpoint: str = CHAT, prompts: int = 1) -> int:
+    """Tokens the answer may use, as the most any region could generate: the first of the
+    API's length fields that is set, or the first of llama.cpp's server's (`n_predict`
+    first), whichever is larger (else `default`), times the choices (`n`, or llama.cpp's
+    `n_cmpl`, whichever is larger; chat and completions) and the `prompts` (a completions
+    batch answers each). Each number is read as a region would read it; a value no region
+    would read is a 400, never the default."""
     try:
         budget = _BUDGET.decode(body)
     except msgspec.MsgspecError:
         raise InvalidRequest("The request's token fields cannot be read.") from None
-    most = 0
-    for name in _BOUNDS.get(endpoint, _BOUNDS[CHAT]):
-        most = whole_number(getattr(budget, name), name) or 0
-        if most:
-            break
+    bounds = _BOUNDS.get(endpoint, _BOUNDS[CHAT])
+    most = max(_first_set(budget, bounds), _first_set(budget, _LLAMA_BOUNDS.get(endpoint, bounds)))
     n = 1
     if endpoint in (CHAT, COMPLETIONS):
         n = whole_number(budget.n, "n", minimum=1) or 1
-    return max(0, most or default) * n
+        n = max(n, whole_number(budget.n_cmpl, "n_cmpl", minimum=1) or 1)
+    return (most or max(0, default)) * n * prompts
 
 
 class _Usage(msgspec.Struct):

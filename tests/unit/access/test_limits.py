@@ -88,7 +88,15 @@ def test_a_number_counts_however_it_is_written(field: dict[str, object]) -> None
 
 
 @pytest.mark.parametrize(
-    "body", [b'{"max_tokens": "many"}', b'{"max_tokens": 1.5}', b'{"n": true}', b'{"n": 0}']
+    "body",
+    [
+        b'{"max_tokens": "many"}',
+        b'{"max_tokens": 1.5}',
+        b'{"n": true}',
+        b'{"n": 0}',
+        b'{"n_predict": -2}',
+        b'{"n_cmpl": 0}',
+    ],
 )
 def test_a_number_no_region_would_read_is_refused_not_defaulted(body: bytes) -> None:
     with pytest.raises(InvalidRequest):
@@ -171,6 +179,18 @@ def test_estimate_is_prompt_plus_completion_budget() -> None:
     assert 0 < limiter.estimate(embed) < 10
 
 
+@pytest.mark.parametrize(
+    ("prompt", "prompts"),
+    [("one", 1), (["a", "b", "c"], 3), ([[1, 2], [3]], 2), ([1, 2, 3], 1)],
+)
+def test_a_completions_batch_reserves_an_answer_per_prompt(prompt: object, prompts: int) -> None:
+    # A batch of 100 prompts at max_tokens 2000 reserved 2,000 answer tokens, not 200,000.
+    limiter = Limiter([TENANT], default_max_tokens=100)
+    body = {"model": "gpt-4o", "prompt": prompt, "max_tokens": 50, "n": 2}
+    parsed = parse_body("/v1/completions", json.dumps(body).encode())
+    assert limiter.estimate_parts(parsed)[2] == 50 * 2 * prompts
+
+
 async def test_requests_beyond_the_burst_get_429_with_retry_after() -> None:
     limiter = Limiter([TENANT])
     grants = [await limiter.admit(TENANT, 10) for _ in range(3)]
@@ -242,12 +262,23 @@ async def test_unlimited_tenant_is_always_admitted() -> None:
 @pytest.mark.parametrize(
     ("endpoint", "body", "expected"),
     [
-        # Another API's length field bounds nothing: its regions never read it.
+        # Another API's length field bounds nothing where no region reads it.
         ("/v1/messages", {"max_tokens": 5000, "max_completion_tokens": 1}, 5000),
         ("/v1/responses", {"max_output_tokens": 5000, "max_tokens": 1}, 5000),
         ("/v1/chat/completions", {"max_output_tokens": 1}, 256),
         ("/v1/completions", {"max_tokens": 7, "max_completion_tokens": 1, "n": 2}, 14),
         ("/v1/messages", {"max_tokens": 10, "n": 3}, 10),
+        # llama.cpp's server reads its own fields first (and a Responses body's chat fields):
+        # the most any region could generate is reserved.
+        ("/v1/chat/completions", {"max_tokens": 10, "n_predict": 100000}, 100000),
+        ("/v1/chat/completions", {"max_tokens": 10, "n_predict": 5}, 10),
+        ("/v1/chat/completions", {"max_tokens": 10, "n_predict": -1}, 10),
+        ("/v1/chat/completions", {"n_predict": -1}, 256),
+        ("/v1/completions", {"max_tokens": 10, "n_cmpl": 16}, 160),
+        ("/v1/completions", {"max_tokens": 10, "n_cmpl": 2, "n": 3}, 30),
+        ("/v1/responses", {"max_tokens": 100000}, 100000),
+        ("/v1/responses", {"max_output_tokens": 10, "n_predict": 5000}, 5000),
+        ("/v1/messages", {"max_tokens": 10, "n_predict": 5000}, 5000),
     ],
 )
 def test_completion_budget_reads_the_fields_of_the_requests_api(
