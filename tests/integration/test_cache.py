@@ -590,6 +590,25 @@ def test_answer_shaping_headers_are_part_of_the_key(router: Proc) -> None:
     # Headers no region gets (or that never shape an answer) share the entry.
     forwarded = {"X-Forwarded-For": "10.1.2.3", "User-Agent": "another"}
     assert streamed(c, "padded", extra_headers=forwarded) == ("HIT", plain[1])
+    # Nor do the tracing and correlation headers that load balancers, CDNs and APM agents add,
+    # a new value on every request (a miss each time defeated the cache behind them).
+    for n, name in enumerate(
+        [
+            "X-Amzn-Trace-Id",
+            "sentry-trace",
+            "baggage",
+            "X-B3-TraceId",
+            "b3",
+            "x-datadog-trace-id",
+            "X-Cloud-Trace-Context",
+            "X-Correlation-Id",
+            "uber-trace-id",
+            "Via",
+            "CF-Ray",
+            "x-envoy-attempt-count",
+        ]
+    ):
+        assert streamed(c, "padded", extra_headers={name: f"v{n}"}) == ("HIT", plain[1]), name
 
 
 def test_fields_an_answer_shows_are_part_of_the_key(router: Proc) -> None:

@@ -484,16 +484,47 @@ async def _replay(
 
 
 # Headers that never change an answer: the ones no region ever gets (core.upstream drops them:
-# hop-by-hop, credentials, forwarding), and transport, SDK telemetry and tracing ones.
+# hop-by-hop, credentials, forwarding), and transport, SDK telemetry, tracing and correlation
+# ones (W3C, B3/Zipkin, Jaeger, Datadog, Sentry, AWS, Google Cloud), and what proxies and CDNs
+# in front of the router add per request.
 _VOLATILE = REQUEST_DROP | {
     "accept",
+    "b3",
+    "baggage",
     "cache-control",
+    "cdn-loop",
     "content-type",
+    "grpc-trace-bin",
+    "sentry-trace",
     "traceparent",
     "tracestate",
+    "true-client-ip",
+    "uber-trace-id",
     "user-agent",
+    "via",
+    "x-client-ip",
+    "x-cloud-trace-context",
+    "x-cluster-client-ip",
+    "x-correlation-id",
+    "x-forwarded-port",
+    "x-forwarded-prefix",
+    "x-forwarded-server",
+    "x-ot-span-context",
+    "x-original-forwarded-for",
     "x-router-timeout-ms",
 }
+# ... and every header under these prefixes.
+_VOLATILE_PREFIXES = (
+    "cf-",
+    "ot-baggage-",
+    "uberctx-",
+    "x-amz-cf-",
+    "x-amzn-",
+    "x-b3-",
+    "x-datadog-",
+    "x-envoy-",
+    "x-stainless-",
+)
 
 
 # Header name as sent -> its lower case if it may shape an answer, else "" (every request
@@ -503,7 +534,7 @@ _SHAPING: dict[str, str] = {}
 
 def _shaping(name: str) -> str:
     low = name.lower()
-    shaping = "" if low in _VOLATILE or low.startswith("x-stainless-") else low
+    shaping = "" if low in _VOLATILE or low.startswith(_VOLATILE_PREFIXES) else low
     # Names come from clients: only short ones are noted, and at most 4096 of them.
     if len(name) <= 64:
         if len(_SHAPING) >= 4096:
