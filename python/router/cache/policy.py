@@ -251,6 +251,14 @@ def _temperature(temperature: Any, rule: Rule) -> str:
     return "temperature" if temperature > rule.max_temperature else ""
 
 
+def _sampled_anyway(dynatemp_range: Any) -> bool:
+    """Whether llama.cpp's server samples whatever the temperature: its dynamic temperature
+    draws from [temperature - range, temperature + range], so at temperature 0 too."""
+    if dynatemp_range is None or isinstance(dynatemp_range, bool):
+        return False
+    return not isinstance(dynatemp_range, int | float) or dynatemp_range > 0
+
+
 def _uncacheable(request: Mapping[str, Any], rule: Rule, sampled: bool) -> str:
     if not rule.enabled:
         return "disabled"
@@ -258,9 +266,12 @@ def _uncacheable(request: Mapping[str, Any], rule: Rule, sampled: bool) -> str:
         reason = _temperature(request.get("temperature"), rule)
         if reason:
             return reason
-    n = request.get("n")
-    if n is not None and n != 1:
-        return "n"
+        if _sampled_anyway(request.get("dynatemp_range")):
+            return "temperature"
+    # llama.cpp's server reads its own `n_cmpl` before `n`.
+    for choices in (request.get("n"), request.get("n_cmpl")):
+        if choices is not None and choices != 1:
+            return "n"
     if not rule.allow_tools and (request.get("tools") or request.get("functions")):
         return "tools"
     return ""

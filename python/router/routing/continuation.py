@@ -216,18 +216,22 @@ def first_stream(kind: str, endpoint: str, body: bytes) -> FirstStream:
 class _Sampling(msgspec.Struct):
     temperature: float | None = None
     seed: int | None = None
+    # llama.cpp's server's dynamic temperature: with a range, it samples at temperature 0 too.
+    dynatemp_range: float | None = None
 
 
 _SAMPLING = msgspec.json.Decoder(_Sampling)
 
 
 def deterministic(body: bytes) -> bool:
-    """Whether the same request gives the same text again: temperature 0, or a seed."""
+    """Whether the same request gives the same text again: temperature 0 (and no dynamic
+    temperature range), or a seed."""
     try:
         sampling = _SAMPLING.decode(body)
     except msgspec.MsgspecError:
         return False
-    return sampling.temperature == 0 or sampling.seed is not None
+    greedy = sampling.temperature == 0 and not sampling.dynatemp_range
+    return greedy or sampling.seed is not None
 
 
 def whole_usage(event: bytes, sent: int) -> bytes:

@@ -180,6 +180,13 @@ def test_parse_cache_control(value: str | None, expected: CacheControl) -> None:
         ({"temperature": 0, "tools": [{"type": "function"}]}, Rule(allow_tools=True), ""),
         ({"temperature": 0, "tools": []}, Rule(), ""),
         ({"temperature": 0}, Rule(enabled=False), "disabled"),
+        # llama.cpp's server: a dynamic temperature range samples at temperature 0 too, and
+        # its own n_cmpl asks for several choices.
+        ({"temperature": 0, "dynatemp_range": 0.5}, Rule(), "temperature"),
+        ({"temperature": 0, "dynatemp_range": "wide"}, Rule(), "temperature"),
+        ({"temperature": 0, "dynatemp_range": 0}, Rule(), ""),
+        ({"temperature": 0, "n_cmpl": 3}, Rule(), "n"),
+        ({"temperature": 0, "n_cmpl": 1}, Rule(), ""),
     ],
 )
 def test_policy(request_body: dict[str, object], rule: Rule, reason: str) -> None:

@@ -155,6 +155,10 @@ def test_continuation_modes_follow_the_server_kind() -> None:
     assert deterministic(b'{"temperature": 0}')
     assert deterministic(b'{"seed": 7, "temperature": 1}')
     assert not deterministic(b'{"temperature": 0.2}')
+    # llama.cpp's server samples at temperature 0 with a dynamic temperature range.
+    assert not deterministic(b'{"temperature": 0, "dynatemp_range": 0.5}')
+    assert deterministic(b'{"temperature": 0, "dynatemp_range": 0.5, "seed": 1}')
+    assert deterministic(b'{"temperature": 0, "dynatemp_range": 0}')
     assert not deterministic(b"{}")
 
 
