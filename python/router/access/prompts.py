@@ -77,6 +77,10 @@ def _responses_messages(decoded: Any) -> list[dict[str, Any]]:
     instructions = decoded.instructions
     if instructions:
         messages.append({"role": "system", "content": _flat(instructions)})
+    # A prompt template's variables are rendered into its messages: counted as their text.
+    template = decoded.prompt
+    if isinstance(template, dict) and template.get("variables"):
+        messages.append({"role": "user", "content": _flat(template["variables"])})
     items = decoded.input
     if isinstance(items, str):
         return [*messages, {"role": "user", "content": items}]

@@ -97,6 +97,8 @@ class _Responses(msgspec.Struct):
     background: bool | None = None
     previous_response_id: str | None = None
     conversation: Any = None
+    # A prompt template kept by the provider (its id, version, variables).
+    prompt: Any = None
 
 
 class _AnthropicMessage(msgspec.Struct):
@@ -455,11 +457,13 @@ def parse_body(endpoint: str, body: bytes, *, max_items: int = 2048) -> ParsedRe
         if isinstance(decoded, _Responses):
             _check_responses(decoded, max_items)
             state_ref = decoded.previous_response_id
+            # A prompt template is the provider's too, and may change under the same id.
             stateful = (
                 decoded.store is not False
                 or bool(decoded.background)
                 or state_ref is not None
                 or decoded.conversation is not None
+                or decoded.prompt is not None
             )
         else:
             _check_messages(decoded, max_items)
@@ -515,6 +519,7 @@ def _check_responses(decoded: _Responses, max_items: int) -> None:
         decoded.input is None
         and decoded.previous_response_id is None
         and decoded.conversation is None
+        and decoded.prompt is None
     ):
         raise InvalidRequest("`input` is required.", param="input")
     whole_number(decoded.max_output_tokens, "max_output_tokens", minimum=1)

@@ -214,3 +214,12 @@ def test_a_messages_content_is_split_by_type_without_comparing_blocks() -> None:
     assert len(messages) == 202
     assert messages[200] == {"role": "user", "content": "and"}
     assert messages[201]["tool_calls"] == [{"function": {"name": "f", "arguments": "{}"}}]
+
+
+def test_a_prompt_templates_variables_are_counted() -> None:
+    # They are rendered into the template's messages; they counted nothing.
+    variables = {"topic": "word " * 500}
+    body = {"model": "m", "prompt": {"id": "pmpt_1", "variables": variables}, "input": "hi"}
+    messages = _view(RESPONSES, body)["messages"]
+    assert messages[0] == {"role": "user", "content": json.dumps(variables, separators=(",", ":"))}
+    assert messages[1] == {"role": "user", "content": "hi"}

@@ -151,6 +151,12 @@ def test_responses_requests_that_hold_state_are_marked() -> None:
         RESPONSES, b'{"model": "m", "input": "x", "store": false, "background": true}'
     )
     assert background.stateful
+    # A prompt template the provider keeps (it may change under its id); no input needed.
+    templated = parse_body(
+        RESPONSES,
+        b'{"model": "m", "store": false, "prompt": {"id": "pmpt_1", "variables": {"a": "b"}}}',
+    )
+    assert templated.stateful
     streamed = parse_body(RESPONSES, b'{"model": "m", "input": [], "store": false, "stream": true}')
     assert streamed.stream
     assert streamed.include_usage  # reported by the stream itself: nothing to ask for
