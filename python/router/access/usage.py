@@ -7,7 +7,7 @@ its token reservations with these.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -78,16 +78,23 @@ def completion_budget(body: bytes, default: int, endpoint: str = CHAT, prompts: 
     return (most or max(0, default)) * n * prompts
 
 
+# The most tokens one answer may report: beyond any model's context by far; a count outside
+# 0..this (a negative one would refill the key's bucket, one past 64 bits overflowed it) makes
+# the whole report unknown, as if the region had sent none.
+MAX_REPORTED = 2**31 - 1
+_Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_REPORTED)]
+
+
 class _Usage(msgspec.Struct):
     # OpenAI chat and completions.
-    total_tokens: int | None = None
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
+    total_tokens: _Count | None = None
+    prompt_tokens: _Count | None = None
+    completion_tokens: _Count | None = None
     # OpenAI Responses and Anthropic Messages (whose input_tokens leave out cached ones).
-    input_tokens: int | None = None
-    output_tokens: int | None = None
-    cache_read_input_tokens: int | None = None
-    cache_creation_input_tokens: int | None = None
+    input_tokens: _Count | None = None
+    output_tokens: _Count | None = None
+    cache_read_input_tokens: _Count | None = None
+    cache_creation_input_tokens: _Count | None = None
 
 
 class _Nested(msgspec.Struct):

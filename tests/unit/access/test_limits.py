@@ -6,6 +6,7 @@ import json
 from dataclasses import replace
 
 import pytest
+from aiohttp import web
 
 from router.access.auth import ANONYMOUS_TENANT, Tenant
 from router.access.limits import Limiter, format_reset, rate_headers, retry_headers
@@ -227,6 +228,22 @@ async def test_unknown_usage_keeps_the_reservation() -> None:
     (await limiter.admit(tenant, 900)).finish(None)
     with pytest.raises(RateLimited):
         await limiter.admit(tenant, 900)
+
+
+@pytest.mark.parametrize("total", [-99995, 10**15, 10**19, "7"])
+async def test_a_regions_impossible_usage_is_unknown_and_keeps_the_reservation(
+    total: object,
+) -> None:
+    # A negative total refilled the key's bucket on every answer (limits bypassed), one past
+    # 64 bits raised in the bucket table (an unhandled error, the request unrecorded).
+    tenant = replace(TENANT, request_burst=10)
+    limiter = Limiter([tenant])
+    grant = await limiter.admit(tenant, 900)
+    body = json.dumps({"choices": [], "usage": {"total_tokens": total}}).encode()
+    grant.settle(web.Response(body=body, content_type="application/json"), True)
+    with pytest.raises(RateLimited):
+        await limiter.admit(tenant, 900)
+    assert usage_tokens(body) is None
 
 
 async def test_a_request_bigger_than_the_bucket_is_refused_for_good() -> None:
