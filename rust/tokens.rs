@@ -154,9 +154,19 @@ pub fn encoding_for_model(model: &str) -> Encoding {
 pub fn count_request_tokens(body: &[u8], encoding: Encoding) -> Result<usize, RequestError> {
     let request = parse_object(body)?;
     validate(&request)?;
-    // Prompt text outside the messages: tool and function definitions, a response schema.
+    // Prompt text outside the messages: tool and function definitions, a response schema,
+    // vLLM's `documents` (rendered by RAG chat templates) and `chat_template_kwargs`, a
+    // predicted output (`prediction`, read by the model alongside the prompt).
     let mut extra = 0;
-    for field in ["tools", "functions", "response_format", "tool_choice"] {
+    for field in [
+        "tools",
+        "functions",
+        "response_format",
+        "tool_choice",
+        "documents",
+        "chat_template_kwargs",
+        "prediction",
+    ] {
         if let Some(value) = request.get(field) {
             extra += count_json(value, encoding);
         }
@@ -166,7 +176,9 @@ pub fn count_request_tokens(body: &[u8], encoding: Encoding) -> Result<usize, Re
     }
     for field in ["prompt", "input"] {
         if let Some(value) = request.get(field) {
-            return Ok(count_texts(value, encoding));
+            // A completions `suffix` is prompt too (fill-in-the-middle).
+            let suffix = request.get("suffix").map_or(0, |s| count_json(s, encoding));
+            return Ok(count_texts(value, encoding) + suffix);
         }
     }
     Err(RequestError::Shape(
@@ -342,6 +354,18 @@ mod tests {
             );
             assert!(count(&part) >= 1000, "{kind}");
         }
+        // vLLM's RAG documents and template arguments, a predicted output.
+        for field in [
+            format!(r#""documents":[{{"title":"t","text":"{description}"}}]"#),
+            format!(r#""chat_template_kwargs":{{"context":"{description}"}}"#),
+            format!(r#""prediction":{{"type":"content","content":"{description}"}}"#),
+        ] {
+            let body = format!(r#"{{"messages":[{{"role":"user","content":"hi"}}],{field}}}"#);
+            assert!(count(&body) >= plain + 1000, "{field}");
+        }
+        // A completions suffix (fill-in-the-middle).
+        let prompt = count(r#"{"prompt":"hi"}"#);
+        assert!(count(&format!(r#"{{"prompt":"hi","suffix":"{description}"}}"#)) >= prompt + 1000);
     }
 
     #[test]
