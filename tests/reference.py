@@ -314,11 +314,20 @@ def _count_part(part: Any, enc: tiktoken.Encoding) -> int:
 
 def count_request_tokens(body: bytes, enc: tiktoken.Encoding) -> int:
     """Cookbook prompt-token accounting with tiktoken (special tokens counted as plain text),
-    plus the prompt text outside the messages (tools, functions, response format)."""
+    plus the prompt text outside the messages (tools, functions, response format, vLLM's
+    documents and template arguments, a prediction; a completions suffix)."""
     request = loads(body)
     extra = sum(
         _count_json(request[field], enc)
-        for field in ("tools", "functions", "response_format", "tool_choice")
+        for field in (
+            "tools",
+            "functions",
+            "response_format",
+            "tool_choice",
+            "documents",
+            "chat_template_kwargs",
+            "prediction",
+        )
         if field in request
     )
     messages = request.get("messages")
@@ -344,7 +353,8 @@ def count_request_tokens(body: bytes, enc: tiktoken.Encoding) -> int:
         return total
     for field in ("prompt", "input"):
         if field in request:
-            return _count_texts(request[field], enc)
+            suffix = _count_json(request["suffix"], enc) if "suffix" in request else 0
+            return _count_texts(request[field], enc) + suffix
     raise ValueError("request has none of messages, prompt or input")
 
 
