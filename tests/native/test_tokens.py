@@ -106,6 +106,14 @@ def test_counts_equal_tiktoken_on_corpus(encoding: str) -> None:
     }
     raw = json.dumps(chat).encode()
     assert router.count_request_tokens(raw, encoding) == reference.count_request_tokens(raw, enc)
+    # Prompt text outside the messages: vLLM's documents and template arguments, a prediction.
+    chat["documents"] = [{"title": "t", "text": CORPUS[4]}]
+    chat["chat_template_kwargs"] = {"context": CORPUS[5]}
+    chat["prediction"] = {"type": "content", "content": CORPUS[6]}
+    raw = json.dumps(chat).encode()
+    assert router.count_request_tokens(raw, encoding) == reference.count_request_tokens(raw, enc)
+    fim = json.dumps({"prompt": CORPUS[0], "suffix": CORPUS[1]}).encode()
+    assert router.count_request_tokens(fim, encoding) == reference.count_request_tokens(fim, enc)
 
 
 @pytest.mark.parametrize("encoding", ["cl100k_base", "o200k_base"])
