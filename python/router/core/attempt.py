@@ -28,6 +28,9 @@ from router.net import http1, sse
 from router.net.idle import Deadline
 
 log = logging.getLogger("router")
+# A region shedding load (or the ingress in front of it saying it is down) answers 503: the
+# same page from two regions says nothing about the request.
+_SHEDDING = 503
 
 # Statuses that mean "this region cannot take it now, another may": retried before the first byte.
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -553,10 +556,12 @@ class Attempts:
                 ctx.last_failure = exc.kind
                 if exc.kind == FailureKind.SPILL:
                     ctx.spills += 1  # no region saw it: not one of max_attempts
+                # (Not for a 503: regions behind one ingress send the same page while shedding.)
                 repeated = (
                     last is not None
                     and exc.kind == last.kind == FailureKind.STATUS
                     and exc.status == last.status
+                    and exc.status != _SHEDDING
                     and exc.body == last.body
                     and exc.region != last.region
                 )

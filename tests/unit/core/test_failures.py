@@ -151,6 +151,18 @@ async def test_the_same_answer_from_two_regions_stops_the_attempts() -> None:
     assert len(regions["c"].requests) == 0
 
 
+async def test_the_same_busy_page_from_two_regions_leaves_the_next_one_to_try() -> None:
+    # Regions behind one ingress send the same 503 page while shedding: not the request's doing.
+    busy = LocalReply(503, {"Content-Type": "text/html"}, [b"<html>503 Service Unavailable</html>"])
+    app, regions = app_for(
+        {"a": scripted(busy), "b": scripted(busy), "c": scripted(OK)},
+        RoutingConfig(max_attempts=5),
+    )
+    status, _, headers = await post(app)
+    assert (status, headers["x-router-region"]) == (200, "c")
+    assert len(regions["c"].requests) == 1
+
+
 async def test_a_redirect_is_a_failed_attempt_never_relayed() -> None:
     moved = LocalReply(307, {"Location": "http://elsewhere.example/v1/chat/completions"}, [])
     app, regions = app_for({"a": scripted(moved), "b": scripted(OK)})
