@@ -33,6 +33,7 @@ __all__ = [
     "BodyObserver",
     "CacheMark",
     "Continuer",
+    "Discard",
     "ExchangeObserver",
     "FallbackPolicy",
     "Gate",
@@ -130,6 +131,8 @@ class AttemptObserver(Protocol):
 
 Opener = Callable[["Upstream"], Awaitable["Opened"]]
 Gate = Callable[["RequestContext"], bool]
+# Lets go of an answer nobody will use (a hedge's loser): its request closed, its slot given back.
+Discard = Callable[["Opened"], None]
 
 
 class Hedger(Protocol):
@@ -142,6 +145,7 @@ class Hedger(Protocol):
         open_one: Opener,
         observers: Sequence[AttemptObserver],
         gate: Gate,
+        discard: Discard,
         /,
     ) -> Opener: ...
 
