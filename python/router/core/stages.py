@@ -51,6 +51,7 @@ __all__ = [
     "SlotGate",
     "StateHomes",
     "StreamGuard",
+    "StreamObserver",
     "Tap",
     "UsageMeter",
     "VersionRouter",
@@ -127,6 +128,20 @@ class AttemptObserver(Protocol):
         seconds: float,
         /,
     ) -> None: ...
+
+
+class StreamObserver(Protocol):
+    """Hears how each stream that got its first byte ended. AttemptObservers hear of a stream
+    at its first byte, which is not yet a success: a region that cuts every stream after it
+    must still build up consecutive failures (ejection, circuits)."""
+
+    def broke(self, ctx: RequestContext, region: str) -> None:
+        """The stream from `region` broke after its first byte (the mid-stream policy says)."""
+        ...
+
+    def ended(self, ctx: RequestContext) -> None:
+        """The request's attempts are over: each stream that did not break went through."""
+        ...
 
 
 Opener = Callable[["Upstream"], Awaitable["Opened"]]
