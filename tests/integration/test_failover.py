@@ -404,7 +404,11 @@ async def test_midstream_break_ends_with_an_error_event_by_default(three: Three)
 
 
 def test_resume_mode_continues_on_the_next_region_exactly(tmp_path: Path) -> None:
-    header = HEADER.replace("max_attempts = 3", 'max_attempts = 3\nmidstream = "resume"')
+    # Each break counts against a: five of them here, kept under eject_after and circuit_after
+    # so that a stays first in line for the next one.
+    header = HEADER.replace("eject_after = 3", "eject_after = 10").replace(
+        "max_attempts = 3", 'max_attempts = 3\nmidstream = "resume"\ncircuit_after = 10'
+    )
     env = start_three(tmp_path, header, tokens_per_s=200)
     try:
         for i, after in enumerate((1, 5, 12)):
@@ -418,7 +422,7 @@ def test_resume_mode_continues_on_the_next_region_exactly(tmp_path: Path) -> Non
         b = sim_stats(env.b)
         assert b["requests"] == 3
         assert '"role":"assistant"' in b["last_body"]
-        assert env.region("a")["passive_failures"] >= 1
+        assert env.region("a")["passive_failures"] == 3
         # A completions stream goes on from its prompt and the text so far.
         for i, after in enumerate((2, 7)):
             prompt = f"Story number {i}:"
@@ -605,6 +609,88 @@ def test_an_input_a_region_cannot_take_goes_elsewhere_and_counts_against_no_one(
         assert answer["error"]["code"] == "unsupported_by_region"
         assert answer["error"]["type"] == "invalid_request_error"
         assert "image input is not supported" in answer["error"]["message"]
+    finally:
+        for proc in (env.router, env.a, env.b, env.c):
+            proc.kill()
+
+
+async def _stream(url: str, i: int, *, cut_at_a: bool) -> tuple[dict[str, str], bytes]:
+    """A chat stream (`cut_at_a`: region a cuts it right after its first token): the answer's
+    headers and body."""
+    body = {"model": MODEL, "messages": messages(i), "stream": True}
+    headers = {}
+    if cut_at_a:
+        headers = {"x-sim-fail": "die-mid-stream", "x-sim-only": "a", "x-sim-after-tokens": "1"}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(url + "/v1/chat/completions", json=body, headers=headers) as resp,
+    ):
+        assert resp.status == 200
+        return dict(resp.headers), await resp.read()
+
+
+def test_a_region_cutting_every_stream_after_its_first_token_is_ejected(tmp_path: Path) -> None:
+    """Issue: a stream counted as a success at its first byte, then its break as a failure, so
+    a region cutting every stream never had two failures in a row: never ejected, never out of
+    its circuit, every stream ended in an error event. A stream's success now comes at its
+    end: breaks build up; a stream that went through resets the count."""
+    header = HEADER.replace("base_ejection_s = 1.0", "base_ejection_s = 30.0").replace(
+        "max_attempts = 3", "max_attempts = 3\ncircuit_after = 50"
+    )
+    env = start_three(tmp_path, header)
+    url = env.router.url
+    try:
+        headers, raw = asyncio.run(_stream(url, 1, cut_at_a=True))
+        assert (headers["x-router-region"], read_stream(raw)[1:3]) == ("a", (0, 1))
+        # One break is one failure: a region with eject_after = 3 stays in.
+        assert (env.region("a")["passive_failures"], env.region("a")["ejections"]) == (1, 0)
+        # A stream that went through ends the run of failures, and its TTFT counts.
+        headers, raw = asyncio.run(_stream(url, 2, cut_at_a=False))
+        assert (headers["x-router-region"], read_stream(raw)[1:3]) == ("a", (1, 0))
+        wait_until(lambda: env.region("a")["passive_failures"] == 0)
+        assert env.region("a")["ewma_ttft_ms"] is not None
+        for i in (3, 4):
+            headers, raw = asyncio.run(_stream(url, i, cut_at_a=True))
+            assert (headers["x-router-region"], read_stream(raw)[1:3]) == ("a", (0, 1))
+        assert (env.region("a")["passive_failures"], env.region("a")["ejections"]) == (2, 0)
+        # The third break in a row ejects it: the next stream goes to b, whole.
+        headers, raw = asyncio.run(_stream(url, 5, cut_at_a=True))
+        assert read_stream(raw)[1:3] == (0, 1)
+        assert env.region("a")["ejections"] == 1
+        headers, raw = asyncio.run(_stream(url, 6, cut_at_a=True))
+        assert (headers["x-router-region"], headers["x-router-attempts"]) == ("b", "1")
+        assert read_stream(raw)[1:3] == (1, 0)
+    finally:
+        for proc in (env.router, env.a, env.b, env.c):
+            proc.kill()
+
+
+def test_resumed_breaks_build_up_against_the_region_that_cuts_its_streams(
+    tmp_path: Path,
+) -> None:
+    """midstream = "resume": every stream breaks at a and is finished by b, whole. Each break
+    counts against a (its health and its circuit for the model), so after circuit_after of
+    them a's circuit opens and streams go to b first, without a break to pay."""
+    header = HEADER.replace("eject_after = 3", "eject_after = 50").replace(
+        "max_attempts = 3",
+        'max_attempts = 3\nmidstream = "resume"\ncircuit_after = 3\n'
+        "circuit_base_s = 30.0\ncircuit_max_s = 30.0",
+    )
+    env = start_three(tmp_path, header)
+    url = env.router.url
+    try:
+        for i in range(3):
+            headers, raw = asyncio.run(_stream(url, 10 + i, cut_at_a=True))
+            streamed, done, errors, _ = read_stream(raw)
+            assert (streamed, done, errors) == (text.full_chat_text(MODEL, messages(10 + i)), 1, 0)
+            # Its head went out from a, before the break.
+            assert headers["x-router-region"] == "a"
+        assert sim_stats(env.b)["requests"] == 3
+        assert env.region("a")["passive_failures"] == 3
+        headers, raw = asyncio.run(_stream(url, 13, cut_at_a=True))
+        assert (headers["x-router-region"], headers["x-router-attempts"]) == ("b", "1")
+        assert read_stream(raw)[1:3] == (1, 0)
+        assert sim_stats(env.a)["requests"] == 3
     finally:
         for proc in (env.router, env.a, env.b, env.c):
             proc.kill()

@@ -419,6 +419,7 @@ class Attempts:
 
     __slots__ = (
         "_first_byte",
+        "_slot_of",
         "candidates",
         "ctx",
         "headers_in",
@@ -461,6 +462,8 @@ class Attempts:
         tenant = ctx.tenant
         self.priority = tenant.priority if tenant is not None else 0
         self.held: list[Slot] = []
+        # The slot each answer still holds (what `discard` gives back).
+        self._slot_of: dict[Opened, Slot] = {}
         self.started: set[str] = set()
         ctx.candidates = list(candidates)
 
@@ -502,6 +505,8 @@ class Attempts:
         try:
             opened = await open_attempt(upstream, ctx, body, headers, first_byte, self.max_bytes)
             opened.usage_added = usage_added
+            if slot is not None:
+                self._slot_of[opened] = slot
             return opened
         except BaseException:
             # This attempt's own slot: with hedging two attempts hold slots at once.
@@ -527,7 +532,9 @@ class Attempts:
         gate = self.retry.allow
         opener: Opener = self.open
         if self.hedger is not None:
-            opener = self.hedger(ctx, self.candidates, self.open, self.observers, gate)
+            opener = self.hedger(
+                ctx, self.candidates, self.open, self.observers, gate, self.discard
+            )
         last: AttemptError | None = None
         tries: dict[str, int] = {}
         failures: dict[str, AttemptError] = {}
@@ -627,8 +634,20 @@ class Attempts:
         self.observe(upstream, None, time.perf_counter() - began)
         return opened
 
+    def discard(self, opened: Opened) -> None:
+        """Let go of an answer nobody will use (a hedge's loser, in the same turn as the
+        winner's): its request closed, so the region stops and its pooled connection is not
+        held by a response nobody reads, and its admission slot given back now."""
+        if opened.response is not None:
+            opened.response.close()
+        slot = self._slot_of.pop(opened, None)
+        if slot is not None and slot in self.held:
+            self.held.remove(slot)
+            slot.release()
+
     def release(self) -> None:
         """Give back every admission slot the attempts still hold."""
         held, self.held = self.held, []
+        self._slot_of.clear()
         for slot in held:
             slot.release()

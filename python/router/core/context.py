@@ -140,6 +140,7 @@ class RequestContext:
         "request_id",
         "shut_down",
         "spills",
+        "streaming",
         "tenant",
         "timer",
         "tracker",
@@ -186,6 +187,10 @@ class RequestContext:
         self.free_retry = False
         # A stream that may be continued elsewhere: what was sent so far.
         self.tracker: StreamGuard | None = None
+        # Streams whose first byte came and whose end is not known yet: (region, model,
+        # seconds to the first byte). A first byte is not yet a success: the stream may break
+        # after it (core.stages.StreamObserver).
+        self.streaming: list[tuple[str, str, float]] = []
         self.queue_depth: int | None = None
         # Stage durations fixed when the headers went out, so the header and the log agree.
         self.at_headers: dict[str, int] | None = None

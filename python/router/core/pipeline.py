@@ -47,6 +47,7 @@ from router.core.stages import (
     Selector,
     SlotGate,
     StateHomes,
+    StreamObserver,
     Tap,
     VersionRouter,
 )
@@ -106,6 +107,7 @@ class Features:
     selector: Selector = config_order
     slots: SlotGate | None = None
     observers: tuple[AttemptObserver, ...] = ()
+    streams: StreamObserver | None = None
     hedger: Hedger | None = None
     continuer: Continuer | None = None
     cache: ResponseCache | None = None
@@ -352,6 +354,9 @@ class Pipeline:
                     timer.end(STREAM)
             finally:
                 attempts.release()
+                if features.streams is not None:
+                    # After the relay: a stream's success is known only once it ended.
+                    features.streams.ended(ctx)
         raise AssertionError("unreachable: the last model returns or raises")
 
     async def unknown(

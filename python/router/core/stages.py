@@ -33,6 +33,7 @@ __all__ = [
     "BodyObserver",
     "CacheMark",
     "Continuer",
+    "Discard",
     "ExchangeObserver",
     "FallbackPolicy",
     "Gate",
@@ -50,6 +51,7 @@ __all__ = [
     "SlotGate",
     "StateHomes",
     "StreamGuard",
+    "StreamObserver",
     "Tap",
     "UsageMeter",
     "VersionRouter",
@@ -128,8 +130,24 @@ class AttemptObserver(Protocol):
     ) -> None: ...
 
 
+class StreamObserver(Protocol):
+    """Hears how each stream that got its first byte ended. AttemptObservers hear of a stream
+    at its first byte, which is not yet a success: a region that cuts every stream after it
+    must still build up consecutive failures (ejection, circuits)."""
+
+    def broke(self, ctx: RequestContext, region: str) -> None:
+        """The stream from `region` broke after its first byte (the mid-stream policy says)."""
+        ...
+
+    def ended(self, ctx: RequestContext) -> None:
+        """The request's attempts are over: each stream that did not break went through."""
+        ...
+
+
 Opener = Callable[["Upstream"], Awaitable["Opened"]]
 Gate = Callable[["RequestContext"], bool]
+# Lets go of an answer nobody will use (a hedge's loser): its request closed, its slot given back.
+Discard = Callable[["Opened"], None]
 
 
 class Hedger(Protocol):
@@ -142,6 +160,7 @@ class Hedger(Protocol):
         open_one: Opener,
         observers: Sequence[AttemptObserver],
         gate: Gate,
+        discard: Discard,
         /,
     ) -> Opener: ...
 

@@ -256,7 +256,8 @@ def whole_usage(event: bytes, sent: int) -> bytes:
 
 
 class MidstreamPolicy:
-    """What the relay does when a stream breaks: report it, then continue elsewhere or give up.
+    """What the relay does when a stream breaks: report it (`report(ctx, region)`: a failure of
+    that region, core.stages.StreamObserver.broke), then continue elsewhere or give up.
 
     A region continues only in the way it can (`mode_of`): "continue" sends the text so far as
     an assistant prefill; "regenerate" resends the request (deterministic requests only) and
@@ -268,7 +269,7 @@ class MidstreamPolicy:
         mode: str,
         *,
         max_resumes: int,
-        report: Callable[[str, str], None],
+        report: Callable[[RequestContext, str], None],
     ) -> None:
         self.mode = mode
         self.max_resumes = max_resumes
@@ -308,8 +309,8 @@ class MidstreamPolicy:
         """Continue ctx's broken stream on the remaining candidates, each allowed `idle_s`
         between chunks (the request's `timeouts.idle`); False if none could."""
         if ctx.region is not None:
-            # The attempt counted as ok at its first byte; the break is a failure of the region.
-            self.report(ctx.region, "server_error")
+            # Its first byte did not count as a success yet: the break counts as a failure.
+            self.report(ctx, ctx.region)
         tracker = ctx.tracker
         if not isinstance(tracker, SentEvents):
             return False
@@ -374,7 +375,7 @@ class MidstreamPolicy:
                 return True
             if ok is False:
                 # It answered and then broke (a failed attempt was reported by the attempt path).
-                self.report(upstream.name, "server_error")
+                self.report(ctx, upstream.name)
         return False
 
 

@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from router.config import Config, RoutingConfig
 from router.core.context import RequestContext
 from router.core.failure import AttemptError, FailureKind, health_outcome
-from router.core.stages import AttemptObserver, Selector
+from router.core.stages import Selector
 from router.core.upstream import Upstream, Upstreams
 from router.routing import circuit
 from router.routing.budget import RetryBudget
@@ -148,22 +148,35 @@ def hedge_delay(health: Health, live: LiveRouting) -> Callable[[str], float | No
     return delay_of
 
 
-def passive_hook(health: Health, circuits: Circuits | None = None) -> AttemptObserver:
+class PassiveHealth:
     """Every attempt's outcome and latency into the health table and the (region, model)
-    circuits. A region that answered with an error is alive: that counts against the model
-    there (its circuit), not against the region and its other models."""
+    circuits (an AttemptObserver), and how each stream ended (a StreamObserver).
 
-    def hook(ctx: RequestContext, upstream: Upstream, error: AttemptError | None, s: float) -> None:
+    A region that answered with an error is alive: that counts against the model there (its
+    circuit), not against the region and its other models. A stream's first byte is not yet
+    its success: it is reported when the stream ends, a success (with its TTFT) if it went
+    through, else a failure of the region and of the model there, so that a region cutting
+    every stream after its first token builds up consecutive failures and is ejected (and its
+    circuit opens) like one that fails before it."""
+
+    __slots__ = ("circuits", "health")
+
+    def __init__(self, health: Health, circuits: Circuits | None = None) -> None:
+        self.health = health
+        self.circuits = circuits
+
+    def __call__(
+        self, ctx: RequestContext, upstream: Upstream, error: AttemptError | None, s: float
+    ) -> None:
         name = upstream.name
         model = ctx.request.upstream_model
+        circuits = self.circuits
         if error is None:
-            # An attempt returns at the first byte of a stream, or with a whole body.
             if ctx.request.stream:
-                health.report(name, "ok", ttft_s=s)
-            else:
-                health.report(name, "ok", total_s=s)
-            if circuits is not None:
-                circuits.record(name, model, True, time.monotonic())
+                # Known once it ends: `broke` or `ended` reports it, once.
+                ctx.streaming.append((name, model, s))
+                return
+            self._went_through(name, model, total_s=s)
             return
         if circuits is not None and error.retry_after_s is not None:
             # A region shedding load said for how long: others first until then.
@@ -177,9 +190,38 @@ def passive_hook(health: Health, circuits: Circuits | None = None) -> AttemptObs
             if circuits.record(name, model, False, time.monotonic()):
                 log.warning("region %s: circuit for model %s open after %s", name, model, outcome)
             outcome = "neutral"
-        health.report(name, outcome)
+        self.health.report(name, outcome)
 
-    return hook
+    def broke(self, ctx: RequestContext, region: str) -> None:
+        """The stream from `region` broke after its first byte: a failure of the region (it
+        may be gone) and of the model there (it may be failing), counted once."""
+        model = ctx.request.upstream_model
+        streaming = ctx.streaming
+        for i in range(len(streaming) - 1, -1, -1):
+            if streaming[i][0] == region:
+                model = streaming.pop(i)[1]
+                break
+        self.health.report(region, "server_error")
+        circuits = self.circuits
+        if circuits is not None and circuits.record(region, model, False, time.monotonic()):
+            log.warning("region %s: circuit for model %s open after broken streams", region, model)
+
+    def ended(self, ctx: RequestContext) -> None:
+        """The request's attempts are over: each stream that did not break went through (or
+        its client left, which says nothing against the region)."""
+        streaming = ctx.streaming
+        if not streaming:
+            return
+        ctx.streaming = []
+        for name, model, s in streaming:
+            self._went_through(name, model, ttft_s=s)
+
+    def _went_through(
+        self, name: str, model: str, *, ttft_s: float | None = None, total_s: float | None = None
+    ) -> None:
+        self.health.report(name, "ok", ttft_s=ttft_s, total_s=total_s)
+        if self.circuits is not None:
+            self.circuits.record(name, model, True, time.monotonic())
 
 
 def routing_headers(ctx: RequestContext, headers: MutableMapping[str, str]) -> None:

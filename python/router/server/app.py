@@ -40,9 +40,9 @@ from router.routing.health import Health, lifetime
 from router.routing.hedge import hedger
 from router.routing.runtime import (
     LiveRouting,
+    PassiveHealth,
     RetryState,
     hedge_delay,
-    passive_hook,
     routing_headers,
     selector,
 )
@@ -203,10 +203,10 @@ def build_app(
     fallbacks = Fallbacks(config.models)
     reloader.register("fallbacks", fallbacks.prepare_reload, ("models",))
     circuits = routing.circuits
+    # Attempt outcomes, and how each stream ended, into region health and the circuits.
+    passive = PassiveHealth(health, circuits)
     midstream = MidstreamPolicy(
-        config.routing.midstream,
-        max_resumes=config.routing.max_resumes,
-        report=lambda region, outcome: health.report(region, outcome),
+        config.routing.midstream, max_resumes=config.routing.max_resumes, report=passive.broke
     )
     routing.on_change.append(midstream.retune)
     # What it cost: Server-Timing, metrics, access log, SLOs, the status page.
@@ -229,7 +229,7 @@ def build_app(
         )
         observers.append(observer.attempt)
         telemetry.add_routes(app, observer, config.observability, routes=ops)
-    observers += [canary_hook(rollout), passive_hook(health, circuits)]
+    observers += [canary_hook(rollout), passive]
     # Traces (optional): a span per request and per attempt.
     tracing = Tracing.from_config(config.observability, span_exporter)
     if tracing is not None:
@@ -257,6 +257,7 @@ def build_app(
         selector=selector(health, routing, circuits),
         slots=admission,
         observers=tuple(observers),
+        streams=passive,
         hedger=hedger(lambda: routing.config.hedge_endpoints, hedge_delay(health, routing)),
         continuer=midstream,
         cache=cache,

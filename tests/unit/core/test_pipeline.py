@@ -90,7 +90,7 @@ def app_for(
         continuer=MidstreamPolicy(
             live.config.midstream,
             max_resumes=live.config.max_resumes,
-            report=lambda region, outcome: None,
+            report=lambda ctx, region: None,
         ),
         decorators=(routing_headers, *decorators),
         cache=cache,

@@ -5,11 +5,22 @@ from __future__ import annotations
 import time
 
 import pytest
+from multidict import CIMultiDict
 
-from router.config import Config, RegionConfig, RoutingConfig
+from router.config import Config, HealthConfig, RegionConfig, RoutingConfig
 from router.core.context import RequestContext
-from router.routing.health import outcome_of
-from router.routing.runtime import LiveRouting, client_deadline, first_byte, retry_gate
+from router.core.request import CHAT, parse_body
+from router.core.transport import LocalReply, LocalTransport
+from router.core.upstream import Upstream
+from router.routing.circuit import Circuits
+from router.routing.health import Health, outcome_of
+from router.routing.runtime import (
+    LiveRouting,
+    PassiveHealth,
+    client_deadline,
+    first_byte,
+    retry_gate,
+)
 
 
 def test_client_deadline_from_headers() -> None:
@@ -107,3 +118,43 @@ def test_a_reload_with_circuits_that_cannot_be_refuses_before_changing_anything(
         live.prepare(old, Config(regions=(region,), routing=bad))
     assert live.config is old.routing
     assert live.circuits.base_s == 5.0
+
+
+def test_a_stream_counts_for_its_region_when_it_ends_and_once() -> None:
+    """A stream's first byte is not yet a success: a region cutting every stream after it
+    builds up failures (ejection, the model's circuit); one that goes through resets them and
+    gives its TTFT. Each stream is one report, whichever way it ended."""
+    region = RegionConfig(name="a", base_url="http://127.0.0.1:9/v1", models=("m",))
+    health = Health(HealthConfig(eject_after=2), [region])
+    circuits = Circuits(failures_to_open=2)
+    passive = PassiveHealth(health, circuits)
+
+    async def never(path: str, raw: bytes, headers: CIMultiDict[str]) -> LocalReply:
+        raise AssertionError("no request is sent")
+
+    a = Upstream(region, LocalTransport(never), None)
+    body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": true}'
+
+    def stream(broken: bool) -> None:
+        ctx = RequestContext("r", CHAT)
+        ctx.parsed = parse_body(CHAT, body)
+        passive(ctx, a, None, 0.05)  # its first byte
+        if broken:
+            passive.broke(ctx, "a")
+        passive.ended(ctx)
+
+    def state() -> tuple[int, int, int]:
+        h = health.snapshot()["a"]
+        return h.passive_reports, h.passive_failures, h.ejections
+
+    stream(broken=True)
+    assert state() == (1, 1, 0)  # one break: one failure, no ejection at eject_after = 2
+    assert health.snapshot()["a"].ewma_ttft_s is None
+    stream(broken=False)
+    assert state() == (2, 0, 0)
+    assert health.snapshot()["a"].ewma_ttft_s == pytest.approx(0.05)
+    assert circuits.closed("a", "m", time.monotonic())
+    stream(broken=True)
+    stream(broken=True)
+    assert state() == (4, 0, 1)  # ejected (its count starts again)
+    assert not circuits.closed("a", "m", time.monotonic())
