@@ -1,8 +1,14 @@
 //! Decoding request bodies into a borrowed JSON tree and writing canonical JSON. Pure; no pyo3.
 //!
 //! A small strict RFC 8259 parser instead of `serde_json::Value`: strings without escapes and
-//! every number are borrowed from the body, and object entries are sorted once, which makes the
-//! fingerprint of a 2 KB request a few microseconds.
+//! every number are borrowed from the body, which makes the fingerprint of a 2 KB request a few
+//! microseconds. [`parse_object`] sorts each object's members by key and keeps the last of equal
+//! keys (token counting and templates read members by key); [`parse_document`] keeps every
+//! member in the order written, for the fingerprint: member order changes what a model
+//! generates in many places (a JSON schema's `properties` are generated in that order by
+//! Structured Outputs and grammar-constrained decoding; chat templates render `tools` with
+//! `tojson`, which keeps it), and a duplicate key is read as the first member by some parsers
+//! and as the last by others.
 //!
 //! Numbers keep their literal exactly, every digit as written: `1`, `1.0`, `1e0` and `-0` vs `0`
 //! stay apart. Unifying equal values is not safe for every field: an upstream may reject `1.0`
@@ -48,18 +54,18 @@ pub enum Node<'a> {
     /// control character ([`write_parsed`] relies on this).
     Str(Cow<'a, str>),
     Arr(Vec<Node<'a>>),
-    /// Entries sorted by key, duplicates resolved to the last one (as JSON parsers do).
+    /// Members: from [`parse_object`] sorted by key, duplicates resolved to the last one (as
+    /// most JSON parsers do); from [`parse_document`] every member in the order written.
     Obj(Vec<(Cow<'a, str>, Node<'a>)>),
 }
 
 impl<'a> Node<'a> {
-    /// The value under `key` if this is an object that has it.
+    /// The value under `key` if this is an object that has it; the last of duplicate keys.
     pub fn get(&self, key: &str) -> Option<&Node<'a>> {
         match self {
-            Self::Obj(entries) => entries
-                .binary_search_by(|(k, _)| k.as_ref().cmp(key))
-                .ok()
-                .map(|i| &entries[i].1),
+            // Objects in requests hold a few members: a scan from the end is as fast as a
+            // binary search, and works on members in the order written too.
+            Self::Obj(entries) => entries.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v),
             _ => None,
         }
     }
@@ -85,8 +91,19 @@ impl<'a> Node<'a> {
     }
 }
 
-/// Parse raw request bytes into a JSON object (returned as `Node::Obj`).
+/// Parse raw request bytes into a JSON object (returned as `Node::Obj`), each object's members
+/// sorted by key and the last of duplicate keys kept.
 pub fn parse_object(body: &[u8]) -> Result<Node<'_>, RequestError> {
+    parse(body, false)
+}
+
+/// Parse raw request bytes into a JSON object (returned as `Node::Obj`), each object's members
+/// in the order written, duplicate keys included: everything a server could read differently.
+pub fn parse_document(body: &[u8]) -> Result<Node<'_>, RequestError> {
+    parse(body, true)
+}
+
+fn parse(body: &[u8], as_written: bool) -> Result<Node<'_>, RequestError> {
     let text = std::str::from_utf8(body).map_err(|e| {
         RequestError::Decode(format!(
             "request body is not valid UTF-8 (byte {})",
@@ -101,6 +118,7 @@ pub fn parse_object(body: &[u8]) -> Result<Node<'_>, RequestError> {
         // Enough for a typical request's deepest open containers without regrowing.
         values: Vec::with_capacity(32),
         keys: Vec::with_capacity(16),
+        as_written,
         failure: None,
     };
     if parser.push_value().is_err() {
@@ -169,6 +187,8 @@ struct Parser<'a> {
     values: Vec<Node<'a>>,
     /// Keys of the objects being parsed, the same way.
     keys: Vec<Cow<'a, str>>,
+    /// Keep each object's members as written instead of sorting and deduplicating them.
+    as_written: bool,
     failure: Option<RequestError>,
 }
 
@@ -333,19 +353,20 @@ impl<'a> Parser<'a> {
             .drain(key_base..)
             .zip(self.values.drain(base..))
             .collect();
-        let sorted = match entries.as_mut_slice() {
-            // The common small cases without a sort call.
-            [] | [_] => true,
-            [a, b] => match a.0.cmp(&b.0) {
-                std::cmp::Ordering::Less => true,
-                std::cmp::Ordering::Greater => {
-                    std::mem::swap(a, b);
-                    true
-                }
-                std::cmp::Ordering::Equal => false,
-            },
-            many => many.windows(2).all(|w| w[0].0 < w[1].0),
-        };
+        let sorted = self.as_written
+            || match entries.as_mut_slice() {
+                // The common small cases without a sort call.
+                [] | [_] => true,
+                [a, b] => match a.0.cmp(&b.0) {
+                    std::cmp::Ordering::Less => true,
+                    std::cmp::Ordering::Greater => {
+                        std::mem::swap(a, b);
+                        true
+                    }
+                    std::cmp::Ordering::Equal => false,
+                },
+                many => many.windows(2).all(|w| w[0].0 < w[1].0),
+            };
         if !sorted {
             // Stable sort, then keep the last of equal keys (moved into the surviving slot).
             entries.sort_by(|a, b| a.0.cmp(&b.0));
@@ -504,8 +525,9 @@ impl<'a> Parser<'a> {
     }
 }
 
-/// Append `value` as canonical JSON: sorted keys, no spaces, numbers as written, strings as in
-/// [`write_string`]. Only whole UTF-8 sequences are written.
+/// Append `value` as canonical JSON: members in the tree's order (see [`Node::Obj`]), no
+/// spaces, numbers as written, strings as in [`write_string`]. Only whole UTF-8 sequences are
+/// written.
 pub fn write_value(value: &Node<'_>, out: &mut Vec<u8>) {
     match value {
         Node::Null => out.extend_from_slice(b"null"),
@@ -623,6 +645,21 @@ mod tests {
             "\"\\u0001\\\"\\\\\\n é é 🎉 /\""
         );
         assert_eq!(canon("100000000000000000001"), "100000000000000000001");
+    }
+
+    #[test]
+    fn documents_keep_members_as_written() {
+        let body = br#"{"b":{"y":1,"x":2,"y":3},"a":[{"k":1,"j":2}]}"#;
+        let mut out = Vec::new();
+        write_value(&parse_document(body).unwrap(), &mut out);
+        assert_eq!(out, body);
+        // The last of repeated keys is the one read by key.
+        let document = parse_document(body).unwrap();
+        assert_eq!(document.get("b").unwrap().get("y"), Some(&Node::Num("3")));
+        assert_eq!(
+            parse_object(body).unwrap().get("b").unwrap().get("y"),
+            Some(&Node::Num("3"))
+        );
     }
 
     #[test]

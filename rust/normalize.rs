@@ -35,6 +35,9 @@
 //! ones `'` ‘ ’ ‚ ‛ ＇ unless between two word characters (an apostrophe: don't, l’été); a word
 //! character is an ASCII letter or digit or any non-ASCII character but a space separator, a
 //! line break or a quote mark. Paragraphs are separated by blank lines and fences.
+//!
+//! "The text" is what the model reads: a message's text parts are one text, normalized the way
+//! each server may join them ([`normalize_parts`]), never part by part.
 
 /// Normalize `text` for cache matching; idempotent: `normalize(normalize(x)) == normalize(x)`.
 pub fn normalize(text: &str) -> String {
@@ -137,9 +140,108 @@ pub fn normalize_into(text: &str, out: &mut Vec<u8>) {
     }
 }
 
+/// A message's text parts normalized as one text (see [`normalize_parts`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Parts {
+    /// The parts joined by a line break and normalized, cut where each part ends (a part whose
+    /// text fold 1 or 2 removed whole is empty).
+    pub parts: Vec<String>,
+    /// The parts joined without a separator, normalized.
+    pub unseparated: String,
+    /// The parts joined by a blank line, normalized.
+    pub paragraphs: String,
+}
+
+/// Normalize the text parts of one message as the text a server renders from them, whichever
+/// way it joins them: vLLM and llama.cpp's server join them with a line break for a chat
+/// template that takes a string (vLLM `"\n".join`, llama.cpp `concat_typed_text`), a template
+/// that loops over the parts writes them one after the other, and llama.cpp's `render_content`
+/// puts a blank line between them. Normalizing each part alone is wrong in every one of these:
+/// the line-start folds would apply where no line starts (`"  return 1"` after `"def f():"` is
+/// indented code), a quotation opened in one part would not cover the next, and a fence, a
+/// paragraph with a backtick or space-aligned columns would be cut at each part. Two messages
+/// share all three joinings and where each part ends only if every server renders them alike up
+/// to the folds.
+pub fn normalize_parts(texts: &[&str]) -> Parts {
+    let lines = texts.join("\n");
+    let mut separators = Vec::with_capacity(texts.len().saturating_sub(1));
+    let mut at = 0;
+    for text in texts.iter().take(texts.len().saturating_sub(1)) {
+        at += text.len();
+        separators.push(at);
+        at += 1;
+    }
+    let mut out = Vec::with_capacity(lines.len());
+    normalize_into(&lines, &mut out);
+    let mut parts = Vec::with_capacity(texts.len());
+    let mut from = 0;
+    for (cut, kept) in separators_in(lines.as_bytes(), trim_span(&lines), &separators, &out) {
+        parts.push(utf8(&out[from..cut]));
+        from = cut + usize::from(kept);
+    }
+    parts.push(utf8(&out[from..]));
+    Parts {
+        parts,
+        unseparated: normalize(&texts.concat()),
+        paragraphs: normalize(&texts.join("\n\n")),
+    }
+}
+
+/// Whole characters of a normalized text, which only cuts at a line break.
+fn utf8(bytes: &[u8]) -> String {
+    String::from_utf8(bytes.to_vec()).unwrap_or_default()
+}
+
+/// Where each separator of `text` (ascending byte offsets, each at a line break) is in `out`,
+/// the normalized `text`, and whether it is still there. The folds never remove, change or add
+/// a line break between the ends that folds 1-3 keep (`span`), so the n-th break there is the
+/// n-th break of `out`; a separator cut off before or after them is at `out`'s start or end.
+fn separators_in(
+    text: &[u8],
+    span: (usize, usize),
+    separators: &[usize],
+    out: &[u8],
+) -> Vec<(usize, bool)> {
+    let (mut i, mut o) = (span.0, 0);
+    let mut cuts = Vec::with_capacity(separators.len());
+    for &at in separators {
+        if at < span.0 {
+            cuts.push((0, false));
+            continue;
+        }
+        if at >= span.1 {
+            cuts.push((out.len(), false));
+            continue;
+        }
+        loop {
+            let (brk, out_brk) = (line_end(text, i), line_end(out, o));
+            let n = break_len(text, brk);
+            debug_assert_eq!(text.get(brk..brk + n), out.get(out_brk..out_brk + n));
+            if n == 0 || brk > at {
+                // Not reached: `at` is inside a line break of the span.
+                cuts.push((out.len(), false));
+                break;
+            }
+            (i, o) = (brk + n, out_brk + n);
+            if at < i {
+                // A part's trailing `\r` and the separator are one `\r\n` break.
+                cuts.push((out_brk + (at - brk), true));
+                break;
+            }
+        }
+    }
+    cuts
+}
+
 /// Folds 1-3: the text without trailing blank space, leading blank lines, and the up to three
 /// leading spaces of a one-line text.
 fn trim(text: &str) -> &str {
+    let (start, end) = trim_span(text);
+    &text[start..end]
+}
+
+/// Where [`trim`]'s text starts and ends in `text`.
+fn trim_span(text: &str) -> (usize, usize) {
     let text = text.trim_end_matches(|c| is_space(c) || is_line_break(c));
     let first = text.len()
         - text
@@ -151,9 +253,9 @@ fn trim(text: &str) -> &str {
     let rest = &text[line_start..];
     let indent = &text[line_start..first];
     if !indent.is_empty() && indent.chars().count() <= 3 && !rest.contains(is_line_break) {
-        &text[first..]
+        (first, text.len())
     } else {
-        rest
+        (line_start, text.len())
     }
 }
 
@@ -658,6 +760,83 @@ mod tests {
         );
         // A run beside a tab or at a line's end is not a column.
         assert_eq!(n("a  \tb\nc  d\ne f"), "a  \tb\nc d\ne f");
+    }
+
+    #[test]
+    fn parts_are_one_text() {
+        let p = |texts: &[&str]| normalize_parts(texts);
+        // Each part's share of the parts joined by a line break: line starts only at line starts.
+        assert_eq!(
+            p(&["def f():", "  return 1"]).parts,
+            ["def f():", "  return 1"]
+        );
+        assert_eq!(p(&["abc", " def"]).parts, ["abc", " def"]);
+        // A quotation opened in one part covers the next.
+        let quoted = p(&["Say: \"", "a     b", "\"?"]);
+        assert_eq!(quoted.parts, ["Say: \"", "a     b", "\"?"]);
+        assert_eq!(quoted.unseparated, "Say: \"a     b\"?");
+        // Folds 1 and 2 may remove whole parts; a trailing `\r` and the line break are one.
+        assert_eq!(
+            p(&["\n", "  ", "\n  Hi  there ", " "]).parts,
+            ["", "", "Hi there", ""]
+        );
+        assert_eq!(p(&["a\r", "b  c\nd\ne"]).parts, ["a\r", "b c\nd\ne"]);
+        let folded = p(&["  Hello   world ", "How  are you? "]);
+        assert_eq!(folded.parts, ["  Hello   world ", "How  are you?"]);
+        assert_eq!(folded.unseparated, "Hello world How are you?");
+        assert_eq!(folded.paragraphs, "  Hello   world \n\nHow are you?");
+    }
+
+    #[test]
+    fn separators_are_found_in_the_normalized_text() {
+        let alphabet = [
+            "a", "Z", " ", "  ", "\t", "\n", "\r", "\r\n", "`", "\"", "'", "é", "\u{2028}", "```",
+        ];
+        let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut pick = |n: usize| {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1);
+            (state >> 33) as usize % n
+        };
+        for _ in 0..3000 {
+            let texts: Vec<String> = (0..=pick(4))
+                .map(|_| {
+                    (0..pick(10))
+                        .map(|_| alphabet[pick(alphabet.len())])
+                        .collect()
+                })
+                .collect();
+            let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
+            let lines = texts.join("\n");
+            let out = normalize(&lines);
+            let mut separators = Vec::new();
+            let mut at = 0;
+            for text in &texts[..texts.len() - 1] {
+                at += text.len();
+                separators.push(at);
+                at += 1;
+            }
+            let cuts = separators_in(
+                lines.as_bytes(),
+                trim_span(&lines),
+                &separators,
+                out.as_bytes(),
+            );
+            // Each kept separator is a line break of `out`, in order; the parts rebuild `out`.
+            let mut rebuilt = String::new();
+            let parts = normalize_parts(&texts).parts;
+            for (part, (cut, kept)) in parts.iter().zip(&cuts) {
+                assert!(!kept || out.as_bytes()[*cut] == b'\n', "{texts:?}");
+                rebuilt.push_str(part);
+                if *kept {
+                    rebuilt.push('\n');
+                }
+            }
+            rebuilt.push_str(&parts[parts.len() - 1]);
+            assert_eq!(rebuilt, out, "{texts:?}");
+            assert!(cuts.windows(2).all(|w| w[0].0 <= w[1].0), "{texts:?}");
+        }
     }
 
     #[test]

@@ -1,8 +1,11 @@
-"""The published cache-key sets for level "normalized": pairs that must not share a key (false
-hits: a different question, or the same words asking something else), pairs that must share one
-(true hits: the four blank-space folds of rust/normalize.rs, away from the blank space it keeps),
-and pairs that mean the same to most readers but are kept apart on purpose (conservative misses).
-Each pair carries its reason.
+"""The published cache-key sets. For level "normalized": pairs of texts that must not share a key
+(false hits: a different question, or the same words asking something else), pairs that must
+share one (true hits: the four blank-space folds of rust/normalize.rs, away from the blank space
+it keeps), and pairs that mean the same to most readers but are kept apart on purpose
+(conservative misses); the same for a message's text parts, which a server renders as one text.
+For both levels: request bodies that differ only in member order or repeated keys, apart where
+a server could generate differently and together where every server reads members by key. Each
+pair carries its reason.
 
 tests/native/test_cache_key_sets.py checks them against the fingerprint; bench/cache.py sends the
 false-hit set through a real router and counts hits (must be 0).
@@ -14,6 +17,22 @@ from typing import NamedTuple
 
 
 class Pair(NamedTuple):
+    a: str
+    b: str
+    why: str
+
+
+class PartsPair(NamedTuple):
+    """The text parts of one user message."""
+
+    a: tuple[str, ...]
+    b: tuple[str, ...]
+    why: str
+
+
+class BodyPair(NamedTuple):
+    """Two raw request bodies (JSON text, so member order and repeated keys are as written)."""
+
     a: str
     b: str
     why: str
@@ -194,5 +213,143 @@ CONSERVATIVE_MISSES: tuple[Pair, ...] = (
         "Line one here\nLine two",
         "Line one  here\nLine two",
         "a run on one of two lines may be a column with an empty cell",
+    ),
+)
+
+# Level "normalized", a message's text parts (rust/normalize.rs `normalize_parts`): vLLM and
+# llama.cpp's server join them with a line break for a template that takes a string, a template
+# looping over the parts writes them one after the other, llama.cpp's render_content puts a
+# blank line between them. Normalizing each part alone (router-fp/4) gave every pair one key.
+PART_FALSE_HITS: tuple[PartsPair, ...] = (
+    PartsPair(
+        ("Fix this:\ndef f():", "  return 1"),
+        ("Fix this:\ndef f():", "return 1"),
+        "a part starting inside the text: its leading spaces are code indentation",
+    ),
+    PartsPair(("Join abc", " def"), ("Join abc", "def"), "a space between words vs none"),
+    PartsPair(("  x = 1", "y = 2"), ("x = 1", "y = 2"), "first line's indentation in 2 parts"),
+    PartsPair(
+        ('How many spaces are between the quotes: "', "a     b", '"?'),
+        ('How many spaces are between the quotes: "', "a b", '"?'),
+        "a quotation opened in one part and closed in another",
+    ),
+    PartsPair(
+        ("Run:\n```", "x  =  1", "```"),
+        ("Run:\n```", "x = 1", "```"),
+        "a fence opened in one part",
+    ),
+    PartsPair(("Run `ls", "-l  -a` now"), ("Run `ls", "-l -a` now"), "inline code across parts"),
+    PartsPair(
+        ("Name Age City", "Bob      Rome"),
+        ("Name Age City", "Bob Rome"),
+        "space-aligned columns across parts",
+    ),
+    PartsPair(
+        ("a  b\nc  d", "e f\ng h\ni j\nk l"),
+        ("a b\nc d", "e f\ng h\ni j\nk l"),
+        "columns that are a paragraph of their own when parts are joined by a blank line",
+    ),
+    PartsPair(("a", "b"), ("ab",), "two parts (joined by a line break) vs one"),
+    PartsPair(("a", "b"), ("a\nb",), "two parts (joined without separator) vs one"),
+    PartsPair(("a\n", "b"), ("a", "\nb"), "where a part ends"),
+    PartsPair(("", "a"), ("a", ""), "where a part ends"),
+    PartsPair(("  ", "  x  y"), ("", "x y"), "leading spaces that make code when joined"),
+)
+
+PART_TRUE_HITS: tuple[PartsPair, ...] = (
+    PartsPair(
+        ("Hello  world", "Line two\nLine three\nLine four"),
+        ("Hello world", "Line two\nLine three\nLine four"),
+        "fold 4 inside a part, in every joining",
+    ),
+    PartsPair(("Hi there.", "Bye now. "), ("Hi there.", "Bye now."), "fold 1 at the last part"),
+    PartsPair(("\n\nHi there.", "Bye."), ("Hi there.", "Bye."), "fold 2 at the first part"),
+)
+
+
+def _chat(extra: str) -> str:
+    return '{"model":"m","temperature":0,"messages":[{"role":"user","content":"Hi"}]' + extra + "}"
+
+
+def _schema(properties: str) -> str:
+    return _chat(
+        ',"response_format":{"type":"json_schema","json_schema":{"name":"r","strict":true,'
+        '"schema":{"type":"object","properties":' + properties + ","
+        '"required":["reasoning","answer"],"additionalProperties":false}}}'
+    )
+
+
+def _tool(parameters: str) -> str:
+    return _chat(
+        ',"tools":[{"type":"function","function":{"name":"f","parameters":' + parameters + "}}]"
+    )
+
+
+# Both levels: member order and repeated keys. Structured Outputs generate a schema's properties
+# in order (OpenAI; vLLM's and llama.cpp's grammars follow it), chat templates render tools with
+# `tojson`, which keeps it. Sorting every object's members (router-fp/4) gave every pair one key.
+ORDER_FALSE_HITS: tuple[BodyPair, ...] = (
+    BodyPair(
+        _schema('{"reasoning":{"type":"string"},"answer":{"type":"string"}}'),
+        _schema('{"answer":{"type":"string"},"reasoning":{"type":"string"}}'),
+        "schema properties: reasoning first, or the answer first",
+    ),
+    BodyPair(
+        _tool('{"type":"object","properties":{"city":{"type":"string"},"unit":{"type":"string"}}}'),
+        _tool('{"type":"object","properties":{"unit":{"type":"string"},"city":{"type":"string"}}}'),
+        "tool parameters rendered into the prompt in order",
+    ),
+    BodyPair(
+        _tool('{"type":"object","properties":{}}'),
+        _tool('{"properties":{},"type":"object"}'),
+        "a tool's schema members rendered in order",
+    ),
+    BodyPair(
+        _chat(',"tool_choice":{"type":"function","function":{"name":"f"}}'),
+        _chat(',"tool_choice":{"function":{"name":"f"},"type":"function"}'),
+        "tool_choice is kept as written",
+    ),
+    BodyPair(
+        _chat(',"guided_json":{"properties":{"x":{},"y":{}}}'),
+        _chat(',"guided_json":{"properties":{"y":{},"x":{}}}'),
+        "vLLM guided_json schema",
+    ),
+    BodyPair(
+        _chat(',"x_vendor":{"a":1,"b":2}'),
+        _chat(',"x_vendor":{"b":2,"a":1}'),
+        "an unknown field's members",
+    ),
+    BodyPair(
+        '{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"Hi"}]}]}',
+        '{"model":"m","messages":[{"role":"user","content":[{"text":"Hi","type":"text"}]}]}',
+        "content parts keep their member order (the safe side)",
+    ),
+    BodyPair(
+        _chat(',"response_format":{"type":"json_object","type":"text"}'),
+        _chat(',"response_format":{"type":"text"}'),
+        "a repeated key: a parser keeping the first reads json_object",
+    ),
+    BodyPair(
+        _chat(',"response_format":{"type":"json_object","type":"text"}'),
+        _chat(',"response_format":{"type":"text","type":"json_object"}'),
+        "repeated keys in the other order",
+    ),
+    BodyPair(
+        '{"model":"m","messages":[{"role":"user","content":"a","content":"b"}]}',
+        '{"model":"m","messages":[{"role":"user","content":"b"}]}',
+        "a message's repeated content",
+    ),
+)
+
+ORDER_TRUE_HITS: tuple[BodyPair, ...] = (
+    BodyPair(
+        '{"model":"m","temperature":0,"messages":[{"role":"user","content":"Hi","name":"x"}]}',
+        '{"messages":[{"name":"x","content":"Hi","role":"user"}],"temperature":0,"model":"m"}',
+        "the request's and a message's own members: every server reads them by key",
+    ),
+    BodyPair(
+        '{"model":"m","input":[{"role":"user","content":"Hi"}],"max_output_tokens":5}',
+        '{"max_output_tokens":5,"input":[{"content":"Hi","role":"user"}],"model":"m"}',
+        "a Responses input item's own members",
     ),
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import glob
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -159,10 +160,20 @@ def loads(body: bytes) -> Any:
     )
 
 
+class Members(list[tuple[str, Any]]):
+    """A JSON object's members in the order written, repeated keys included."""
+
+    def get(self, key: str) -> Any:
+        """The value of the last member named `key` (as most JSON parsers read it), or None."""
+        return next((v for k, v in reversed(self) if k == key), None)
+
+
 def loads_literal(body: bytes) -> Any:
-    """Decode a request body keeping each number's literal as a `Number`."""
+    """Decode a request body keeping each number's literal as a `Number` and each object's
+    members as written (`Members`)."""
     return json.loads(
         body.decode("utf-8"),
+        object_pairs_hook=Members,
         parse_constant=_reject_constant,
         parse_int=_literal,
         parse_float=_literal,
@@ -170,9 +181,12 @@ def loads_literal(body: bytes) -> Any:
 
 
 def dumps(value: Any) -> str:
-    """Compact JSON with sorted keys and numbers as written (`json.dumps` would quote them)."""
+    """Compact JSON, numbers as written (`json.dumps` would quote them); `Members` in their
+    order, dicts with sorted keys."""
     if isinstance(value, Number):
         return str(value)
+    if isinstance(value, Members):
+        return "{" + ",".join(f"{dumps(k)}:{dumps(v)}" for k, v in value) + "}"
     if isinstance(value, dict):
         items = (f"{dumps(k)}:{dumps(v)}" for k, v in sorted(value.items()))
         return "{" + ",".join(items) + "}"
@@ -181,55 +195,149 @@ def dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def _texts(value: Any) -> Any:
-    """Mirror of the Rust `write_texts`: strings normalized, text parts' `text` normalized."""
-    if isinstance(value, str) and not isinstance(value, Number):
-        return normalize(value)
-    if isinstance(value, list):
+def _is_text(value: Any) -> bool:
+    return isinstance(value, str) and not isinstance(value, Number)
+
+
+def _trim_span(text: str) -> tuple[int, int]:
+    """Where the text folds 1-3 keep starts and ends (rust/normalize.rs `trim_span`)."""
+    blank = SPACES + LINE_BREAKS
+    text = text.rstrip(blank)
+    first = len(text) - len(text.lstrip(blank))
+    start = max(text.rfind(c, 0, first) for c in LINE_BREAKS) + 1
+    rest = text[start:]
+    indent = len(rest) - len(rest.lstrip(SPACES))
+    if 0 < indent <= 3 and not any(c in rest for c in LINE_BREAKS):
+        start += indent
+    return start, len(text)
+
+
+def normalize_parts(texts: list[str]) -> tuple[list[str], str, str]:
+    """Reference for rust/normalize.rs `normalize_parts`: the parts joined by a line break and
+    normalized, cut where each part ends; joined without a separator; joined by a blank line."""
+    lines = "\n".join(texts)
+    out = normalize(lines)
+    start, end = _trim_span(lines)
+    # Folds never remove, change or add a line break inside the kept span.
+    breaks = [m.span() for m in _LINES.finditer(lines, start, end)]
+    out_breaks = [m.span() for m in _LINES.finditer(out)]
+    assert len(breaks) == len(out_breaks)
+    parts, begin, at = [], 0, 0
+    for text in texts[:-1]:
+        at += len(text)
+        if at < start:
+            cut, kept = 0, False
+        elif at >= end:
+            cut, kept = len(out), False
+        else:
+            j = next(j for j, (a, b) in enumerate(breaks) if a <= at < b)
+            cut, kept = out_breaks[j][0] + at - breaks[j][0], True
+        parts.append(out[begin:cut])
+        begin = cut + kept
+        at += 1
+    parts.append(out[begin:])
+    return parts, normalize("".join(texts)), normalize("\n\n".join(texts))
+
+
+def _by_key(members: Members) -> tuple[Members, bool]:
+    """Members in key order (a stable sort) and whether a key repeats."""
+    ordered = Members(sorted(members, key=lambda kv: kv[0]))
+    return ordered, any(a[0] == b[0] for a, b in itertools.pairwise(ordered))
+
+
+def _repeats(members: Members) -> bool:
+    return len({k for k, _ in members}) < len(members)
+
+
+def _items(items: list[Any], by_key: bool, normalized: bool) -> Any:
+    """Mirror of the Rust `write_items`: a content array (parts keep their member order) or an
+    `input` array (items in key order); at level "normalized" its strings normalized one by one
+    and its objects' text parts as one text."""
+
+    def obj(item: Members, text: Any) -> Members:
+        members = _by_key(item)[0] if by_key else item
+        return Members((k, text(v) if k == "text" and _is_text(v) else v) for k, v in members)
+
+    def array(strings: Any, text: Any) -> list[Any]:
         return [
-            {k: _texts(v) if k == "text" else v for k, v in item.items()}
-            if isinstance(item, dict)
-            else _texts(item)
-            for item in value
+            obj(item, text)
+            if isinstance(item, Members)
+            else strings(item)
+            if _is_text(item)
+            else item
+            for item in items
         ]
-    return value
+
+    def same(value: Any) -> Any:
+        return value
+
+    if not normalized or any(isinstance(i, Members) and _repeats(i) for i in items):
+        return array(same, same)
+    texts = [t for i in items if isinstance(i, Members) and _is_text(t := i.get("text"))]
+    if len(texts) < 2:
+        return array(normalize, normalize)
+    parts, unseparated, paragraphs = normalize_parts(texts)
+    rest = iter(parts)
+    joined = array(normalize, lambda _: next(rest))
+    return Members([("parts", joined), ("joined", [unseparated, paragraphs])])
+
+
+def _message(message: Members, normalized: bool) -> Members:
+    members, repeated = _by_key(message)
+    normalized = normalized and not repeated
+    out = Members()
+    for k, v in members:
+        if normalized and k == "content" and _is_text(v):
+            v = normalize(v)
+        elif normalized and k == "content" and isinstance(v, list):
+            v = _items(v, by_key=False, normalized=True)
+        out.append((k, v))
+    return out
 
 
 def _is_assistant(message: Any) -> bool:
-    return isinstance(message, dict) and message.get("role") == "assistant"
+    return isinstance(message, Members) and message.get("role") == "assistant"
 
 
-def canonical_value(request: dict[str, Any], level: str = "exact") -> dict[str, Any]:
-    """The request with transport fields dropped and, at level "normalized", text normalized."""
-    out = {k: v for k, v in request.items() if k not in TRANSPORT_FIELDS}
-    if level == "normalized":
-        messages = out.get("messages")
-        if isinstance(messages, list):
+def canonical_value(request: Members, level: str = "exact") -> Members:
+    """The request with transport fields dropped, the members of the request and of each
+    message in key order, and at level "normalized" text normalized."""
+    members, repeated = _by_key(request)
+    normalized = level == "normalized" and not repeated
+    out = Members()
+    for k, v in members:
+        if k in TRANSPORT_FIELDS:
+            continue
+        if k == "messages" and isinstance(v, list):
             # A trailing assistant message (a prefill) keys as written.
-            prefill = bool(messages) and _is_assistant(messages[-1])
-            out["messages"] = [
-                {k: _texts(v) if k == "content" else v for k, v in m.items()}
-                if isinstance(m, dict) and not (prefill and i == len(messages) - 1)
+            last = len(v) - 1
+            v = [
+                _message(m, normalized and not (i == last and _is_assistant(m)))
+                if isinstance(m, Members)
                 else m
-                for i, m in enumerate(messages)
+                for i, m in enumerate(v)
             ]
-        # A completions prompt keys as written: it is continued from its last character.
-        if "input" in out:
-            out["input"] = _texts(out["input"])
+        elif k == "input" and _is_text(v) and normalized:
+            # A completions prompt keys as written: it is continued from its last character.
+            v = normalize(v)
+        elif k == "input" and isinstance(v, list):
+            v = _items(v, by_key=True, normalized=normalized)
+        out.append((k, v))
     return out
 
 
 def canonical(body: bytes, *, level: str = "exact") -> bytes:
-    """Reference for `router.canonical`: json.loads keeping number literals, sorted compact JSON."""
+    """Reference for `router.canonical`: json.loads keeping number literals and member order,
+    compact JSON."""
     request = loads_literal(body)
-    if not isinstance(request, dict):
+    if not isinstance(request, Members):
         raise ValueError("request body must be a JSON object")
     return dumps(canonical_value(request, level)).encode()
 
 
 def fingerprint(body: bytes, *, namespace: str = "", level: str = "exact") -> bytes:
     """A reference key of the same cost shape (hashlib blake2b-128; Rust uses xxh3-128)."""
-    header = f"router-fp/4\n{level}\n{len(namespace.encode())}:{namespace}\n".encode()
+    header = f"router-fp/5\n{level}\n{len(namespace.encode())}:{namespace}\n".encode()
     return hashlib.blake2b(header + canonical(body, level=level), digest_size=16).digest()
 
 

@@ -345,8 +345,10 @@ class CacheConfig(_Section, frozen=True):
 
     # Off unless asked for: a cache changes what a proxy answers, so it is an explicit choice.
     enabled: bool = False
-    # "normalized" also folds blank space in prompts (runs between words, the ends of a text;
-    # never in code, quotations, line ends or aligned columns).
+    # "exact" ignores only JSON whitespace and escapes, transport fields and the member order of
+    # the request and of each message; "normalized" also folds blank space in message text (runs
+    # between words, the ends of a text, a message's text parts taken as one text; never in code,
+    # quotations, line ends or aligned columns).
     level: Literal["exact", "normalized"] = "exact"
     # Memory for the in-process tier; least recently used entries go first.
     max_bytes: Annotated[int, msgspec.Meta(gt=0)] = 64 << 20

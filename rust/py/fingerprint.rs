@@ -74,8 +74,10 @@ fn fingerprint_hex(
     Ok(format!("{:032x}", u128::from_be_bytes(key)))
 }
 
-/// The canonical JSON the fingerprint hashes (sorted keys, no spaces, numbers exactly as
-/// written, transport fields dropped; text normalized at level "normalized").
+/// The canonical JSON the fingerprint hashes: the members of the request and of each message
+/// in key order, every other object's as written (repeated keys too), no spaces, numbers
+/// exactly as written, transport fields dropped; text normalized at level "normalized" (a
+/// message's text parts as one text: {"parts": [...], "joined": [...]}).
 #[pyfunction]
 #[allow(clippy::needless_pass_by_value)]
 #[pyo3(

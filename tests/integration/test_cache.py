@@ -185,6 +185,48 @@ def test_key_order_and_whitespace_do_not_change_the_key(router: Proc) -> None:
     assert body_a == body_b
 
 
+def schema_request(properties: str) -> bytes:
+    """A temperature-0 Structured Outputs request whose schema lists `properties` (JSON text)."""
+    return (
+        b'{"model":"sim-1","temperature":0,"messages":[{"role":"user","content":"Solve 2+2."}],'
+        b'"response_format":{"type":"json_schema","json_schema":{"name":"r","schema":'
+        b'{"type":"object","properties":' + properties.encode() + b',"required":'
+        b'["reasoning","answer"]}}}}'
+    )
+
+
+def test_member_order_inside_a_schema_changes_the_key(router: Proc) -> None:
+    # The model generates the properties in this order: reasoning first, or the answer first.
+    a = schema_request('{"reasoning":{"type":"string"},"answer":{"type":"string"}}')
+    b = schema_request('{"answer":{"type":"string"},"reasoning":{"type":"string"}}')
+    states = [asyncio.run(post_raw(router, raw))[1]["x-cache"] for raw in (a, b, a, b)]
+    assert states == ["MISS", "MISS", "HIT", "HIT"]
+
+
+def parts_request(*texts: str) -> bytes:
+    content = [{"type": "text", "text": t} for t in texts]
+    message = {"role": "user", "content": content}
+    return msgspec.json.encode({"model": MODEL, "temperature": 0, "messages": [message]})
+
+
+def test_normalized_text_parts_are_one_text(tmp_path: Path, sim: Proc) -> None:
+    proc = start_router(tmp_path, sim, extra='level = "normalized"\n')
+    try:
+        states = [
+            asyncio.run(post_raw(proc, parts_request(*texts)))[1]["x-cache"]
+            for texts in (
+                ("Fix this:\ndef f():", "  return 1"),
+                # Indented code once the parts are joined: another question.
+                ("Fix this:\ndef f():", "return 1"),
+                ("Hello  world", "Line two\nLine three\nLine four"),
+                ("Hello world", "Line two\nLine three\nLine four"),  # blank space folded
+            )
+        ]
+        assert states == ["MISS", "MISS", "MISS", "HIT"]
+    finally:
+        proc.kill()
+
+
 def test_cache_control_no_cache_and_no_store(router: Proc, sim: Proc) -> None:
     c = client(router)
     chat(c, "control")

@@ -1,5 +1,6 @@
-"""The published cache-key sets (tests/cache_key_sets.py) against the fingerprint, and numbers
-that differ only past float precision."""
+"""The published cache-key sets (tests/cache_key_sets.py) against the fingerprint (texts, a
+message's text parts, member order and repeated keys), and numbers that differ only past float
+precision."""
 
 from __future__ import annotations
 
@@ -10,7 +11,18 @@ import pytest
 
 import router
 from tests import reference
-from tests.cache_key_sets import CONSERVATIVE_MISSES, FALSE_HITS, TRUE_HITS, Pair
+from tests.cache_key_sets import (
+    CONSERVATIVE_MISSES,
+    FALSE_HITS,
+    ORDER_FALSE_HITS,
+    ORDER_TRUE_HITS,
+    PART_FALSE_HITS,
+    PART_TRUE_HITS,
+    TRUE_HITS,
+    BodyPair,
+    Pair,
+    PartsPair,
+)
 
 # Every place the normalized level reads text from.
 SHAPES: dict[str, Callable[[str], bytes]] = {
@@ -87,6 +99,83 @@ def test_sets_are_well_formed() -> None:
     for pairs in (FALSE_HITS, TRUE_HITS, CONSERVATIVE_MISSES):
         assert all(p.a != p.b for p in pairs)
     assert len({(p.a, p.b) for p in FALSE_HITS}) == len(FALSE_HITS)
+    for part_pairs in (PART_FALSE_HITS, PART_TRUE_HITS):
+        assert all(p.a != p.b for p in part_pairs)
+    for body_pairs in (ORDER_FALSE_HITS, ORDER_TRUE_HITS):
+        for p in body_pairs:
+            assert p.a != p.b
+            json.loads(p.a)
+            json.loads(p.b)
+
+
+def _blocks(texts: tuple[str, ...], kind: str = "text") -> list[dict[str, str]]:
+    return [{"type": kind, "text": t} for t in texts]
+
+
+# Every place a message's text parts are read from: chat content parts (also escaped on the
+# wire), Anthropic content blocks, and text items of a Responses `input`.
+PART_SHAPES: dict[str, Callable[[tuple[str, ...]], bytes]] = {
+    "chat": lambda t: json.dumps(
+        {"model": "m", "temperature": 0, "messages": [{"role": "user", "content": _blocks(t)}]}
+    ).encode(),
+    "ascii": lambda t: json.dumps(
+        {"model": "m", "messages": [{"role": "user", "content": _blocks(t)}]}, ensure_ascii=True
+    ).encode(),
+    "anthropic": lambda t: json.dumps(
+        {
+            "model": "m",
+            "max_tokens": 8,
+            "system": [{"type": "text", "text": "Be brief."}],
+            "messages": [{"role": "user", "content": _blocks(t)}],
+        }
+    ).encode(),
+    "input": lambda t: json.dumps({"model": "m", "input": _blocks(t, "input_text")}).encode(),
+}
+
+
+def part_ids(pairs: tuple[PartsPair, ...]) -> list[str]:
+    return [p.why for p in pairs]
+
+
+@pytest.mark.parametrize("pair", PART_FALSE_HITS, ids=part_ids(PART_FALSE_HITS))
+@pytest.mark.parametrize("shape", sorted(PART_SHAPES))
+def test_text_parts_false_hit_set_never_shares_a_key(pair: PartsPair, shape: str) -> None:
+    a, b = PART_SHAPES[shape](pair.a), PART_SHAPES[shape](pair.b)
+    for level in ("exact", "normalized"):
+        assert router.fingerprint(a, level=level) != router.fingerprint(b, level=level), pair.why
+    for raw in (a, b):
+        assert router.canonical(raw, level="normalized") == reference.canonical(
+            raw, level="normalized"
+        )
+
+
+@pytest.mark.parametrize("pair", PART_TRUE_HITS, ids=part_ids(PART_TRUE_HITS))
+@pytest.mark.parametrize("shape", sorted(PART_SHAPES))
+def test_text_parts_true_hit_set_shares_a_key(pair: PartsPair, shape: str) -> None:
+    a, b = PART_SHAPES[shape](pair.a), PART_SHAPES[shape](pair.b)
+    assert router.fingerprint(a, level="normalized") == router.fingerprint(b, level="normalized")
+    assert router.fingerprint(a) != router.fingerprint(b)
+    assert router.canonical(a, level="normalized") == reference.canonical(a, level="normalized")
+
+
+def body_ids(pairs: tuple[BodyPair, ...]) -> list[str]:
+    return [p.why for p in pairs]
+
+
+@pytest.mark.parametrize("pair", ORDER_FALSE_HITS, ids=body_ids(ORDER_FALSE_HITS))
+@pytest.mark.parametrize("level", ["exact", "normalized"])
+def test_member_order_false_hit_set_never_shares_a_key(pair: BodyPair, level: str) -> None:
+    a, b = pair.a.encode(), pair.b.encode()
+    assert router.fingerprint(a, level=level) != router.fingerprint(b, level=level), pair.why
+    for raw in (a, b):
+        assert router.canonical(raw, level=level) == reference.canonical(raw, level=level)
+
+
+@pytest.mark.parametrize("pair", ORDER_TRUE_HITS, ids=body_ids(ORDER_TRUE_HITS))
+@pytest.mark.parametrize("level", ["exact", "normalized"])
+def test_member_order_true_hit_set_shares_a_key(pair: BodyPair, level: str) -> None:
+    a, b = pair.a.encode(), pair.b.encode()
+    assert router.fingerprint(a, level=level) == router.fingerprint(b, level=level), pair.why
 
 
 # Numbers: every digit of the literal counts, at both levels (rust/json.rs says why 1 and 1.0

@@ -70,21 +70,44 @@ def test_normalized_level() -> None:
     assert norm[1] != exact[1]
 
 
-# Keys under router-fp/4, one text per rule of rust/normalize.rs (a fold, a line end, a
-# quotation, aligned columns). A change here is a change of key rules: bump VERSION in
-# rust/fingerprint.rs with it, so a shared tier never answers from keys made under other rules.
+# Keys under router-fp/5: one text per rule of rust/normalize.rs (a fold, a line end, a
+# quotation, aligned columns); text parts normalized as one text, and a schema whose member
+# order counts. A change here is a change of key rules: bump VERSION in rust/fingerprint.rs with
+# it, so a shared tier never answers from keys made under other rules.
 PINNED = {"model": "m", "input": ["How  are   you? ", "foo  \nbar", 'say "a  b"', "a  b\nc  d"]}
+PINNED_CHAT = {
+    "model": "m",
+    "messages": [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "def f():"},
+                {"type": "text", "text": "  return  1"},
+                {"type": "text", "text": "x  y"},
+            ],
+        }
+    ],
+    "response_format": {
+        "type": "json_schema",
+        "json_schema": {
+            "name": "r",
+            "schema": {"type": "object", "properties": {"b": {}, "a": {}}},
+        },
+    },
+}
 
 
 @pytest.mark.parametrize(
-    ("level", "hex_key"),
+    ("pinned", "level", "hex_key"),
     [
-        ("exact", "2a723afccb888b8a3bba226721dfac79"),
-        ("normalized", "6ff91ee37094df0898df0416daa7de64"),
+        (PINNED, "exact", "935547790e9ec6e7cf97f8de82edc75e"),
+        (PINNED, "normalized", "73ceb592abfb7c051f226622347da5d4"),
+        (PINNED_CHAT, "exact", "0e530669d60970905cc7f3adbf4c6113"),
+        (PINNED_CHAT, "normalized", "feae3335c5df2769903878ac844f815c"),
     ],
 )
-def test_keys_are_pinned(level: str, hex_key: str) -> None:
-    assert router.fingerprint_hex(body(PINNED), namespace="t", level=level) == hex_key
+def test_keys_are_pinned(pinned: dict[str, object], level: str, hex_key: str) -> None:
+    assert router.fingerprint_hex(body(pinned), namespace="t", level=level) == hex_key
 
 
 def test_canonical_form() -> None:

@@ -1,5 +1,6 @@
-"""Property: fingerprints ignore key order and whitespace, see every output-affecting field,
-match the Python reference's canonical form, and never crash on arbitrary input."""
+"""Property: fingerprints ignore whitespace and the member order of the request and its
+messages, see member order everywhere else and every output-affecting field, match the Python
+reference's canonical form, and never crash on arbitrary input."""
 
 from __future__ import annotations
 
@@ -86,6 +87,21 @@ def shuffled(value: Any, rng: random.Random) -> Any:
     return value
 
 
+def read_by_key(request: dict[str, Any], rng: random.Random) -> dict[str, Any]:
+    """The request with its own members and each message's in a random order (what every
+    server reads by key), everything inside them as it was."""
+
+    def mix(obj: dict[str, Any]) -> dict[str, Any]:
+        items = list(obj.items())
+        rng.shuffle(items)
+        return dict(items)
+
+    out = mix(request)
+    if isinstance(out.get("messages"), list):
+        out["messages"] = [mix(m) if isinstance(m, dict) else m for m in out["messages"]]
+    return out
+
+
 def spelled(value: Any, rng: random.Random) -> bytes:
     """Serialize with random indentation, separators and escaping."""
     indent = rng.choice([None, 0, 2, "\t"])
@@ -100,9 +116,24 @@ def test_order_and_whitespace_invariant(
     request: dict[str, Any], rng: random.Random, level: str
 ) -> None:
     base = json.dumps(request).encode()
-    other = spelled(shuffled(request, rng), rng)
+    other = spelled(read_by_key(request, rng), rng)
     assert router.fingerprint(other, level=level) == router.fingerprint(base, level=level)
     assert router.canonical(base, level=level) == reference.canonical(base, level=level)
+
+
+@settings(max_examples=40, deadline=None)
+@given(REQUEST, st.randoms(use_true_random=False), st.sampled_from(["exact", "normalized"]))
+def test_member_order_inside_fields_and_parts_changes_the_key(
+    request: dict[str, Any], rng: random.Random, level: str
+) -> None:
+    base = json.dumps(request).encode()
+    other = json.dumps(read_by_key(shuffled(request, rng), rng)).encode()
+    assert router.canonical(other, level=level) == reference.canonical(other, level=level)
+    # Equal canonical forms after only by-key members moved: the key must see the rest.
+    moved = reference.canonical(other, level=level) != reference.canonical(base, level=level)
+    assert (router.fingerprint(other, level=level) != router.fingerprint(base, level=level)) == (
+        moved
+    )
 
 
 @settings(max_examples=40, deadline=None)

@@ -1,6 +1,9 @@
-"""Property: Rust normalize equals the Python reference and is idempotent."""
+"""Property: Rust normalize equals the Python reference and is idempotent; a message's text parts
+share a key only when every way of joining them normalizes alike."""
 
 from __future__ import annotations
+
+import json
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -84,3 +87,45 @@ def test_only_blank_space_changes(text: str) -> None:
     assert [c for c in once if c not in BLANK] == [c for c in text if c not in BLANK]
     breaks = set(reference.LINE_BREAKS)
     assert sum(c in breaks for c in once) <= sum(c in breaks for c in text)
+
+
+def _parts_body(parts: list[str]) -> bytes:
+    content = [{"type": "text", "text": p} for p in parts]
+    return json.dumps({"model": "m", "messages": [{"role": "user", "content": content}]}).encode()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(TEXT, min_size=2, max_size=4))
+def test_text_parts_match_reference(parts: list[str]) -> None:
+    body = _parts_body(parts)
+    assert router.canonical(body, level="normalized") == reference.canonical(
+        body, level="normalized"
+    )
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(TEXT, min_size=2, max_size=4), st.data())
+def test_text_parts_share_a_key_only_if_every_joining_normalizes_alike(
+    parts: list[str], data: st.DataObject
+) -> None:
+    """Blank space changed in some parts, or a part boundary moved: the same key only if the
+    parts joined by nothing, a line break and a blank line normalize alike, part for part."""
+    other = list(parts)
+    for i, part in enumerate(other):
+        change = data.draw(st.sampled_from(["keep", "fold", "widen", "strip", "shift"]))
+        if change == "fold":
+            other[i] = part.replace("  ", " ")
+        elif change == "widen":
+            other[i] = part.replace(" ", "  ", 1)
+        elif change == "strip":
+            other[i] = part.strip(" ")
+        elif change == "shift" and i + 1 < len(other) and part:
+            other[i], other[i + 1] = part[:-1], part[-1] + other[i + 1]
+    same = router.fingerprint(_parts_body(parts), level="normalized") == router.fingerprint(
+        _parts_body(other), level="normalized"
+    )
+    if same:
+        for joiner in ("", "\n", "\n\n"):
+            assert router.normalize(joiner.join(parts)) == router.normalize(joiner.join(other))
+        # Where each part ends counts too: the joinings with a line break, part for part.
+        assert reference.normalize_parts(parts)[0] == reference.normalize_parts(other)[0]
