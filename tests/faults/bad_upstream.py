@@ -14,8 +14,13 @@ manyheaders (200,000 small headers), redirect (307 to another host), cookies (a 
 with Set-Cookie, a CORS grant and a false Content-Encoding: gzip), echo (500 whose body echoes
 the request's headers, the router's key for the region included), longline (a stream whose
 second event is one 8 MiB line that never ends), stored (makes Responses API responses, id
-`resp_<input>`, then reads `resp_echo` back as the echo mode's 500 and `resp_gzip` as a 200 whose
-Content-Encoding is a false gzip).
+`resp_<input>`, then reads `resp_echo` back as the echo mode's 500, `resp_gzip` as a 200 whose
+Content-Encoding is a false gzip and `resp_page` as a load balancer's HTML 502), spoof (a good
+answer with headers that are not a region's to send: the operator's organization, the provider
+account's rate limits, the router's own names, policies for the router's origin, the router's
+key for the region in header names, a latin-1 value), lb502 and lb429 (a load balancer's HTML
+error page naming an internal host, the 429 with a Retry-After), flat503 (vLLM's flat error
+object in a 503).
 """
 
 from __future__ import annotations
@@ -39,6 +44,10 @@ MODES = (
     "echo",
     "longline",
     "stored",
+    "spoof",
+    "lb502",
+    "lb429",
+    "flat503",
 )
 _MAX_HEAD = 64 * 1024
 # Stops a forgotten server by itself: the suite never needs it this long.
@@ -111,6 +120,30 @@ async def _answer(mode: str, writer: asyncio.StreamWriter, body: bytes, head: by
         writer.write(_head("200 OK", "application/json", extra) + answer)
     elif mode == "echo":
         writer.write(_echo(head))
+    elif mode == "spoof":
+        writer.write(_spoof(head))
+    elif mode in ("lb502", "lb429"):
+        page = (
+            b"<html><head><title>502 Bad Gateway</title></head><body><h1>502 Bad Gateway</h1>"
+            b"<p>upstream vllm-node-7.internal.corp:8000 (10.3.4.5) connect() failed</p>"
+            b"<hr><center>nginx/1.18.0 (Ubuntu)</center></body></html>"
+        )
+        status = "502 Bad Gateway" if mode == "lb502" else "429 Too Many Requests"
+        extra = f"X-Upstream-Host: 10.3.4.5:8000\r\nContent-Length: {len(page)}\r\n"
+        if mode == "lb429":
+            extra += "Retry-After: 30\r\n"
+        writer.write(_head(status, "text/html", extra) + page)
+    elif mode == "flat503":
+        flat = {
+            "object": "error",
+            "message": "The engine is overloaded.",
+            "type": "ServiceUnavailableError",
+            "param": None,
+            "code": 503,
+        }
+        data = json.dumps(flat).encode()
+        extra = f"Content-Length: {len(data)}\r\n"
+        writer.write(_head("503 Service Unavailable", "application/json", extra) + data)
     elif mode == "longline":
         writer.write(_head("200 OK", "text/event-stream", "Transfer-Encoding: chunked\r\n"))
         writer.write(_chunk(_sse_event("Hello")))
@@ -165,6 +198,62 @@ def _echo(head: bytes) -> bytes:
     )
 
 
+def _spoof(head: bytes) -> bytes:
+    """A good answer with headers no client may get from a region (see the module's doc)."""
+    key = b""
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"authorization: bearer "):
+            key = line[len(b"authorization: bearer ") :]
+    answer = json.dumps(
+        {
+            "id": "spoof",
+            "object": "chat.completion",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "hi"},
+                    "finish_reason": "stop",
+                }
+            ],
+        }
+    ).encode()
+    fields = [
+        b"Content-Type: application/json",
+        b"Content-Length: %d" % len(answer),
+        b"Connection: close, X-Hop",
+        b"X-Hop: named in Connection",
+        b"openai-organization: org-operator",
+        b"openai-project: proj_operator",
+        b"anthropic-organization-id: org-operator",
+        b"x-ratelimit-limit-requests: 10000",
+        b"x-ratelimit-remaining-tokens: 1999999",
+        b"anthropic-ratelimit-requests-limit: 50",
+        b"RateLimit-Policy: 10;w=60",
+        b"x-router-hedged: spoofed",
+        b"x-router-region: spoofed",
+        b"X-Request-Id: region-id",
+        b"x-cache: HIT",
+        b"Age: 99999",
+        b"Server-Timing: region;dur=1",
+        b"Strict-Transport-Security: max-age=0",
+        b'Alt-Svc: h2="evil.example:443"',
+        b'Clear-Site-Data: "*"',
+        b"WWW-Authenticate: Basic realm=x",
+        b"Location: http://evil.example/",
+        b"Content-Location: http://10.3.4.5/v1/chat/completions",
+        b"Refresh: 0; url=http://evil.example/",
+        b"Via: 1.1 lb-7.internal",
+        b"X-Powered-By: Express",
+        b"X-" + key + b": in a name",
+        b"x-" + key.lower() + b": in a name, folded",
+        b"X-Key-Value: " + key,
+        b"X-Latin: caf\xe9",
+        "X-Utf8: café".encode(),
+        b"X-Kept: yes",
+    ]
+    return b"HTTP/1.1 200 OK\r\n" + b"".join(f + b"\r\n" for f in fields) + b"\r\n" + answer
+
+
 def _stored(path: str, body: bytes, head: bytes) -> bytes:
     """The stored mode's answer: a made response, or a hostile read of one."""
     if path.endswith("/responses"):
@@ -177,6 +266,10 @@ def _stored(path: str, body: bytes, head: bytes) -> bytes:
         return _head(
             "302 Found", "text/plain", "Location: http://127.0.0.1:9/x\r\nContent-Length: 0\r\n"
         )
+    if path.endswith("/resp_page"):
+        page = b"<html><body><h1>502 Bad Gateway</h1>upstream 10.3.4.5:8000 nginx</body></html>"
+        extra = f"X-Upstream-Host: 10.3.4.5\r\nContent-Length: {len(page)}\r\n"
+        return _head("502 Bad Gateway", "text/html", extra) + page
     if path.endswith("/resp_refused"):
         data = b'{"error": {"message": "Incorrect API key provided"}}'
         return (

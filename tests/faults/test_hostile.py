@@ -200,3 +200,118 @@ def test_item_8_a_compressed_body_is_held_to_the_size_limit_once_decoded(
     resp = requests.post(router.url + "/v1/chat/completions", data=raw, headers=headers, timeout=10)
     assert resp.status_code == 413
     assert resp.json()["error"]["code"] == "request_too_large"
+
+
+def test_item_16_headers_that_are_not_a_regions_to_send_never_reach_clients(
+    bad_upstream: BadFactory, router_proc: RouterFactory
+) -> None:
+    """The operator's identity at the provider, the provider account's rate limits, the
+    router's own names, policies for the router's origin, the router's key for the region in
+    a header name (in any case); values go out as the bytes the region sent, or not at all."""
+    secret = "sk-region-secret-0123456789"
+    router = _router(router_proc, bad_upstream("spoof"), env={"REGION_KEY": secret})
+    resp = _post(router, CHAT)
+    assert resp.status_code == 200, resp.text[:300]
+    names = {name.lower() for name in resp.headers}
+    dropped = (
+        "x-hop",
+        "openai-organization",
+        "openai-project",
+        "anthropic-organization-id",
+        "x-router-hedged",
+        "x-cache",
+        "age",
+        "strict-transport-security",
+        "alt-svc",
+        "clear-site-data",
+        "www-authenticate",
+        "location",
+        "content-location",
+        "refresh",
+        "via",
+        "x-powered-by",
+        "x-key-value",
+        "x-latin",  # latin-1, not UTF-8: not to be sent as it came, so not at all
+    )
+    assert not names & set(dropped), names & set(dropped)
+    # The key has no limits here: the router sets no x-ratelimit-*, and none of the region's.
+    assert not [n for n in names if n.startswith(("x-ratelimit", "ratelimit", "anthropic-"))]
+    assert not [n for n in names if "secret" in n]
+    assert secret not in str(resp.headers)
+    # The router's own names say what the router says.
+    assert resp.headers["x-router-region"] == "bad-spoof"
+    assert resp.headers["X-Request-Id"] != "region-id"
+    assert "region;dur" not in resp.headers.get("Server-Timing", "")
+    # Byte for byte (http.client reads header bytes as latin-1).
+    assert resp.headers["X-Utf8"].encode("latin-1") == "café".encode()
+    assert resp.headers["X-Kept"] == "yes"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_item_17_a_region_error_page_becomes_the_routers_own_error(
+    stream: bool, bad_upstream: BadFactory, router_proc: RouterFactory
+) -> None:
+    """Every region failed with a load balancer's HTML page: the client gets the router's own
+    error in the API's shape, with the page's status class, never its text or headers."""
+    router = _router(router_proc, bad_upstream("lb502"))
+    resp = _post(router, {**CHAT, "stream": stream})
+    assert resp.status_code == 502
+    assert resp.headers["Content-Type"] == "application/json"
+    assert resp.json()["error"]["code"] == "upstream_error"
+    for word in ("vllm-node-7", "10.3.4.5", "nginx", "html"):
+        assert word not in resp.text.lower(), word
+    assert "X-Upstream-Host" not in resp.headers
+    anthropic = requests.post(
+        router.url + "/v1/messages",
+        json={"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]},
+        headers={"anthropic-version": "2023-06-01"},
+        timeout=30,
+    )
+    assert anthropic.status_code == 502
+    assert anthropic.json()["type"] == "error"
+    assert anthropic.json()["error"]["type"] == "api_error"
+    assert "nginx" not in anthropic.text
+
+
+def test_item_17_a_region_429_page_keeps_its_status_and_retry_after(
+    bad_upstream: BadFactory, router_proc: RouterFactory
+) -> None:
+    router = _router(router_proc, bad_upstream("lb429"))
+    resp = _post(router, CHAT)
+    assert resp.status_code == 429
+    assert resp.headers["Retry-After"] == "30"
+    error = resp.json()["error"]
+    assert (error["type"], error["code"]) == ("rate_limit_error", "upstream_rate_limited")
+    assert "nginx" not in resp.text
+    assert "X-Upstream-Host" not in resp.headers
+
+
+def test_item_17_vllms_flat_error_object_is_relayed_in_openais_shape(
+    bad_upstream: BadFactory, router_proc: RouterFactory
+) -> None:
+    router = _router(router_proc, bad_upstream("flat503"))
+    resp = _post(router, CHAT)
+    assert resp.status_code == 503
+    assert resp.json() == {
+        "error": {
+            "message": "The engine is overloaded.",
+            "type": "ServiceUnavailableError",
+            "param": None,
+            "code": 503,
+        }
+    }
+
+
+def test_item_17_a_stored_response_read_back_as_an_error_page_is_the_routers_own_error(
+    bad_upstream: BadFactory, router_proc: RouterFactory
+) -> None:
+    router = _router(router_proc, bad_upstream("stored"))
+    made = requests.post(
+        router.url + "/v1/responses", json={"model": MODEL, "input": "page"}, timeout=30
+    )
+    assert made.json()["id"] == "resp_page"
+    read = requests.get(router.url + "/v1/responses/resp_page", timeout=30)
+    assert read.status_code == 502
+    assert read.json()["error"]["code"] == "upstream_error"
+    assert "nginx" not in read.text
+    assert "X-Upstream-Host" not in read.headers

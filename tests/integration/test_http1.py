@@ -402,3 +402,123 @@ async def test_a_region_switching_protocols_fails_the_exchange_cleanly(serve, ca
     await pool.close()
     # Not asyncio's "Fatal error: protocol.data_received() call failed" with a traceback.
     assert not [r for r in caplog.records if r.levelname == "ERROR"]
+
+
+def _chunked(body: bytes, trailer: bytes) -> bytes:
+    """A chunked answer whose last chunk carries `trailer` (fields, each ending CR LF)."""
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
+    return head + b"\r\n%x\r\n%s\r\n0\r\n" % (len(body), body) + trailer + b"\r\n"
+
+
+async def test_trailer_fields_are_headers_of_no_answer(serve) -> None:  # type: ignore[no-untyped-def]
+    """Trailers of one answer were the first header fields of the next one on the connection
+    (another client's request, maybe): they belong to no answer."""
+
+    async def script(request: bytes, writer: asyncio.StreamWriter) -> None:
+        if request.endswith(b'{"n":1}'):
+            writer.write(_chunked(b'{"a":1}', b"X-Leak: of the first\r\nX-Also: 1\r\n"))
+        else:
+            writer.write(_answer(b'{"b":2}', b"X-Own: second"))
+
+    server, url = await serve(script)
+    pool = _pool(url)
+    first = await pool.post("/v1/x", b'{"n":1}', [])
+    assert await _read_all(first) == b'{"a":1}'
+    first.release()
+    second = await pool.post("/v1/x", b'{"n":2}', [])
+    assert await _read_all(second) == b'{"b":2}'
+    second.release()
+    assert "X-Leak" not in first.headers
+    assert sorted(second.headers) == ["Content-Length", "Content-Type", "X-Own"]
+    assert server.connections == 1  # trailers within the bounds: the connection is kept
+    await pool.close()
+
+
+@pytest.mark.parametrize("trailer", ["size", "count", "whole"])
+async def test_trailers_over_the_head_bounds_fail_the_exchange(serve, trailer: str) -> None:  # type: ignore[no-untyped-def]
+    """A trailer is bounded as a head is ([server] max_response_head_bytes, max_headers): a
+    16 MiB one was held whole, then relayed as a header of the next answer."""
+
+    async def script(request: bytes, writer: asyncio.StreamWriter) -> None:
+        if len(server.requests) > 1:
+            writer.write(_answer(b'{"b":2}'))
+            return
+        writer.write(_chunked(b'{"a":1}', b"")[:-2])  # the answer, up to its trailer
+        if trailer == "size":  # one endless field, in pieces
+            writer.write(b"X-Big: ")
+            for _ in range(64):
+                writer.write(b"a" * 16384)
+                await writer.drain()
+            writer.write(b"\r\n\r\n")
+        elif trailer == "count":
+            writer.write(b"".join(b"X-%d: v\r\n" % i for i in range(300)) + b"\r\n")
+        else:  # whole, in the write that ends the body
+            writer.write(b"X-Big: " + b"a" * 70_000 + b"\r\n\r\n")
+        await writer.drain()
+
+    server, url = await serve(script)
+    pool = http1.Pool(
+        url, limit=2, keepalive_s=5, connect_timeout=2, total_timeout=10, max_head_bytes=65536
+    )
+    resp = await pool.post("/v1/x", b"{}", [])
+    with pytest.raises(http1.HeadTooLarge, match="trailers"):
+        await _read_all(resp)
+    resp.close()
+    resp = await pool.post("/v1/x", b"{}", [])
+    assert await _read_all(resp) == b'{"b":2}'
+    assert "X-Big" not in resp.headers
+    resp.release()
+    assert server.connections == 2  # the one that sent them was not reused
+    await pool.close()
+
+
+@pytest.mark.parametrize(
+    ("answer", "extra"),
+    [
+        (_answer(b'{"part":1}', b"X-Part: 1"), _answer(b'{"part":2}', b"X-Part: 2")),
+        (_chunked(b'{"part":1}', b"X-Part: 1\r\n"), _answer(b'{"part":2}', b"X-Part: 2")),
+        (_answer(b'{"part":1}', b"X-Part: 1"), b"HTTP/1.1 200 OK\r\nX-Part: 2\r\n"),
+        (_answer(b'{"part":1}', b"X-Part: 1"), b"garbage\r\n"),
+    ],
+    ids=["second-answer", "after-chunked", "partial-head", "junk"],
+)
+async def test_bytes_after_the_answer_are_no_answer_and_close_the_connection(  # type: ignore[no-untyped-def]
+    serve, answer: bytes, extra: bytes
+) -> None:
+    """Two answers to one request were glued into one body (and cached); a partial second
+    head was left in the parser for the next request's answer."""
+
+    async def script(request: bytes, writer: asyncio.StreamWriter) -> None:
+        if len(server.requests) == 1:
+            writer.write(answer + extra)
+        else:
+            writer.write(_answer(b'{"ok":3}', b"X-Part: 3"))
+
+    server, url = await serve(script)
+    pool = _pool(url)
+    resp = await pool.post("/v1/x", b"{}", [])
+    assert await _read_all(resp) == b'{"part":1}'  # its own message, nothing after it
+    resp.release()
+    if b"Transfer-Encoding" not in answer:
+        assert resp.headers.getall("X-Part") == ["1"]
+    resp = await pool.post("/v1/x", b"{}", [])
+    assert (await _read_all(resp), resp.headers.getall("X-Part")) == (b'{"ok":3}', ["3"])
+    resp.release()
+    assert server.connections == 2  # never reused after them
+    await pool.close()
+
+
+async def test_header_values_are_the_utf8_text_the_region_sent_or_dropped(serve) -> None:  # type: ignore[no-untyped-def]
+    """Decoded as latin-1, `café` in UTF-8 went out to clients as `cafÃ©` (aiohttp writes
+    UTF-8); a latin-1 value cannot go out as the bytes it is, so it is not kept at all."""
+
+    async def script(request: bytes, writer: asyncio.StreamWriter) -> None:
+        writer.write(_answer(b"{}", "X-Utf8: café".encode(), b"X-Latin: caf\xe9", b"X-Plain: a"))
+
+    _, url = await serve(script)
+    pool = _pool(url)
+    resp = await pool.post("/v1/x", b"{}", [])
+    assert await _read_all(resp) == b"{}"
+    assert resp.headers["X-Utf8"].encode() == "café".encode()
+    assert (resp.headers["X-Plain"], "X-Latin" in resp.headers) == ("a", False)
+    await pool.close()

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import msgspec
 from aiohttp import web
+from multidict import CIMultiDict
 
 from router.core.failure import AttemptError, FailureKind
-from router.errors import ApiError, UpstreamError, anthropic_error_body
+from router.errors import ApiError, RateLimited, UpstreamError, anthropic_error_body
 
 
 def error_response(error: ApiError, request_id: str, *, anthropic: bool = False) -> web.Response:
@@ -37,16 +38,96 @@ def anthropic_relayed(status: int, body: bytes) -> bytes:
     return anthropic_error_body(status, message)
 
 
+def _api_error(body: bytes) -> bool:
+    """Whether an error body is in the APIs' error shape: `{"error": {"message": "...", ...}}`
+    (OpenAI's; Anthropic's has it too)."""
+    if b'"error"' not in body:
+        return False
+    try:
+        doc = msgspec.json.decode(body)
+    except (msgspec.DecodeError, RecursionError):
+        return False
+    error = doc.get("error") if isinstance(doc, dict) else None
+    return isinstance(error, dict) and isinstance(error.get("message"), str)
+
+
+def _flat_error(body: bytes) -> bytes | None:
+    """vLLM's error shape (`{"object": "error", "message", "type", "param", "code"}` at the
+    top) in OpenAI's, its fields kept; None for any other body."""
+    if b'"object"' not in body:
+        return None
+    try:
+        doc = msgspec.json.decode(body)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    if not isinstance(doc, dict) or doc.get("object") != "error":
+        return None
+    message = doc.get("message")
+    if not isinstance(message, str):
+        return None
+    fields = {name: doc.get(name) for name in ("type", "param", "code")}
+    return msgspec.json.encode({"error": {"message": message, **fields}})
+
+
+# Region headers an error of the router's own keeps: when to try again.
+_RETRY_HEADERS = ("Retry-After", "retry-after-ms")
+
+
+def _standin(status: int, headers: CIMultiDict[str]) -> ApiError:
+    """The router's own error for a region's error answer that is no API error (a load
+    balancer's HTML page, an empty body): its status class and Retry-After, never its text."""
+    kept = {name: value for name in _RETRY_HEADERS if (value := headers.get(name)) is not None}
+    if status == 429:
+        message = "The region serving this model is rate limited (HTTP 429); retry later."
+        return RateLimited(message, code="upstream_rate_limited", headers=kept)
+    if 400 <= status < 500:
+        message = f"The region refused the request (HTTP {status})."
+        return ApiError(
+            message,
+            status=status,
+            type="invalid_request_error",
+            code="upstream_refused",
+            headers=kept,
+        )
+    if status == 503:
+        message = "No region could answer the request (last failure: HTTP 503, unavailable)."
+        return UpstreamError(message, status=503, code="upstream_unavailable", headers=kept)
+    if status == 504:
+        message = "No region could answer the request (last failure: HTTP 504, gateway timeout)."
+        return UpstreamError(message, status=504, code="upstream_timeout", headers=kept)
+    message = f"No region could answer the request (last failure: HTTP {status})."
+    return UpstreamError(message, headers=kept)
+
+
+def region_error(
+    status: int, headers: CIMultiDict[str], body: bytes, request_id: str, *, anthropic: bool = False
+) -> web.Response:
+    """A region's error answer (4xx/5xx, headers filtered, body scrubbed) as the client gets
+    it: its body when it is an API error (vLLM's put in OpenAI's shape; Anthropic's shape on
+    the Messages API), else the router's own error in the API's shape with the answer's status
+    class and Retry-After, never the answer's text or other headers."""
+    if not _api_error(body):
+        flat = _flat_error(body)
+        if flat is None:
+            return error_response(_standin(status, headers), request_id, anthropic=anthropic)
+        body = flat
+        headers["Content-Type"] = "application/json"
+    headers["X-Request-Id"] = request_id
+    if anthropic:
+        body = anthropic_relayed(status, body)
+    return web.Response(status=status, body=body, headers=headers)
+
+
 def failure_response(
     exc: AttemptError, request_id: str, *, anthropic: bool = False
 ) -> web.Response:
-    """What the client gets when every attempt failed: the last region's answer, or 502/504."""
+    """What the client gets when every attempt failed: the last region's answer (see
+    `region_error`), or 502/504."""
     if exc.status is not None and exc.headers is not None:
+        if exc.status >= 400:
+            return region_error(exc.status, exc.headers, exc.body, request_id, anthropic=anthropic)
         exc.headers["X-Request-Id"] = request_id
-        body = exc.body
-        if anthropic and body is not None and exc.status >= 400:
-            body = anthropic_relayed(exc.status, body)
-        return web.Response(status=exc.status, body=body, headers=exc.headers)
+        return web.Response(status=exc.status, body=exc.body, headers=exc.headers)
     status = 504 if exc.kind == FailureKind.TIMEOUT else 502
     # The region's host:port stays in the log (the attempt's line); the client learns only why.
     error = UpstreamError(

@@ -23,6 +23,7 @@ from router.core.context import RequestContext
 from router.core.failure import AttemptError
 from router.core.relay import relay_stream
 from router.core.request import read_body
+from router.core.responses import region_error
 from router.core.stages import StateHomes
 from router.core.transport import UpstreamResponse
 from router.core.upstream import Opened, Upstreams
@@ -124,5 +125,8 @@ async def forward_stored(
             code="upstream_error",
         )
     whole = upstream.scrub(whole)
+    if answer.status >= 400:
+        # An API error is relayed; a load balancer's page naming its hosts is not.
+        return region_error(answer.status, headers_out, whole, ctx.request_id)
     headers_out["X-Request-Id"] = ctx.request_id
     return web.Response(status=answer.status, body=whole, headers=headers_out)

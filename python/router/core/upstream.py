@@ -62,10 +62,54 @@ REQUEST_DROP = _HOP | {
     "x-real-ip",
     "x-request-id",
 }
-# aiohttp's web server sets its own Date/Server; content-length is recomputed from the body.
-# A region's cookies and CORS policy are not the router's to hand out.
-_RESPONSE_DROP = _HOP | {"date", "server", "set-cookie", "set-cookie2"}
-_CORS = "access-control-"
+# Region response headers never relayed. aiohttp's web server sets its own Date/Server;
+# content-length is recomputed from the body. A region's cookies and CORS policy are not the
+# router's to hand out.
+_RESPONSE_DROP = _HOP | {
+    "date",
+    "server",
+    "set-cookie",
+    "set-cookie2",
+    # Who the operator is at the provider (its organization, project).
+    "openai-organization",
+    "openai-project",
+    "anthropic-organization-id",
+    # The router answers these itself: its request id, its cache's age and result, its timings.
+    "x-request-id",
+    "age",
+    "x-cache",
+    "server-timing",
+    # Policies, credentials challenges and reporting for the router's whole origin, and
+    # navigation away from it: a region may not set them for the router's host.
+    "strict-transport-security",
+    "alt-svc",
+    "clear-site-data",
+    "expect-ct",
+    "public-key-pins",
+    "public-key-pins-report-only",
+    "nel",
+    "report-to",
+    "reporting-endpoints",
+    "www-authenticate",
+    "authentication-info",
+    "proxy-authentication-info",
+    "location",
+    "content-location",
+    "refresh",
+    # The region's software and the hops behind it (as Server).
+    "via",
+    "x-powered-by",
+}
+# CORS grants; the router's own namespace; the provider account's rate limits (OpenAI's,
+# the IETF draft's, Anthropic's), which are not a tenant's: the router sets x-ratelimit-* for
+# the keys it limits.
+_RESPONSE_DROP_PREFIXES = (
+    "access-control-",
+    "x-router-",
+    "x-ratelimit",
+    "ratelimit",
+    "anthropic-ratelimit-",
+)
 # Servers that honour stream_options.include_usage (llama-cpp-python ignores it).
 _REPORTS_USAGE = frozenset({"vllm", "llama-server", "openai", "sim"})
 # Request ids the router sends upstream are UUIDs (llama-cpp-python refuses anything else).
@@ -111,6 +155,7 @@ class Upstream:
     __slots__ = (
         "_base_path",
         "_escaped",
+        "_key",
         "_secret",
         "auth",
         "base",
@@ -130,6 +175,7 @@ class Upstream:
         self.pool = pool
         self.auth = f"Bearer {api_key}" if api_key else None
         self._secret = api_key.encode() if api_key else None
+        self._key = api_key or None
         self._escaped = _escaped_forms(api_key) if api_key else None
         self.id_header = config.request_id_header
         # Whether its server sends a usage chunk when a stream asks for one.
@@ -183,13 +229,16 @@ class Upstream:
         return body
 
     def response_headers(self, upstream: CIMultiDictProxy[str]) -> CIMultiDict[str]:
-        """`response_headers`, less any header whose value holds the region's key."""
+        """`response_headers`, less any header whose value holds the region's key, or whose
+        name does in any case (a proxy on the way may have lowered it)."""
         out = response_headers(upstream)
-        secret = self._secret
-        if secret is not None:
-            key = secret.decode()
-            for name in [name for name, value in out.items() if key in value]:
-                del out[name]
+        key = self._key
+        if key is not None:
+            folded = key.lower()
+            for name in [
+                name for name, value in out.items() if key in value or folded in name.lower()
+            ]:
+                out.popall(name, None)
         return out
 
 
@@ -233,11 +282,17 @@ class Opened:
 
 
 def response_headers(upstream: CIMultiDictProxy[str]) -> CIMultiDict[str]:
-    """Upstream response headers safe to relay to the client."""
+    """Upstream response headers safe to relay to the client (net.http1 gives each value as
+    the UTF-8 text the region sent, which aiohttp writes back as the same bytes)."""
+    drop = _RESPONSE_DROP
+    if "Connection" in upstream:
+        # Headers the region's Connection header names are hop-by-hop too (RFC 9110 7.6.1).
+        named = ",".join(upstream.getall("Connection")).split(",")
+        drop = drop | {token.strip().lower() for token in named}
     out: CIMultiDict[str] = CIMultiDict()
     for key, value in upstream.items():
         low = key.lower()
-        if low not in _RESPONSE_DROP and not low.startswith(_CORS):
+        if low not in drop and not low.startswith(_RESPONSE_DROP_PREFIXES):
             out.add(key, value)
     return out
 

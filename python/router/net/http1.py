@@ -10,6 +10,13 @@ Semantics kept from the aiohttp session it replaces: a pool of at most `limit` c
 region (callers wait for a free one), idle connections dropped after `keepalive_s`, a connect
 timeout, and a total deadline per request after which its reads raise TimeoutError. Closing a
 response before its end closes the connection: that is what tells a region to stop generating.
+
+An answer is exactly its own message: a chunked body's trailer fields are dropped (never headers
+of this answer or the next), and bytes after the end of the answer (a second response, junk)
+leave the answer as it was and close the connection, never reused. What is not body (the head,
+chunk framing, trailers) is bounded by `max_head_bytes` between two pieces of body. Header
+values are the UTF-8 text the region sent (written back, they are the same bytes); a value in
+another encoding is dropped.
 """
 
 from __future__ import annotations
@@ -38,12 +45,25 @@ class ConnectError(ClientError):
 
 
 class HeadTooLarge(ClientError):
-    """The region's response head passed the pool's size or count bound."""
+    """The region's response head (or its trailers) passed the pool's size or count bound."""
 
 
 def _head_size(fields: list[tuple[bytes, bytes]]) -> int:
     """At least how many bytes a head with these fields took (`name: value` CR LF each)."""
     return sum(len(name) + len(value) + 4 for name, value in fields)
+
+
+def _text_fields(fields: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
+    """Header fields as text: a value in UTF-8 (which the router writes back as the same
+    bytes); one in another encoding (latin-1, say), which nothing could pass on as it came, is
+    dropped. Names are tokens (llhttp takes nothing else)."""
+    out = []
+    for name, value in fields:
+        try:
+            out.append((name.decode("latin-1"), value.decode("utf-8")))
+        except UnicodeDecodeError:
+            continue
+    return out
 
 
 class _Connection(asyncio.Protocol):
@@ -63,11 +83,15 @@ class _Connection(asyncio.Protocol):
         # Exchanges sent on it, and whether any byte of the current one's answer arrived.
         self.uses = 0
         self.answered = False
-        # The current answer's head: bytes seen before it completed, header fields so far.
-        self._head_bytes = 0
-        self._head_done = False
-        # Raw (name, value) pairs: decoded once the head is complete.
+        # Bytes received since the current answer began or its body last grew: its head, then
+        # chunk framing and trailers. Bounded by the pool's max_head_bytes.
+        self._gap = 0
+        # Raw (name, value) pairs: decoded once the head is complete. Trailer fields land in a
+        # fresh list, dropped when the answer completes (an exchange that does not complete
+        # closes the connection).
         self._fields: list[tuple[bytes, bytes]] = []
+        # The current exchange's body (set by send; no byte is parsed before it).
+        self._body: Body
 
     # -- asyncio.Protocol
 
@@ -80,8 +104,7 @@ class _Connection(asyncio.Protocol):
             # Bytes nobody asked for: the connection cannot be trusted with another request.
             self.abort()
             return
-        if not self._head_done:
-            self._head_bytes += len(data)
+        self._gap += len(data)
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -90,18 +113,30 @@ class _Connection(asyncio.Protocol):
             self.abort()
             return
         except httptools.HttpParserError as exc:
+            self._broken(exc)
+            return
+        if self._gap > self._pool.max_head_bytes:
+            self._overrun()
+
+    def _broken(self, exc: httptools.HttpParserError) -> None:
+        """The parser stopped: on bytes after the end of the answer, or on a broken one."""
+        if not self._body.complete:
             cause = exc.__context__
             if isinstance(cause, HeadTooLarge):
                 self._fail(cause)
             else:
                 self._fail(ClientError(f"invalid HTTP from the region ({exc})"))
-            self.abort()
-            return
-        if not self._head_done and self._head_bytes > self._pool.max_head_bytes:
-            # llhttp buffers a header it has not finished: bound what a region can make us hold.
+        # Else the answer ended before them (a second response, junk): it stays as it was,
+        # and the connection, whose next bytes nobody can place, is never reused.
+        self.abort()
+
+    def _overrun(self) -> None:
+        """More than max_head_bytes arrived without a byte of body: llhttp (or httptools, for a
+        header or trailer field it has not finished) would hold them all."""
+        if not self._body.complete:
             limit = self._pool.max_head_bytes
-            self._fail(HeadTooLarge(f"the region's response head passed {limit} bytes"))
-            self.abort()
+            self._fail(HeadTooLarge(f"the region's response {self._part()} passed {limit} bytes"))
+        self.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
@@ -115,11 +150,17 @@ class _Connection(asyncio.Protocol):
 
     # -- httptools callbacks
 
+    def on_message_begin(self) -> None:
+        if self._body.complete:
+            # A message after the end of the answer, before the next request: not this answer's
+            # (nor the next one's).
+            raise ClientError("the region sent more than one answer")
+
     def on_header(self, name: bytes, value: bytes) -> None:
         fields = self._fields
         if len(fields) >= self._pool.max_headers:
             limit = self._pool.max_headers
-            raise HeadTooLarge(f"the region's response has more than {limit} header fields")
+            raise HeadTooLarge(f"the region's response {self._part()} passed {limit} fields")
         fields.append((name, value))
 
     def on_headers_complete(self) -> None:
@@ -127,27 +168,41 @@ class _Connection(asyncio.Protocol):
         fields = self._fields
         self._fields = []
         if status < 200:
-            self._head_bytes = 0
+            self._gap = 0
             return  # 1xx: an interim answer; the real one follows
         limit = self._pool.max_head_bytes
-        if self._head_bytes > limit and _head_size(fields) > limit:
+        if self._gap > limit and _head_size(fields) > limit:
             # A head that arrived whole in one read (the check after each read never saw it
             # unfinished): measured here, by its fields.
             raise HeadTooLarge(f"the region's response head passed {limit} bytes")
-        self._head_done = True
+        self._gap = 0
         response = self.response
         if response is not None:
-            headers = CIMultiDict([(n.decode("latin-1"), v.decode("latin-1")) for n, v in fields])
+            try:
+                headers = CIMultiDict([(n.decode("ascii"), v.decode("ascii")) for n, v in fields])
+            except UnicodeDecodeError:
+                headers = CIMultiDict(_text_fields(fields))
             response.start(status, headers)
 
     def on_body(self, body: bytes) -> None:
-        if self.response is not None:
-            self.response.content.feed(body)
+        self._gap = 0
+        self._body.feed(body)
 
     def on_message_complete(self) -> None:
         response = self.response
         if response is not None and response.status:
+            if self._fields:
+                # Trailer fields, dropped: bounded as the head is, also when they came whole in
+                # the read that ended the body (the check after each read never saw them).
+                limit = self._pool.max_head_bytes
+                if _head_size(self._fields) > limit:
+                    raise HeadTooLarge(f"the region's response trailers passed {limit} bytes")
+                self._fields = []
             response.finish(self._parser.should_keep_alive())
+
+    def _part(self) -> str:
+        """Which part of the answer is arriving: its head, or its trailers after the body."""
+        return "trailers" if self.response is not None and self.response.status else "head"
 
     # --
 
@@ -163,10 +218,10 @@ class _Connection(asyncio.Protocol):
 
     def send(self, data: bytes, response: Response) -> None:
         self.response = response
+        self._body = response.content
         self.uses += 1
         self.answered = False
-        self._head_bytes = 0
-        self._head_done = False
+        self._gap = 0
         assert self.transport is not None
         self.transport.write(data)
 

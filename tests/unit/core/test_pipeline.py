@@ -492,6 +492,9 @@ def echoing(status: int, stream: bool = False) -> Handler:
             ]
             return LocalReply(status, {**SSE, **echoed}, events)
         answer = b'{"choices":[{"index":0,"message":{"content":"' + text.encode() + b'"}}]}'
+        if status >= 500:
+            # A failure's answer is relayed only as an API error (else the router's own).
+            answer = b'{"error":{"message":"' + text.encode() + b'"}}'
         return LocalReply(status, {**JSON, **echoed}, [answer])
 
     return handle

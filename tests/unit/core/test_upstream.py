@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from router.config import RegionConfig
 from router.core.transport import LocalReply, LocalTransport
@@ -37,3 +38,35 @@ def test_the_request_id_goes_in_the_configured_header_or_nowhere(header: str) ->
     else:
         assert "X-Request-Id" not in sent
         assert sent["X-Correlation-Id"] == "client-corr"  # any other header passes
+
+
+def _head(*fields: tuple[str, str]) -> CIMultiDictProxy[str]:
+    return CIMultiDictProxy(CIMultiDict(fields))
+
+
+def test_response_headers_keep_only_what_is_a_regions_to_send() -> None:
+    head = _head(
+        ("Content-Type", "application/json"),
+        ("Connection", "keep-alive, X-Hop"),
+        ("X-Hop", "named in Connection"),
+        ("openai-organization", "org-operator"),
+        ("x-ratelimit-remaining-requests", "9"),
+        ("RateLimit-Policy", "10;w=60"),
+        ("X-Router-Hedged", "spoofed"),
+        ("Age", "9"),
+        ("Strict-Transport-Security", "max-age=0"),
+        ("Location", "http://evil.example/"),
+        ("X-Request-Id", "region-id"),
+        ("X-sk-region", "1"),
+        ("x-SK-REGION-2", "1"),
+        ("x-SK-REGION", "the same name again"),
+        ("X-Value", "Bearer sk-region"),
+        ("X-Utf8", "café"),
+        ("openai-processing-ms", "12"),
+    )
+    out = region().response_headers(head)
+    assert list(out.items()) == [
+        ("Content-Type", "application/json"),
+        ("X-Utf8", "café"),
+        ("openai-processing-ms", "12"),
+    ]
