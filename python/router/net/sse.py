@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 DONE = b"[DONE]"
 # A blank line, the end of an event: LF LF, or CR LF CR LF (and the mixes) as the Decoder reads.
@@ -31,21 +31,6 @@ def data_of(event: bytes) -> bytes | None:
             value = line[5:]
             lines.append(value[1:] if value.startswith(b" ") else value)
     return b"\n".join(lines) if lines else None
-
-
-def whole_payloads(data: bytes) -> Iterator[bytes]:
-    """The data payloads of the whole events at the start of `data` (a stream's first bytes;
-    a trailing partial event is left out), events without data skipped. LF-only bytes (the
-    usual) are split plainly and one-line events sliced, not parsed."""
-    whole = data[: last_boundary(data)]
-    plain = b"\r" not in whole
-    for event in whole.split(b"\n\n") if plain else split_events(whole):
-        if plain and event.startswith(b"data:") and b"\n" not in event:
-            yield event[6:] if event[5:6] == b" " else event[5:]
-        elif event.strip(b"\r\n"):
-            payload = data_of(event)
-            if payload is not None:
-                yield payload
 
 
 def encode(payload: bytes) -> bytes:
