@@ -78,7 +78,9 @@ class ServerConfig(_Section, frozen=True):
     # than max_headers fields, fails the attempt like a broken answer (fail over, else 502).
     max_response_head_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 64 << 10
     # One SSE event of a region's stream above this ends the stream as broken (continued
-    # elsewhere, or an error event), so a never-ending line costs bounded memory and CPU.
+    # elsewhere, or an error event), so a never-ending line costs bounded memory and CPU. A
+    # stream's bytes before its first token are bounded apart: at most 4 MiB (and at most
+    # max_response_bytes), else the attempt fails and another region is asked.
     max_event_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 1 << 20
     # Young-generation GC threshold once started (CPython's default is 700; 0 keeps it).
     # Fewer passes over in-flight requests' objects: a third less CPU per request at c=128.
@@ -442,8 +444,9 @@ class RoutingConfig(_Section, frozen=True):
     retry_budget_window_s: _SECONDS = 10.0
     # Give up on a region that sent no first byte in this long (None: timeouts.first_byte).
     ttft_timeout_s: _SECONDS | None = None
-    # A stream's first token (not only its headers or role preamble) must come within this,
-    # when another region or a fallback model can serve the request; None turns it off.
+    # A stream's first token (not only its headers, role preamble, keep-alive comments or
+    # other fields without data) must come within this, when another region or a fallback
+    # model can serve the request; None turns it off.
     stream_ttft_timeout_s: _SECONDS | None = 10.0
     # A region asking (Retry-After) to wait longer than this is not waited for.
     max_retry_after_s: Annotated[float, msgspec.Meta(ge=0)] = 5.0

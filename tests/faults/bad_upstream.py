@@ -21,6 +21,11 @@ account's rate limits, the router's own names, policies for the router's origin,
 key for the region in header names, a latin-1 value), lb502 and lb429 (a load balancer's HTML
 error page naming an internal host, the 429 with a Retry-After), flat503 (vLLM's flat error
 object in a 503).
+
+Streams at the edges of SSE (issue 27): splitstart (a whole stream whose first read is `da`),
+bom (a stream after a UTF-8 byte order mark), strayline (a whole stream, then a lone newline),
+noblank (a whole stream whose `data: [DONE]` lacks its blank line), keepalive (comments every
+0.2 s, never a token), errorevent (vLLM's failure inside a stream: an error event, [DONE]).
 """
 
 from __future__ import annotations
@@ -48,6 +53,12 @@ MODES = (
     "lb502",
     "lb429",
     "flat503",
+    "splitstart",
+    "bom",
+    "strayline",
+    "noblank",
+    "keepalive",
+    "errorevent",
 )
 _MAX_HEAD = 64 * 1024
 # Stops a forgotten server by itself: the suite never needs it this long.
@@ -152,6 +163,15 @@ async def _answer(mode: str, writer: asyncio.StreamWriter, body: bytes, head: by
             writer.write(_chunk(b"x" * 65536))
             await writer.drain()
         writer.write(b"0\r\n\r\n")
+    elif mode in _EDGES:
+        writer.write(_head("200 OK", "text/event-stream", "Transfer-Encoding: chunked\r\n"))
+        for piece in _EDGES[mode]:
+            if isinstance(piece, float):
+                await writer.drain()
+                await asyncio.sleep(piece)
+            else:
+                writer.write(_chunk(piece))
+        writer.write(b"0\r\n\r\n")
     elif mode == "blackhole":
         await asyncio.sleep(_LIFETIME_S)
     elif mode == "html":
@@ -187,6 +207,21 @@ async def _answer(mode: str, writer: asyncio.StreamWriter, body: bytes, head: by
             await asyncio.sleep(1.0)
         writer.write(b"0\r\n\r\n")
     await writer.drain()
+
+
+_WHOLE = b"".join(
+    (_sse_event("Hello"), _sse_event(" there"), _sse_event("", "stop"), b"data: [DONE]\n\n")
+)
+_ERROR = b'data: {"error": {"message": "engine crashed", "type": "server_error", "code": 500}}\n\n'
+# Each edge mode's body: its chunks, and pauses (seconds) that keep them apart on the wire.
+_EDGES: dict[str, list[bytes | float]] = {
+    "splitstart": [_WHOLE[:2], 0.05, _WHOLE[2:]],
+    "bom": [b"\xef\xbb\xbf" + _WHOLE],
+    "strayline": [_WHOLE, 0.05, b"\n"],
+    "noblank": [_WHOLE[:-1]],
+    "keepalive": [p for _ in range(50) for p in (b": keep-alive\n\n", 0.2)],
+    "errorevent": [_ERROR + b"data: [DONE]\n\n"],
+}
 
 
 def _echo(head: bytes) -> bytes:

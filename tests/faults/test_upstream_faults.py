@@ -99,3 +99,44 @@ def test_broken_stream_ends_with_error_event_never_looks_complete(
     healthy = _router(router_proc, good)
     _still_serving(healthy, good)
     assert requests.get(router.url + "/healthz", timeout=5).status_code == 200
+
+
+def _content(events: list[str]) -> str:
+    text = ""
+    for event in events:
+        if event != "[DONE]":
+            for choice in json.loads(event).get("choices") or []:
+                text += (choice.get("delta") or {}).get("content") or ""
+    return text
+
+
+@pytest.mark.parametrize("mode", ["splitstart", "bom", "strayline", "noblank"])
+def test_a_whole_stream_at_the_edges_of_sse_is_relayed_whole(
+    mode: str, bad_upstream: BadFactory, router_proc: RouterFactory
+) -> None:
+    """A first read cut inside `data:`, a byte order mark, a stray newline after the end, a
+    `[DONE]` without its blank line: each a whole answer, once, never an error or a 502."""
+    router = _router(router_proc, bad_upstream(mode))
+    resp = _post(router, {**CHAT, "stream": True})
+    assert resp.status_code == 200, resp.text[:300]
+    events = _sse_events(resp.text)
+    assert events[-1] == "[DONE]"
+    assert events.count("[DONE]") == 1
+    assert not [e for e in events if '"error"' in e]
+    assert _content(events) == "Hello there"
+
+
+@pytest.mark.parametrize("mode", ["keepalive", "errorevent"])
+def test_a_region_without_a_token_is_left_for_another(
+    mode: str, bad_upstream: BadFactory, sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    """Keep-alive comments are no first token; an error event before any is a failure."""
+    bad = bad_upstream(mode)
+    good = sim_region("good")
+    router = _router(router_proc, bad, good, extra="[routing]\nstream_ttft_timeout_s = 0.5\n")
+    resp = _post(router, {**CHAT, "stream": True})
+    assert resp.status_code == 200, resp.text[:300]
+    assert resp.headers["x-router-region"] == "good"
+    events = _sse_events(resp.text)
+    assert events[-1] == "[DONE]"
+    assert not [e for e in events if '"error"' in e]

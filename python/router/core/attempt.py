@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import re
 import time
 from collections.abc import Mapping, Sequence
 
@@ -20,6 +21,7 @@ from router.config import TimeoutsConfig
 from router.core.context import RequestContext
 from router.core.failure import AttemptError, FailureKind, Origin, Spill, overflows_context
 from router.core.stages import AttemptObserver, Hedger, Opener, RetryPolicy, Slot, SlotGate
+from router.core.stream import DEFAULT_MAX_EVENT_BYTES, error_message, is_error_event, payload_of
 from router.core.timing import QUEUE
 from router.core.transport import UpstreamResponse
 from router.core.upstream import Opened, Upstream
@@ -38,8 +40,14 @@ RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 _CREDENTIALS = frozenset({401, 403, 407})
 # A region's answer body above this is a failure of the region ([server] max_response_bytes).
 DEFAULT_MAX_RESPONSE_BYTES = 64 << 20
-# What an SSE stream's first bytes may start with (a field name, or a comment).
+# What an SSE stream's first line may start with (a field name, or a comment), after a byte
+# order mark (the SSE spec allows one) and blank lines, which are dropped.
 _SSE_STARTS = (b"data:", b":", b"event:", b"id:", b"retry:")
+_SSE_LEAD = re.compile(rb"(?:\xef\xbb\xbf)?[\r\n]*")
+# A stream's bytes before its first token (preamble events, comments) are held back, at most
+# this many (else the attempt fails): a Responses stream's preamble repeats the request's
+# instructions and tools in up to three events of at most max_event_bytes each.
+_MAX_OPENING_BYTES = 4 * DEFAULT_MAX_EVENT_BYTES
 _RAW = msgspec.json.Decoder(msgspec.Raw)
 # Error codes that say the request itself is at fault, whatever the status they come with.
 _REQUEST_CODES = frozenset(
@@ -114,12 +122,15 @@ class _TokenChunk(msgspec.Struct):
 _TOKEN = msgspec.json.Decoder(_TokenChunk)
 
 
-def has_token(data: bytes) -> bool:
-    """Whether a stream's first bytes carry its first token (or its end), not only a role
-    preamble or keep-alive comments: what a stream's time to first token waits for."""
-    if b'"role"' not in data and b'"content":""' not in data:
-        return True  # the usual first chunk: a token
-    return any(carries_token(payload) for payload in sse.whole_payloads(data))
+def has_token(event: bytes) -> bool:
+    """Whether one whole event of a stream is its first token: content, the stream's end or an
+    error; not a comment, a field without data (`id:`, `retry:`) or a role preamble. What a
+    stream's time to first token waits for."""
+    payload = payload_of(event)
+    if not payload:
+        return False
+    # Without a role or an empty content: the usual token, not decoded.
+    return (b'"role"' not in payload and b'"content":""' not in payload) or carries_token(payload)
 
 
 def carries_token(payload: bytes) -> bool:
@@ -282,15 +293,24 @@ def _check_success(region: str, status: int, headers: CIMultiDict[str], body: by
         ) from None
 
 
-def _check_stream_start(region: str, headers: CIMultiDict[str], first: bytes) -> None:
-    """A stream must be SSE from its first byte, or it is a failure of the region."""
+def _check_stream_start(
+    region: str, headers: CIMultiDict[str], first: bytes | bytearray, ended: bool = False
+) -> int | None:
+    """Where a stream's first line starts (past a byte order mark and blank lines), once that
+    line is whole or the stream ended, else None; it must be an SSE field, or the stream is a
+    failure of the region."""
     media = media_type(headers)
     if media != "text/event-stream":
         raise AttemptError(
             region, FailureKind.INVALID, f"stream answered with content type {media!r}"
         )
-    if not first.lstrip(b"\r\n").startswith(_SSE_STARTS):
+    match = _SSE_LEAD.match(first)
+    start = match.end() if match is not None else 0
+    if not ended and first.find(b"\n", start) < 0:
+        return None  # a field's name may still be on its way (`da`, then `ta: ...`)
+    if not first.startswith(_SSE_STARTS, start):
         raise AttemptError(region, FailureKind.INVALID, "stream does not start with an SSE field")
+    return start
 
 
 async def open_attempt(
@@ -310,17 +330,9 @@ async def open_attempt(
             resp = await upstream.pool.post(upstream.path(ctx.endpoint), body, headers.items())
             status = resp.status
             if stream and status == 200:
-                # Committing to a region only once it produced body bytes lets a region that
-                # dies between headers and first token be retried elsewhere.
+                # Committing to a region only once it produced its first token lets a region
+                # that dies between headers and first token be retried elsewhere.
                 first = await resp.content.readany()
-                # The first token, within the same deadline: a region that sends its headers
-                # and role preamble at once, then nothing, is as slow as a silent one.
-                token = ctx.dialect.has_token or has_token
-                while first and not token(first):
-                    more = await resp.content.readany()
-                    if not more:
-                        break
-                    first += more
                 if not first:
                     # A clean end before any byte: the server refused the request its own way
                     # (llama-cpp-python answers a prompt over its context so); every region
@@ -341,7 +353,61 @@ async def open_attempt(
                     )
                 headers_out = upstream.response_headers(resp.headers)
                 check_identity(name, headers_out)
-                _check_stream_start(name, headers_out, first)
+                # What comes before the first token is held back: bounded, each byte read once.
+                limit = min(max_bytes, _MAX_OPENING_BYTES)
+                start = _check_stream_start(name, headers_out, first)
+                if start is None:
+                    held = bytearray(first)
+                    while start is None:
+                        more = await resp.content.readany()
+                        held += more
+                        if len(held) > limit:
+                            raise AttemptError(
+                                name, FailureKind.INVALID, f"no SSE line in {limit} bytes"
+                            )
+                        start = _check_stream_start(name, headers_out, held, ended=not more)
+                    first = bytes(held)
+                if start:
+                    first = first[start:]
+                # The first token, within the same deadline: a region that sends its headers
+                # and role preamble (or keep-alive comments) at once, then nothing, is as slow
+                # as a silent one.
+                token = ctx.dialect.has_token or has_token
+                # Events are bounded by the relay (max_event_bytes); here only the bytes before
+                # the first token are, each looked at once.
+                splitter = sse.Splitter(max_bytes)
+                at = splitter.first(first, token)
+                if at is None:
+                    parts = [first]
+                    size = len(first)
+                    while at is None:
+                        more = await resp.content.readany()
+                        if not more:
+                            break
+                        size += len(more)
+                        if size > limit:
+                            raise AttemptError(
+                                name, FailureKind.INVALID, f"no first token in {limit} bytes"
+                            )
+                        parts.append(more)
+                        at = splitter.first(more, token)
+                    first = b"".join(parts)
+                if at is not None and not ctx.dialect.events and b'"error"' in at:
+                    # An error event before any token (vLLM's failure inside a stream): a failed
+                    # attempt, as a 5xx is, unless it blames the request.
+                    payload = payload_of(at)
+                    if payload is not None and is_error_event(payload):
+                        said = upstream.scrub(payload)
+                        request = caused_by_request(said)
+                        raise AttemptError(
+                            name,
+                            FailureKind.REQUEST if request else FailureKind.STATUS,
+                            f"{error_message(said)} before any token",
+                            retryable=not request,
+                            status=400 if request else 502,
+                            headers=CIMultiDict({"Content-Type": "application/json"}),
+                            body=said,
+                        )
                 return Opened(upstream, status, headers_out, response=resp, first=first)
             # Nothing is sent to the client until the whole body is read, so a failure reading
             # it can still go to another region; the pool's total timeout bounds it.
@@ -402,6 +468,10 @@ async def open_attempt(
         raise AttemptError(name, FailureKind.TIMEOUT, "no first byte in time") from None
     except http1.ConnectError as exc:
         raise AttemptError(name, FailureKind.CONNECT, str(exc)) from None
+    except sse.EventTooLarge as exc:
+        if resp is not None:
+            resp.close()
+        raise AttemptError(name, FailureKind.TOO_LARGE, str(exc)) from None
     except http1.ClientError as exc:
         if resp is not None:
             resp.close()

@@ -23,7 +23,7 @@ from router.core.request import (
     RESPONSES,
 )
 from router.core.responses import stream_error_event
-from router.core.stream import EventState, StreamState
+from router.core.stream import EventState, StreamState, payload_of
 from router.errors import anthropic_error_body
 from router.net import sse
 
@@ -36,18 +36,19 @@ _TYPED = msgspec.json.Decoder(_Typed)
 
 
 def _typed_has_token(preamble: frozenset[str]) -> Callable[[bytes], bool]:
-    def has_token(data: bytes) -> bool:
-        """Whether the stream's first bytes carry more than preamble events."""
-        for payload in sse.whole_payloads(data):
-            if payload == sse.DONE:
-                return True
-            try:
-                kind = _TYPED.decode(payload).type
-            except (msgspec.MsgspecError, RecursionError):
-                return True  # not an event this check understands: do not hold it back
-            if kind not in preamble:
-                return True
-        return False
+    def has_token(event: bytes) -> bool:
+        """Whether one whole event of the stream is more than preamble (a comment or a field
+        without data is not)."""
+        payload = payload_of(event)
+        if not payload:
+            return False
+        if payload == sse.DONE:
+            return True
+        try:
+            kind = _TYPED.decode(payload).type
+        except (msgspec.MsgspecError, RecursionError):
+            return True  # not an event this check understands: do not hold it back
+        return kind not in preamble
 
     return has_token
 
@@ -90,8 +91,8 @@ class Dialect:
         # Streams of typed events ended by one of `terminal` (no [DONE]).
         self.events = bool(terminal)
         self.terminal = terminal
-        # Whether a stream's first bytes carry its first token; None: OpenAI's chunks, read by
-        # core.attempt.has_token.
+        # Whether one whole event of a stream is its first token; None: OpenAI's chunks, read
+        # by core.attempt.has_token.
         self.has_token = _typed_has_token(preamble) if self.events else None
 
     def tracker(self) -> StreamState | EventState:

@@ -70,7 +70,13 @@ async def _drain(
                 data = passable(splitter.feed(chunk), state, False)
                 if data:
                     tap.chunk(data if scrub is None else scrub(data))
-        complete = not splitter.pending and state.complete
+                if state.error is not None:
+                    break
+        if splitter.pending and state.error is None:
+            data = passable(splitter.end(), state, False)
+            if data:
+                tap.chunk(data if scrub is None else scrub(data))
+        complete = state.complete
         if complete and state.owes_done:
             tap.chunk(DONE_EVENT)
     except (http1.ClientError, TimeoutError, sse.EventTooLarge) as exc:
@@ -141,10 +147,11 @@ async def relay_stream(
     """Relay an upstream SSE stream event by event; write() waits for the client (backpressure).
 
     Only whole events go out (one scan of the bytes, each event at most `max_event_bytes`);
-    events that are not JSON are dropped. A stream that breaks, stalls, grows too large or ends
-    before every choice finished never looks complete to the client: it is continued elsewhere
-    or ends with an SSE error event. One that finished every choice but left out `[DONE]` gets
-    it added. `on_id` hears the id a Responses API stream announces, as soon as it does.
+    events that are not JSON are dropped. A stream that breaks, stalls, grows too large, sends
+    an error event or ends before every choice finished never looks complete to the client: it
+    is continued elsewhere or ends with an SSE error event. One that finished every choice is
+    complete whatever follows; without `[DONE]` it gets it added. `on_id` hears the id a
+    Responses API stream announces, as soon as it does.
     """
     upstream = opened.response
     assert upstream is not None
@@ -221,6 +228,8 @@ async def relay_stream(
                             await send(data)
                     if stripped and meter is not None:
                         meter.feed(b"".join(stripped))
+                    if state.error is not None:
+                        break  # the region's error event: its stream ends there
                     idle.waiting()
                     chunk = await content.readany()
                     # A slow client is backpressure, not an idle upstream.
@@ -229,13 +238,24 @@ async def relay_stream(
                     more = content.read_nowait()
                     if more:
                         chunk += more
-            if splitter.pending:
-                raise _Truncated("stream ended mid-event")
+            if splitter.pending and state.error is None:
+                # The region's last event, only its blank line missing (`data: [DONE]\n`).
+                stripped = [] if strip_usage else None
+                data = passable(splitter.end(), state, strip_usage, stripped)
+                if data:
+                    await send(data if scrub is None else scrub(data))
+                if stripped and meter is not None:
+                    meter.feed(b"".join(stripped))
+            # A finished stream is complete whatever unended bytes follow (a stray newline).
             if not state.complete:
-                raise _Truncated(state.cut_reason)
+                cut = splitter.pending and state.error is None
+                raise _Truncated("stream ended mid-event" if cut else state.cut_reason)
             if state.owes_done:
                 await send(DONE_EVENT)
             complete = True
+            if state.failed:
+                # A Responses or Messages stream the region ended with its failure event.
+                ctx.broken = "The region ended the stream with its failure event."
         # A failed write to the client is a ConnectionResetError (aiohttp's own subclasses it).
         except (
             http1.ClientError,
@@ -252,7 +272,7 @@ async def relay_stream(
                     _hand_off(upstream, splitter, state, tap, idle_timeout, max_bytes - size, scrub)
                     handed = True
                 return resp
-            if state.complete and not splitter.pending and not isinstance(exc, _Truncated):
+            if state.complete and not isinstance(exc, _Truncated):
                 # Every choice finished before the region's connection broke (a reset after
                 # [DONE], junk after the last chunk): the answer is whole; nothing to resume.
                 if state.owes_done:
@@ -267,6 +287,8 @@ async def relay_stream(
                 return resp
             timeout = isinstance(exc, TimeoutError)
             reason = "idle timeout" if timeout else str(exc) or "disconnect"
+            if scrub is not None and state.error is not None:
+                reason = scrub(reason.encode()).decode(errors="replace")  # the region's words
             log.warning("request %s: stream from %s broke: %s", ctx.request_id, ctx.region, reason)
             if continuer is not None and attempts is not None:
                 going = asyncio.ensure_future(

@@ -3,6 +3,8 @@
 A stream counts as complete only when every choice it carried got a `finish_reason`: a region
 that ends with `[DONE]` before that was cut (llama-cpp-python does, when a new request
 interrupts it), and one that finished every choice but never sent `[DONE]` did finish.
+An event that is not JSON (invalid UTF-8 included) is dropped; a chat chunk carrying an
+`error` (vLLM's failure inside a stream) ends the region's stream there, never relayed.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ class _Choice(msgspec.Struct):
 class _Chunk(msgspec.Struct):
     choices: list[_Choice] | None = None
     usage: dict[str, object] | None = None
+    # vLLM's failure inside a stream: `data: {"error": {...}}`, then [DONE].
+    error: object = None
 
 
 _CHUNK = msgspec.json.Decoder(_Chunk)
@@ -50,13 +54,40 @@ def _not_json(payload: bytes) -> bool:
     return False
 
 
+def is_error_event(payload: bytes) -> bool:
+    """Whether a chat payload is the region's error event, as StreamState reads it (an `error`,
+    no choices, no usage)."""
+    try:
+        if not payload.isascii():
+            payload.decode()
+        chunk = _CHUNK.decode(payload)
+    except (msgspec.MsgspecError, RecursionError, UnicodeDecodeError):
+        return False
+    return not chunk.choices and chunk.usage is None and bool(chunk.error)
+
+
+def error_message(payload: bytes) -> str:
+    """What an error event's payload says, for the log and the event ending the stream."""
+    try:
+        error = msgspec.json.decode(payload).get("error")
+    except (msgspec.DecodeError, RecursionError, AttributeError):
+        return "error event"
+    message = error.get("message") if isinstance(error, dict) else error
+    return f"error event: {str(message)[:200]}"
+
+
 class StreamState:
     """Notes every payload the relay passes on; `complete` once the stream really finished."""
 
-    __slots__ = ("done", "finishes", "held_done", "invalid", "usage", "usage_only")
+    __slots__ = ("done", "error", "finishes", "held_done", "invalid", "usage", "usage_only")
+
+    # A chat stream's own failure is its error event (`error`), never relayed.
+    failed = False
 
     def __init__(self) -> None:
         self.done = False
+        # The payload of the region's error event that ended its stream (None: none came).
+        self.error: bytes | None = None
         # A [DONE] that came before every choice finished: never relayed (it would make a cut
         # stream look complete); sent at the end only if the stream did finish after all.
         self.held_done = False
@@ -70,7 +101,8 @@ class StreamState:
         self.usage: list[bytes] = []
 
     def note(self, payload: bytes) -> bool:
-        """Note one data payload; False when it is not valid JSON (and must not be relayed)."""
+        """Note one data payload (UTF-8: see utf8_only); False when it must not be relayed: not
+        valid JSON, or the region's error event (then `error`)."""
         self.usage_only = False
         if payload == DONE:
             self.done = True
@@ -78,7 +110,7 @@ class StreamState:
         try:
             chunk = _CHUNK.decode(payload)
         except msgspec.ValidationError:
-            # Valid JSON of another shape (an error event, a field of an unexpected type).
+            # Valid JSON of another shape (a field of an unexpected type).
             return True
         except (msgspec.DecodeError, RecursionError):
             if _not_json(payload):
@@ -95,6 +127,9 @@ class StreamState:
                     finishes[choice.index] = choice.finish_reason
         elif chunk.usage is not None:
             self.usage_only = True
+        elif chunk.error:
+            self.error = payload
+            return False
         return True
 
     def passable(
@@ -102,10 +137,14 @@ class StreamState:
     ) -> bytes:
         """`passable` for a chat stream: `note` and `payload_of` inlined, in one loop over the
         events (per event, the calls cost more than decoding it), the events joined as they
-        came unless one is dropped."""
+        came unless one is dropped; an error event ends them (see `error`)."""
         kept: list[bytes] | None = None  # None while every event so far passes
         finishes = self.finishes
         decode = _CHUNK.decode
+        whole = b"".join(events)
+        if not whole.isascii():
+            events = utf8_only(events, self)
+            whole = b"".join(events)
         for i, event in enumerate(events):
             if event.startswith(b"data:") and event.endswith(b"\n\n") and event.count(b"\n") == 2:
                 payload: bytes | None = event[6:-2] if event[5:6] == b" " else event[5:-2]
@@ -123,7 +162,7 @@ class StreamState:
                     try:
                         chunk = decode(payload)
                     except msgspec.ValidationError:
-                        pass  # valid JSON of another shape (an error event, say)
+                        pass  # valid JSON of another shape
                     except (msgspec.DecodeError, RecursionError):
                         if _not_json(payload):
                             self.invalid += 1
@@ -143,12 +182,16 @@ class StreamState:
                                 if stripped is not None:
                                     stripped.append(event)
                                 keep = False
+                        elif chunk.error:
+                            # The region's stream ends here: what follows is not relayed.
+                            self.error = payload
+                            return b"".join(events[:i] if kept is None else kept)
             if keep:
                 if kept is not None:
                     kept.append(event)
             elif kept is None:
                 kept = events[:i]
-        return b"".join(events if kept is None else kept)
+        return whole if kept is None else b"".join(kept)
 
     @property
     def finished(self) -> bool:
@@ -172,6 +215,8 @@ class StreamState:
     @property
     def cut_reason(self) -> str:
         """Why a stream that ended here is not complete."""
+        if self.error is not None:
+            return error_message(self.error)
         return (
             "stream ended before every choice finished"
             if self.done
@@ -190,6 +235,8 @@ class _Event(msgspec.Struct):
 
 
 _EVENT = msgspec.json.Decoder(_Event)
+# The typed-event APIs' terminal events that end a stream as failed.
+_FAILURE_ENDS = frozenset({"error", "response.failed"})
 
 
 class EventState:
@@ -200,6 +247,7 @@ class EventState:
     __slots__ = (
         "done",
         "ended",
+        "failed",
         "held_done",
         "invalid",
         "response_id",
@@ -209,9 +257,14 @@ class EventState:
         "usage_only",
     )
 
+    # These APIs end a failed stream with their own failure event, relayed (see `failed`).
+    error = None
+
     def __init__(self, terminal: frozenset[str]) -> None:
         self.terminal = terminal
         self.ended = False
+        # The terminal event that came is the region's failure (`error`, `response.failed`).
+        self.failed = False
         self.done = False
         self.held_done = False
         self.invalid = 0
@@ -241,6 +294,7 @@ class EventState:
             self.response_id = event.response.id
         if event.type in self.terminal:
             self.ended = True
+            self.failed = event.type in _FAILURE_ENDS
         if b'"usage"' in payload:
             kept_usage(self.usage, payload)
         return True
@@ -259,6 +313,23 @@ class EventState:
     def cut_reason(self) -> str:
         """Why a stream that ended here is not complete."""
         return "stream ended before its terminal event"
+
+
+def utf8_only(events: list[bytes], state: StreamState | EventState) -> list[bytes]:
+    """The events whose data is UTF-8, for a read with bytes past ASCII: another's is not JSON,
+    dropped and counted (msgspec skips a string it does not decode unread, so it can tell only
+    for the fields it reads)."""
+    kept = []
+    for event in events:
+        payload = payload_of(event)
+        if payload is not None and not payload.isascii():
+            try:
+                payload.decode()
+            except UnicodeDecodeError:
+                state.invalid += 1
+                continue
+        kept.append(event)
+    return kept
 
 
 def payload_of(event: bytes) -> bytes | None:
@@ -289,11 +360,15 @@ def passable_each(
     stripped: list[bytes] | None = None,
 ) -> bytes:
     """`passable` event by event, for any stream state (StreamState's one loop must equal it)."""
+    if not all(map(bytes.isascii, events)):
+        events = utf8_only(events, state)
     out = []
     for event in events:
         payload = payload_of(event)
         if payload is not None:
             if not state.note(payload):
+                if state.error is not None:
+                    break  # the region's error event ends its stream
                 continue
             if state.done and payload == DONE and not state.complete:
                 state.held_done = True

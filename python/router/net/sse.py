@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable
 
 DONE = b"[DONE]"
 # A blank line, the end of an event: LF LF, or CR LF CR LF (and the mixes) as the Decoder reads.
@@ -33,24 +33,10 @@ def data_of(event: bytes) -> bytes | None:
     return b"\n".join(lines) if lines else None
 
 
-def whole_payloads(data: bytes) -> Iterator[bytes]:
-    """The data payloads of the whole events at the start of `data` (a stream's first bytes;
-    a trailing partial event is left out), events without data skipped. LF-only bytes (the
-    usual) are split plainly and one-line events sliced, not parsed."""
-    whole = data[: last_boundary(data)]
-    plain = b"\r" not in whole
-    for event in whole.split(b"\n\n") if plain else split_events(whole):
-        if plain and event.startswith(b"data:") and b"\n" not in event:
-            yield event[6:] if event[5:6] == b" " else event[5:]
-        elif event.strip(b"\r\n"):
-            payload = data_of(event)
-            if payload is not None:
-                yield payload
-
-
 def encode(payload: bytes) -> bytes:
-    """One SSE event carrying `payload` as its data (single line, as OpenAI sends)."""
-    return b"data: " + payload + b"\n\n"
+    """One SSE event carrying `payload` as its data: each of its lines a `data:` line (the
+    Decoder joins an event's data lines with LF, so a payload of two lines was sent as two)."""
+    return b"data: " + payload.replace(b"\n", b"\ndata: ") + b"\n\n"
 
 
 def encode_done() -> bytes:
@@ -146,16 +132,20 @@ class Splitter:
         events: list[bytes] = []
         start = 0
         pos = max(self._scan, 0)
-        while True:
-            lf = buf.find(b"\n\n", pos)
-            crlf = buf.find(b"\n\r\n", pos)
-            if lf < 0 and crlf < 0:
-                break
+        # Each kind of boundary is searched for again only once the one found was passed (a
+        # search that found none holds for the rest): one scan of the bytes, not one per event.
+        lf = buf.find(b"\n\n", pos)
+        crlf = buf.find(b"\n\r\n", pos)
+        while lf >= 0 or crlf >= 0:
             end = lf + 2 if crlf < 0 or 0 <= lf < crlf else crlf + 3
             event = bytes(buf[start:end])
             if event.strip(b"\r\n"):
                 events.append(event)
-            start = pos = end
+            start = end
+            if 0 <= lf < end:
+                lf = buf.find(b"\n\n", end)
+            if 0 <= crlf < end:
+                crlf = buf.find(b"\n\r\n", end)
         if start:
             del buf[:start]
         # A boundary may straddle this chunk and the next: rescan the last two bytes.
@@ -163,6 +153,41 @@ class Splitter:
         if len(buf) > self.max_bytes:
             raise EventTooLarge(f"an SSE event passed {self.max_bytes} bytes")
         return events
+
+    def first(self, chunk: bytes, wanted: Callable[[bytes], bool]) -> bytes | None:
+        """Feed `chunk` up to the first event it completes that is `wanted`: that event, or None
+        while none is (the events before it passed over, each looked at once); once one is
+        found, nothing more is fed."""
+        buf = self._buf
+        buf += chunk
+        start = 0
+        found = None
+        lf = buf.find(b"\n\n", self._scan)
+        crlf = buf.find(b"\n\r\n", self._scan)
+        while lf >= 0 or crlf >= 0:
+            end = lf + 2 if crlf < 0 or 0 <= lf < crlf else crlf + 3
+            event = bytes(buf[start:end])
+            start = end
+            if wanted(event):
+                found = event
+                break
+            if 0 <= lf < end:
+                lf = buf.find(b"\n\n", end)
+            if 0 <= crlf < end:
+                crlf = buf.find(b"\n\r\n", end)
+        if start:
+            del buf[:start]
+        self._scan = max(0, len(buf) - 2)
+        if len(buf) > self.max_bytes:
+            raise EventTooLarge(f"an SSE event passed {self.max_bytes} bytes")
+        return found
+
+    def end(self) -> list[bytes]:
+        """At the stream's end: its last event when only its blank line is missing (every line
+        ended, as in `data: [DONE]\\n`), else nothing; what stays pending is a cut event."""
+        if not self._buf.endswith(b"\n"):
+            return []
+        return self.feed(b"\n")
 
     @property
     def pending(self) -> int:

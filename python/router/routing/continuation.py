@@ -308,14 +308,17 @@ class MidstreamPolicy:
     ) -> bool:
         """Continue ctx's broken stream on the remaining candidates, each allowed `idle_s`
         between chunks (the request's `timeouts.idle`); False if none could."""
+        tracker = ctx.tracker
+        if isinstance(tracker, SentEvents):
+            tracker.settle()
+            if tracker.done:
+                return False  # the client has the region's end: nothing broke
         if ctx.region is not None:
             # Its first byte did not count as a success yet: the break counts as a failure.
             self.report(ctx, ctx.region)
-        tracker = ctx.tracker
         if not isinstance(tracker, SentEvents):
             return False
-        tracker.settle()
-        if tracker.done or (isinstance(tracker, EventTracker) and tracker.unsupported):
+        if isinstance(tracker, EventTracker) and tracker.unsupported:
             return False
         again = deterministic(ctx.request.body)
         if tracker.first is None:

@@ -270,26 +270,36 @@ async def carry_on(
     splitter = sse.Splitter(max_event_bytes)
     complete = False
     scrub = upstream.scrub if upstream.has_secret else None
+
+    async def carry(raw: list[bytes]) -> None:
+        events = []
+        data = passable(raw, state, False)
+        if scrub is not None and data:
+            data = scrub(data)
+        for event in sse.split_events(data):
+            kept = stitch.event(event + b"\n\n")
+            if kept is not None:
+                events.append(kept)
+                if b'"usage"' in kept:
+                    _note_usage(ctx, kept)
+        if events:
+            await _write(write, b"".join(events), tracker, ctx.meter)
+
     try:
         chunk = opened.first
         async with IdleWatch(idle_s) as idle:
             while chunk:
-                events = []
-                data = passable(splitter.feed(chunk), state, False)
-                if scrub is not None and data:
-                    data = scrub(data)
-                for event in sse.split_events(data):
-                    kept = stitch.event(event + b"\n\n")
-                    if kept is not None:
-                        events.append(kept)
-                        if b'"usage"' in kept:
-                            _note_usage(ctx, kept)
-                if events:
-                    await _write(write, b"".join(events), tracker, ctx.meter)
+                await carry(splitter.feed(chunk))
+                if state.error is not None:
+                    break  # the region's error event: its stream ends there
                 idle.waiting()
                 chunk = await resp.content.readany()
                 idle.busy()
-        complete = not splitter.pending and state.complete and stitch.through
+        if splitter.pending and state.error is None:
+            # Its last event, only the blank line missing (`data: [DONE]\n`).
+            await carry(splitter.end())
+        # Bytes left after a finished stream (a stray newline) cut nothing.
+        complete = state.complete and stitch.through
         if complete and state.owes_done:
             await _write(write, DONE_EVENT, tracker, ctx.meter)
         return complete

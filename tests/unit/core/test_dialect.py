@@ -34,14 +34,18 @@ COMPLETED = _ev("response.completed", response={"id": "resp_1", "status": "compl
 def test_preamble_events_are_not_a_first_token() -> None:
     token = RESPONSES_API.has_token
     assert token is not None
-    assert not token(CREATED + ADDED)
-    assert token(CREATED + ADDED + DELTA)
-    assert not token(CREATED + DELTA[:20])  # the delta is not whole yet
+    assert not token(CREATED)
+    assert not token(ADDED)
+    assert token(DELTA)
+    # Comments and fields without data are no token either.
+    for filler in (b": keep-alive\n\n", b"retry: 10\n\n", b"event: x\n\n", b"data:\n\n"):
+        assert not token(filler)
     messages = MESSAGES_API.has_token
     assert messages is not None
-    start = _ev("message_start", message={"id": "m"}) + _ev("ping")
-    assert not messages(start)
-    assert messages(start + _ev("content_block_delta", delta={"text": "x"}))
+    assert not messages(_ev("message_start", message={"id": "m"}))
+    assert not messages(_ev("ping"))
+    assert messages(_ev("content_block_delta", delta={"text": "x"}))
+    assert messages(_ev("error", error={"type": "overloaded_error"}))  # relayed: its own end
     assert CHAT_API.has_token is None  # OpenAI chunks: core.attempt.has_token
 
 
