@@ -96,7 +96,8 @@ class TimeoutsConfig(_Section, frozen=True):
     # non-stream answer's headers only once it is complete, so this also bounds non-stream
     # generation time: keep it above the longest non-stream answer you expect.
     first_byte: float = 30.0
-    # Longest pause between two chunks of a streamed answer.
+    # Longest pause between two chunks of an answer's body (a stream's, or a whole answer's
+    # after its head).
     idle: float = 30.0
     # A whole exchange with a region, streams included.
     total: float = 600.0

@@ -25,7 +25,8 @@ object in a 503).
 Streams at the edges of SSE (issue 27): splitstart (a whole stream whose first read is `da`),
 bom (a stream after a UTF-8 byte order mark), strayline (a whole stream, then a lone newline),
 noblank (a whole stream whose `data: [DONE]` lacks its blank line), keepalive (comments every
-0.2 s, never a token), errorevent (vLLM's failure inside a stream: an error event, [DONE]).
+0.2 s, never a token), errorevent (vLLM's failure inside a stream: an error event, [DONE]),
+stallbody (a whole answer's head and its first bytes, then nothing).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ MODES = (
     "noblank",
     "keepalive",
     "errorevent",
+    "stallbody",
 )
 _MAX_HEAD = 64 * 1024
 # Stops a forgotten server by itself: the suite never needs it this long.
@@ -173,6 +175,10 @@ async def _answer(mode: str, writer: asyncio.StreamWriter, body: bytes, head: by
                 writer.write(_chunk(piece))
         writer.write(b"0\r\n\r\n")
     elif mode == "blackhole":
+        await asyncio.sleep(_LIFETIME_S)
+    elif mode == "stallbody":
+        writer.write(_head("200 OK", "application/json", "Content-Length: 100\r\n") + b'{"id": "x"')
+        await writer.drain()
         await asyncio.sleep(_LIFETIME_S)
     elif mode == "html":
         page = b"<html><body><h1>502 Bad Gateway</h1>nginx</body></html>"

@@ -140,3 +140,19 @@ def test_a_region_without_a_token_is_left_for_another(
     events = _sse_events(resp.text)
     assert events[-1] == "[DONE]"
     assert not [e for e in events if '"error"' in e]
+
+
+def test_a_whole_answer_whose_body_stalls_fails_over_after_the_idle_timeout(
+    bad_upstream: BadFactory, sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    # The body read had no bound but timeouts.total (600 s by default): a region that sent a
+    # head and a few bytes held the request that long. Now a pause of timeouts.idle fails it.
+    bad = bad_upstream("stallbody")
+    good = sim_region("good")
+    timeouts = "[timeouts]\nconnect = 1.0\nfirst_byte = 1.5\nidle = 1.0\ntotal = 120.0\n"
+    body = region_toml(bad) + region_toml(good, bias_ms=10.0)
+    router = router_proc(timeouts + "[auth]\nenabled = false\n" + body)
+    resp = _post(router, CHAT, timeout=30.0)  # the old bound, total, is 120 s
+    assert resp.status_code == 200, resp.text[:300]
+    assert resp.headers["x-router-region"] == "good"
+    assert "the body stalled" in router.wait_output("the body stalled")

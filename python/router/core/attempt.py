@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import re
 import time
@@ -27,7 +28,7 @@ from router.core.transport import UpstreamResponse
 from router.core.upstream import Opened, Upstream
 from router.errors import InvalidRequest, UpstreamError
 from router.net import http1, sse
-from router.net.idle import Deadline
+from router.net.idle import Deadline, IdleWatch
 
 log = logging.getLogger("router")
 # A region shedding load (or the ingress in front of it saying it is down) answers 503: the
@@ -262,19 +263,29 @@ def _is_json(media: str) -> bool:
     return media == "application/json" or media.endswith("+json")
 
 
-async def read_capped(resp: UpstreamResponse, region: str, max_bytes: int) -> bytes:
-    """The whole body, or an AttemptError once it passes `max_bytes`."""
+async def read_capped(
+    resp: UpstreamResponse, region: str, max_bytes: int, idle_s: float = math.inf
+) -> bytes:
+    """The whole body, or an AttemptError once it passes `max_bytes`; a TimeoutError once one
+    wait for its next bytes lasts `idle_s`."""
     declared = resp.content_length
     if declared is not None and declared > max_bytes:
         raise AttemptError(region, FailureKind.TOO_LARGE, f"response of {declared} bytes")
     parts: list[bytes] = []
     size = 0
-    while chunk := await resp.content.readany():
-        size += len(chunk)
-        if size > max_bytes:
-            raise AttemptError(region, FailureKind.TOO_LARGE, f"response over {max_bytes} bytes")
-        parts.append(chunk)
-    return b"".join(parts)
+    content = resp.content
+    async with IdleWatch(idle_s) as idle:
+        while True:
+            idle.waiting()
+            chunk = await content.readany()
+            idle.busy()
+            if not chunk:
+                return b"".join(parts)
+            size += len(chunk)
+            if size > max_bytes:
+                detail = f"response over {max_bytes} bytes"
+                raise AttemptError(region, FailureKind.TOO_LARGE, detail)
+            parts.append(chunk)
 
 
 def _check_success(region: str, status: int, headers: CIMultiDict[str], body: bytes) -> None:
@@ -320,11 +331,13 @@ async def open_attempt(
     headers: CIMultiDict[str],
     first_byte_s: float,
     max_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+    idle_s: float = math.inf,
 ) -> Opened:
     """Send `body` to one region and read up to the point of no return (the first byte)."""
     stream = ctx.request.stream
     resp: UpstreamResponse | None = None
     name = upstream.name
+    reading = False
     try:
         async with Deadline(first_byte_s) as deadline:
             resp = await upstream.pool.post(upstream.path(ctx.endpoint), body, headers.items())
@@ -410,9 +423,11 @@ async def open_attempt(
                         )
                 return Opened(upstream, status, headers_out, response=resp, first=first)
             # Nothing is sent to the client until the whole body is read, so a failure reading
-            # it can still go to another region; the pool's total timeout bounds it.
+            # it can still go to another region; a pause as long as a stream's idle timeout
+            # fails it (and the pool's total timeout bounds it).
             deadline.lift()
-            whole = upstream.scrub(await read_capped(resp, name, max_bytes))
+            reading = True
+            whole = upstream.scrub(await read_capped(resp, name, max_bytes, idle_s))
             headers_out = upstream.response_headers(resp.headers)
             check_identity(name, headers_out)
             why = unrelayable(status)
@@ -465,7 +480,8 @@ async def open_attempt(
     except TimeoutError:
         if resp is not None:
             resp.close()
-        raise AttemptError(name, FailureKind.TIMEOUT, "no first byte in time") from None
+        late = "the body stalled" if reading else "no first byte in time"
+        raise AttemptError(name, FailureKind.TIMEOUT, late) from None
     except http1.ConnectError as exc:
         raise AttemptError(name, FailureKind.CONNECT, str(exc)) from None
     except sse.EventTooLarge as exc:
@@ -489,6 +505,7 @@ class Attempts:
 
     __slots__ = (
         "_first_byte",
+        "_idle",
         "_slot_of",
         "candidates",
         "ctx",
@@ -522,6 +539,7 @@ class Attempts:
         self.headers_in = headers_in
         self.candidates = candidates
         self._first_byte = timeouts.first_byte
+        self._idle = timeouts.idle
         self.retry = retry
         self.observers = observers
         self.slots = slots
@@ -573,7 +591,9 @@ class Attempts:
                 body = with_usage(body)
                 usage_added = True
         try:
-            opened = await open_attempt(upstream, ctx, body, headers, first_byte, self.max_bytes)
+            opened = await open_attempt(
+                upstream, ctx, body, headers, first_byte, self.max_bytes, self._idle
+            )
             opened.usage_added = usage_added
             if slot is not None:
                 self._slot_of[opened] = slot
