@@ -49,7 +49,13 @@ _SSE_LEAD = re.compile(rb"(?:\xef\xbb\xbf)?[\r\n]*")
 # this many (else the attempt fails): a Responses stream's preamble repeats the request's
 # instructions and tools in up to three events of at most max_event_bytes each.
 _MAX_OPENING_BYTES = 4 * DEFAULT_MAX_EVENT_BYTES
-_RAW = msgspec.json.Decoder(msgspec.Raw)
+class _Answer(msgspec.Struct):
+    """A whole answer's top level: an object (of any fields), with no `error` in it."""
+
+    error: msgspec.Raw | None = None
+
+
+_ANSWER = msgspec.json.Decoder(_Answer)
 # Error codes that say the request itself is at fault, whatever the status they come with.
 _REQUEST_CODES = frozenset(
     {
@@ -289,19 +295,24 @@ async def read_capped(
 
 
 def _check_success(region: str, status: int, headers: CIMultiDict[str], body: bytes) -> None:
-    """A 2xx whole-body answer must be JSON: an HTML error page or a cut body is a failure."""
-    if not 200 <= status < 300 or status == 204:
+    """A 2xx whole-body answer must be a JSON object that is no error: an HTML error page, a
+    cut body, a 204, `null`, or `{"error": ...}` under a 200 is a failure."""
+    if not 200 <= status < 300:
         return
+    if status == 204:
+        raise AttemptError(region, FailureKind.INVALID, "HTTP 204: no answer")
     media = media_type(headers)
     if not _is_json(media):
         detail = f"HTTP {status} with content type {media!r}"
         raise AttemptError(region, FailureKind.INVALID, detail)
     try:
-        _RAW.decode(body)
-    except (msgspec.DecodeError, RecursionError) as exc:
+        answer = _ANSWER.decode(body)
+    except (msgspec.MsgspecError, RecursionError) as exc:
         raise AttemptError(
-            region, FailureKind.INVALID, f"HTTP {status} body is not JSON ({exc})"
+            region, FailureKind.INVALID, f"HTTP {status} body is not a JSON object ({exc})"
         ) from None
+    if answer.error is not None and answer.error != b"null":
+        raise AttemptError(region, FailureKind.INVALID, f"HTTP {status} with an error in its body")
 
 
 def _check_stream_start(

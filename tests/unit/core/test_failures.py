@@ -163,6 +163,23 @@ async def test_the_same_busy_page_from_two_regions_leaves_the_next_one_to_try() 
     assert len(regions["c"].requests) == 1
 
 
+@pytest.mark.parametrize(
+    "reply",
+    [
+        LocalReply(204, {}, []),
+        LocalReply(200, JSON, [b"null"]),
+        LocalReply(200, JSON, [b"[]"]),
+        LocalReply(200, JSON, [b'{"error": {"message": "engine crashed"}}']),
+    ],
+)
+async def test_a_2xx_that_is_no_answer_is_a_failed_attempt_never_relayed(reply: LocalReply) -> None:
+    # Relayed as they came, these were a 204, a `null`, an error under a 200: "successes".
+    app, regions = app_for({"a": scripted(reply), "b": scripted(OK)})
+    status, _, headers = await post(app)
+    assert (status, headers["x-router-region"]) == (200, "b")
+    assert len(regions["a"].requests) == 1
+
+
 async def test_a_redirect_is_a_failed_attempt_never_relayed() -> None:
     moved = LocalReply(307, {"Location": "http://elsewhere.example/v1/chat/completions"}, [])
     app, regions = app_for({"a": scripted(moved), "b": scripted(OK)})
