@@ -49,6 +49,8 @@ _SSE_LEAD = re.compile(rb"(?:\xef\xbb\xbf)?[\r\n]*")
 # this many (else the attempt fails): a Responses stream's preamble repeats the request's
 # instructions and tools in up to three events of at most max_event_bytes each.
 _MAX_OPENING_BYTES = 4 * DEFAULT_MAX_EVENT_BYTES
+
+
 class _Answer(msgspec.Struct):
     """A whole answer's top level: an object (of any fields), with no `error` in it."""
 
