@@ -292,7 +292,9 @@ async def relay_stream(
             log.warning("request %s: stream from %s broke: %s", ctx.request_id, ctx.region, reason)
             if continuer is not None and attempts is not None:
                 going = asyncio.ensure_future(
-                    continuer.resume(ctx, send_on, attempts.again, reason, idle_timeout)
+                    continuer.resume(
+                        ctx, send_on, attempts.again, reason, idle_timeout, max_bytes - size
+                    )
                 )
                 try:
                     continued = await asyncio.shield(going)

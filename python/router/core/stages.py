@@ -176,6 +176,7 @@ class Continuer(Protocol):
         open_one: Callable[[Upstream, bytes], Awaitable[Opened]],
         reason: str,
         idle_s: float,
+        max_bytes: float = ...,
     ) -> bool: ...
 
 

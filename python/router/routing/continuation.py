@@ -11,6 +11,7 @@ lost.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -305,9 +306,11 @@ class MidstreamPolicy:
         open_one: Callable[[Upstream, bytes], Awaitable[Opened]],
         reason: str,
         idle_s: float,
+        max_bytes: float = math.inf,
     ) -> bool:
         """Continue ctx's broken stream on the remaining candidates, each allowed `idle_s`
-        between chunks (the request's `timeouts.idle`); False if none could."""
+        between chunks (the request's `timeouts.idle`) and `max_bytes` from its region (what
+        is left of `server.max_response_bytes`); False if none could."""
         tracker = ctx.tracker
         if isinstance(tracker, SentEvents):
             tracker.settle()
@@ -371,7 +374,7 @@ class MidstreamPolicy:
                 assert isinstance(tracker, StreamTracker)
                 state, stitch = StreamState(), ChatStitch(tracker, prefill=prefill)
             ok = await carry_on(
-                ctx, upstream, body, open_one, write, tracker, idle_s, state, stitch
+                ctx, upstream, body, open_one, write, tracker, idle_s, state, stitch, max_bytes
             )
             if ok:
                 ctx.region = upstream.name

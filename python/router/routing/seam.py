@@ -5,6 +5,7 @@ typed-event APIs)."""
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -239,6 +240,7 @@ async def carry_on(
     idle_s: float,
     state: StreamState | EventState,
     stitch: Stitch,
+    max_bytes: float = math.inf,
     max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
 ) -> bool | None:
     """Stream the continuation from `upstream` to `write`, each event through `stitch`: True
@@ -285,10 +287,15 @@ async def carry_on(
         if events:
             await _write(write, b"".join(events), tracker, ctx.meter)
 
+    size = 0
     try:
         chunk = opened.first
         async with IdleWatch(idle_s) as idle:
             while chunk:
+                size += len(chunk)
+                if size > max_bytes:
+                    left = f"the {int(max_bytes)} bytes left of server.max_response_bytes"
+                    raise sse.EventTooLarge(f"the answer passed {left}")
                 await carry(splitter.feed(chunk))
                 if state.error is not None:
                     break  # the region's error event: its stream ends there

@@ -21,7 +21,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from multidict import CIMultiDict
 
 from router.access.usage import StreamUsage
-from router.config import Config, RegionConfig, RoutingConfig
+from router.config import Config, RegionConfig, RoutingConfig, ServerConfig
 from router.core import relay
 from router.core.context import RequestContext
 from router.core.failure import AttemptError, FailureKind
@@ -69,6 +69,7 @@ def app_for(
     slots: Admission | None = None,
     filters: tuple[RequestFilter, ...] = (),
     observers: tuple[AttemptObserver, ...] = (),
+    server: ServerConfig | None = None,
 ) -> tuple[web.Application, dict[str, LocalTransport]]:
     """The pipeline with routing's retry state, hedger, continuation and headers (and `cache`,
     and more `decorators`) in front of in-process regions (servers of `kind`, each with API
@@ -81,7 +82,9 @@ def app_for(
         for n in regions
     ]
     transports = {n: LocalTransport(h) for n, h in regions.items()}
-    config = Config(regions=tuple(configs), routing=routing or RoutingConfig())
+    config = Config(
+        regions=tuple(configs), routing=routing or RoutingConfig(), server=server or ServerConfig()
+    )
     live = LiveRouting(config.routing)
     pools = RegionPools(Upstreams(Upstream(c, transports[c.name], key) for c in configs))
     features = Features(
@@ -196,6 +199,27 @@ async def test_a_broken_stream_is_continued_on_the_next_region() -> None:
     assert {c["id"] for c in chunks} == {"chatcmpl-a"}
     assert [c["choices"][0].get("finish_reason") for c in chunks] == [None, None, "stop"]
     assert len(transports["b"].requests) == 1
+
+
+async def test_a_continuation_stops_at_what_is_left_of_max_response_bytes() -> None:
+    # A continuation read on past server.max_response_bytes (a region's 80 MB went through).
+    async def floods(path: str, raw: bytes, headers: CIMultiDict[str]) -> LocalReply:
+        end = {"index": 0, "delta": {}, "finish_reason": "stop"}
+        pieces = [delta("x" * 100) for _ in range(200)]
+        return LocalReply(200, SSE, [*pieces, event({"id": "b", "choices": [end]})])
+
+    app, _ = app_for(
+        {"a": breaks_after("Hel", "lo"), "b": floods},
+        RoutingConfig(midstream="resume"),
+        server=ServerConfig(max_response_bytes=8192),
+    )
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        resp = await client.post(CHAT, json=body(stream=True))
+        raw = await resp.read()
+    text, errors = texts(raw)
+    assert text.startswith("Hello")
+    assert len(raw) < 2 * 8192
+    assert errors == ["upstream_stream_error"]
 
 
 def breaks_after(*pieces: str) -> Handler:
