@@ -72,8 +72,8 @@ class ServerConfig(_Section, frozen=True):
     max_messages: Annotated[int, msgspec.Meta(ge=1)] = 2048
     # Requests in flight from one client IP (0 = no cap; 429 above it).
     max_in_flight_per_ip: Annotated[int, msgspec.Meta(ge=0)] = 256
-    # Largest region response body relayed; a larger one is a failed attempt (a stream's
-    # continuations on other regions share the same bound: one that passes it ends the stream).
+    # Largest region response body relayed; a larger one is a failed attempt (a continuation of
+    # a broken stream may add at most what the broken stream left of it, else the stream ends).
     max_response_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 64 << 20
     # A region's response head (status line and headers) over this many bytes, or with more
     # than max_headers fields, fails the attempt like a broken answer (fail over, else 502).
