@@ -356,7 +356,9 @@ class CacheConfig(_Section, frozen=True):
     level: Literal["exact", "normalized"] = "exact"
     # Memory for the in-process tier; least recently used entries go first.
     max_bytes: Annotated[int, msgspec.Meta(gt=0)] = 64 << 20
-    # A response bigger than this is served but never stored (and never buffered for storing).
+    # A response bigger than this is served but never stored (and never buffered for storing;
+    # a stream identical requests are following is kept whole until it ends, at most
+    # server.max_response_bytes, so each of them gets it from its start).
     max_entry_bytes: Annotated[int, msgspec.Meta(gt=0)] = 1 << 20
     # How long an entry is served.
     ttl_s: Annotated[float, msgspec.Meta(gt=0)] = 300.0

@@ -169,8 +169,12 @@ class Tap:
     def chunk(self, data: bytes) -> None:
         """Stream bytes just forwarded to the client (once detached: read for followers)."""
         self._recorded += len(data)
-        if self._recorded > self._max_entry and self._flight is None:
-            # Too big to store and nobody follows: stop buffering it.
+        if self._recorded > self._max_entry and not self.wanted():
+            # Too big to store and nobody follows: stop buffering it, and let no one join it
+            # from here on (a late joiner would need it all kept from its start).
+            if self._flight is not None:
+                self._cache.flights.fail(self._flight)
+                self._flight = None
             self._store = False
             self._recorder.chunks.clear()
             return

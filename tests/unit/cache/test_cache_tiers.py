@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
 
 import pytest
 
@@ -185,6 +186,35 @@ async def test_tap_shares_a_regions_error_with_followers_but_never_stores_it() -
     assert shared.status == 400
     assert shared.body == b'{"error":{"message":"bad"}}'
     assert len(cache.memory) == 0
+
+
+def _delta_event(text: str) -> bytes:
+    choice = {"index": 0, "delta": {"content": text}, "finish_reason": None}
+    return b"data: " + json.dumps({"id": "c", "choices": [choice]}).encode() + b"\n\n"
+
+
+@pytest.mark.parametrize("followed", [False, True])
+async def test_a_stream_past_max_entry_bytes_is_kept_only_while_someone_follows_it(
+    followed: bool,
+) -> None:
+    # With coalescing, a cacheable stream was kept whole whatever its size, followed or not.
+    cache = make(max_entry_bytes=1024)
+    ctx = ctx_for(CHAT_BODY.replace(b'"temperature"', b'"stream":true,"temperature"'), stream=True)
+    flight, _ = cache.flights.join(b"k")
+    if followed:
+        assert not cache.flights.join(b"k")[1]
+    tap = Tap(cache, ctx, b"k", "t", cache.rule("m"), store=True, flight=flight)
+    with contextlib.suppress(FlightFailed), cache.flights.lead(flight):
+        for _ in range(100):
+            tap.chunk(_delta_event("x" * 50))
+        kept = sum(map(len, flight.chunks))
+        if followed:
+            assert kept > 5000  # its follower reads it from its start
+            assert len(cache.flights) == 1
+        else:
+            assert kept < 2048
+            assert len(cache.flights) == 0  # nobody joins it any more
+            assert cache.flights.join(b"k")[1]
 
 
 async def test_tap_stores_a_clean_body_and_respects_no_store() -> None:
