@@ -224,18 +224,21 @@ def _unsupported(name: str, message: str) -> AttemptError:
     )
 
 
+# A delay as a number of seconds (or ms) is digits, maybe a fraction: not Python's float()
+# syntax, which takes "1_0", "1e3", "nan" and "inf".
+_DECIMAL = re.compile(r"[0-9]{1,12}(?:\.[0-9]{1,9})?")
+
+
 def retry_after(headers: CIMultiDict[str]) -> float | None:
     """Seconds the region asked to wait: retry-after-ms, else Retry-After (seconds)."""
     for name, scale in (("retry-after-ms", 0.001), ("Retry-After", 1.0)):
         raw = headers.get(name)
         if raw is None:
             continue
-        try:
-            seconds = float(raw) * scale
-        except ValueError:
-            continue  # an HTTP date: not worth parsing for a retry within one request
-        if seconds >= 0 and seconds == seconds and seconds != float("inf"):
-            return seconds
+        number = raw.strip()
+        if not _DECIMAL.fullmatch(number):
+            continue  # an HTTP date (not worth parsing for a retry within one request), or junk
+        return float(number) * scale
     return None
 
 

@@ -15,6 +15,7 @@ import pytest
 from multidict import CIMultiDict
 
 from router.config import RoutingConfig
+from router.core.attempt import retry_after
 from router.core.request import CHAT
 from router.core.transport import LocalReply
 from tests.unit.core.test_pipeline import JSON, SSE, app_for, body, delta, event
@@ -425,3 +426,24 @@ async def test_a_bug_past_a_streams_head_ends_it_with_one_error_event(
     assert status == 200
     assert b"HTTP/1.1" not in raw
     assert b"The router failed mid-stream." in raw
+
+
+@pytest.mark.parametrize(
+    ("headers", "seconds"),
+    [
+        ({"Retry-After": "7"}, 7.0),
+        ({"Retry-After": " 2.5 "}, 2.5),
+        ({"retry-after-ms": "1500", "Retry-After": "9"}, 1.5),
+        # Python's float() syntax is no delay: 1_0 read as 10 s, 1e3 as 1000 s.
+        ({"Retry-After": "1_0"}, None),
+        ({"Retry-After": "1e3"}, None),
+        ({"Retry-After": "nan"}, None),
+        ({"Retry-After": "-1"}, None),
+        ({"retry-after-ms": "infinity", "Retry-After": "3"}, 3.0),
+        ({"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"}, None),
+    ],
+)
+def test_a_regions_retry_after_is_read_as_digits_only(
+    headers: dict[str, str], seconds: float | None
+) -> None:
+    assert retry_after(CIMultiDict(headers)) == seconds
