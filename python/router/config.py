@@ -97,8 +97,8 @@ class TimeoutsConfig(_Section, frozen=True):
     # non-stream answer's headers only once it is complete, so this also bounds non-stream
     # generation time: keep it above the longest non-stream answer you expect.
     first_byte: float = 30.0
-    # Longest pause between two chunks of an answer's body (a stream's, or a whole answer's
-    # after its head).
+    # Longest pause between two chunks of a streamed answer; a whole answer's body must come
+    # within this of its head (regions send it at once, once generated).
     idle: float = 30.0
     # A whole exchange with a region, streams included.
     total: float = 600.0

@@ -28,7 +28,7 @@ from router.core.transport import UpstreamResponse
 from router.core.upstream import Opened, Upstream
 from router.errors import InvalidRequest, UpstreamError
 from router.net import http1, sse
-from router.net.idle import Deadline, IdleWatch
+from router.net.idle import Deadline
 
 log = logging.getLogger("router")
 # A region shedding load (or the ingress in front of it saying it is down) answers 503: the
@@ -274,29 +274,19 @@ def _is_json(media: str) -> bool:
     return media == "application/json" or media.endswith("+json")
 
 
-async def read_capped(
-    resp: UpstreamResponse, region: str, max_bytes: int, idle_s: float = math.inf
-) -> bytes:
-    """The whole body, or an AttemptError once it passes `max_bytes`; a TimeoutError once one
-    wait for its next bytes lasts `idle_s`."""
+async def read_capped(resp: UpstreamResponse, region: str, max_bytes: int) -> bytes:
+    """The whole body, or an AttemptError once it passes `max_bytes`."""
     declared = resp.content_length
     if declared is not None and declared > max_bytes:
         raise AttemptError(region, FailureKind.TOO_LARGE, f"response of {declared} bytes")
     parts: list[bytes] = []
     size = 0
-    content = resp.content
-    async with IdleWatch(idle_s) as idle:
-        while True:
-            idle.waiting()
-            chunk = await content.readany()
-            idle.busy()
-            if not chunk:
-                return b"".join(parts)
-            size += len(chunk)
-            if size > max_bytes:
-                detail = f"response over {max_bytes} bytes"
-                raise AttemptError(region, FailureKind.TOO_LARGE, detail)
-            parts.append(chunk)
+    while chunk := await resp.content.readany():
+        size += len(chunk)
+        if size > max_bytes:
+            raise AttemptError(region, FailureKind.TOO_LARGE, f"response over {max_bytes} bytes")
+        parts.append(chunk)
+    return b"".join(parts)
 
 
 def _check_success(region: str, status: int, headers: CIMultiDict[str], body: bytes) -> None:
@@ -439,11 +429,11 @@ async def open_attempt(
                         )
                 return Opened(upstream, status, headers_out, response=resp, first=first)
             # Nothing is sent to the client until the whole body is read, so a failure reading
-            # it can still go to another region; a pause as long as a stream's idle timeout
-            # fails it (and the pool's total timeout bounds it).
-            deadline.lift()
+            # it can still go to another region; it must come within a stream's idle timeout
+            # of the head (regions send a whole answer's body at once, after generating it).
+            deadline.reset(idle_s)
             reading = True
-            whole = upstream.scrub(await read_capped(resp, name, max_bytes, idle_s))
+            whole = upstream.scrub(await read_capped(resp, name, max_bytes))
             headers_out = upstream.response_headers(resp.headers)
             check_identity(name, headers_out)
             why = unrelayable(status)

@@ -73,6 +73,12 @@ class Deadline(_TaskTimer):
             self._handle.cancel()
             self._handle = None
 
+    def reset(self, delay: float) -> None:
+        """The deadline is `delay` seconds from now instead (none if it is infinite)."""
+        self.lift()
+        if math.isfinite(delay):
+            self._handle = self._loop.call_at(self._loop.time() + delay, self._expire)
+
 
 class IdleWatch(_TaskTimer):
     """Raises TimeoutError in the task once one wait for bytes lasts `limit` seconds.
