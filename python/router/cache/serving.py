@@ -78,6 +78,9 @@ class _Knobs(msgspec.Struct):
     n: Any = None
     tools: Any = None
     functions: Any = None
+    # llama.cpp's server's own: a dynamic temperature range, and its `n` (cache.policy).
+    dynatemp_range: Any = None
+    n_cmpl: Any = None
     # Transport fields, left out of the fingerprint, that an answer still shows (_ECHOED).
     metadata: Any = None
     user: Any = None
@@ -105,7 +108,14 @@ def fields_of(body: bytes) -> _Knobs:
 
 
 def _policy(k: _Knobs) -> dict[str, Any]:
-    return {"temperature": k.temperature, "n": k.n, "tools": k.tools, "functions": k.functions}
+    return {
+        "temperature": k.temperature,
+        "n": k.n,
+        "tools": k.tools,
+        "functions": k.functions,
+        "dynatemp_range": k.dynatemp_range,
+        "n_cmpl": k.n_cmpl,
+    }
 
 
 def knobs(body: bytes) -> dict[str, Any]:
@@ -507,6 +517,7 @@ _VOLATILE = REQUEST_DROP | {
     "user-agent",
     "via",
     "x-client-ip",
+    "x-amzn-trace-id",
     "x-cloud-trace-context",
     "x-cluster-client-ip",
     "x-correlation-id",
@@ -523,7 +534,6 @@ _VOLATILE_PREFIXES = (
     "ot-baggage-",
     "uberctx-",
     "x-amz-cf-",
-    "x-amzn-",
     "x-b3-",
     "x-datadog-",
     "x-envoy-",

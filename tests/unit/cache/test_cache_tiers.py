@@ -10,9 +10,9 @@ import json
 import pytest
 
 from router.cache.coalescing import Flight, FlightFailed
-from router.cache.policy import Entry, Level, Rule, XCache
+from router.cache.policy import CacheControl, Entry, Level, Rule, XCache, decide
 from router.cache.redis_tier import RedisTier, redis_key
-from router.cache.serving import Tap, answer_shape, fields_of, knobs
+from router.cache.serving import Tap, _forwarded, answer_shape, fields_of, knobs
 from router.cache.tiers import ResponseCache
 from router.config import CacheConfig, CacheModelConfig
 from router.core.context import RequestContext
@@ -104,10 +104,27 @@ def test_rules_are_memoized_but_bounded() -> None:
 @pytest.mark.parametrize(
     ("body", "expected"),
     [
-        (b'{"model":"m"}', {"temperature": None, "n": None, "tools": None, "functions": None}),
         (
-            b'{"temperature":0.2,"n":1,"tools":[{"type":"function"}],"messages":[]}',
-            {"temperature": 0.2, "n": 1, "tools": [{"type": "function"}], "functions": None},
+            b'{"model":"m"}',
+            {
+                "temperature": None,
+                "n": None,
+                "tools": None,
+                "functions": None,
+                "dynatemp_range": None,
+                "n_cmpl": None,
+            },
+        ),
+        (
+            b'{"temperature":0.2,"n":1,"tools":[{"type":"function"}],"messages":[],"n_cmpl":2}',
+            {
+                "temperature": 0.2,
+                "n": 1,
+                "tools": [{"type": "function"}],
+                "functions": None,
+                "dynatemp_range": None,
+                "n_cmpl": 2,
+            },
         ),
     ],
 )
@@ -278,3 +295,24 @@ async def test_tier_two_is_raced_only_when_it_can_answer_first() -> None:
         assert not make().shared_may_win("m")  # no tier 2 at all
     finally:
         await tier.close()
+
+
+@pytest.mark.parametrize(
+    ("extra", "reason"),
+    [
+        (b'"dynatemp_range":1.5', "temperature"),
+        (b'"n_cmpl":2', "n"),
+        (b'"n_cmpl":1', ""),
+    ],
+)
+def test_llama_cpps_sampling_fields_reach_the_policy(extra: bytes, reason: str) -> None:
+    # The policy read them, but the body fields it was given left them out: cached anyway.
+    body = b'{"model":"m","temperature":0,' + extra + b',"messages":[]}'
+    assert decide(knobs(body), Rule(), CacheControl()).reason == reason
+
+
+def test_only_tracing_headers_of_amazon_are_left_out_of_the_key() -> None:
+    # Bedrock and SageMaker headers (guardrails, target variants) change the answer.
+    assert _forwarded({"X-Amzn-Trace-Id": "Root=1-2", "Accept": "x"}) == ()
+    shaping = {"X-Amzn-Bedrock-GuardrailIdentifier": "g1"}
+    assert _forwarded(shaping) == (("x-amzn-bedrock-guardrailidentifier", "g1"),)
