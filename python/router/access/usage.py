@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from router.core.request import CHAT, COMPLETIONS, MESSAGES, RESPONSES, whole_number
+from router.core.request import CHAT, COMPLETIONS, MAX_WHOLE, MESSAGES, RESPONSES, whole_number
 from router.errors import InvalidRequest
 from router.native import count_tokens
 from router.net import sse
@@ -42,20 +42,31 @@ _BOUNDS: dict[str, tuple[str, ...]] = {
 # What llama.cpp's server reads instead, first first: its `n_predict` before any of them, and
 # for a Responses request the chat fields too (it turns the whole body into a chat request).
 _LLAMA_BOUNDS: dict[str, tuple[str, ...]] = {
-    CHAT: ("n_predict", "max_completion_tokens", "max_tokens"),
-    COMPLETIONS: ("n_predict", "max_tokens"),
-    RESPONSES: ("n_predict", "max_output_tokens", "max_completion_tokens", "max_tokens"),
-    MESSAGES: ("n_predict", "max_tokens"),
+    CHAT: ("max_completion_tokens", "max_tokens"),
+    COMPLETIONS: ("max_tokens",),
+    RESPONSES: ("max_output_tokens", "max_completion_tokens", "max_tokens"),
+    MESSAGES: ("max_tokens",),
 }
 
 
 def _first_set(budget: _Budget, names: tuple[str, ...]) -> int:
-    """The first of `names` set to a positive length (0: none; `n_predict` may be -1)."""
+    """The first of `names` set to a positive length (0: none)."""
     for name in names:
-        most = whole_number(getattr(budget, name), name, minimum=-1 if name == "n_predict" else 0)
-        if most is not None and most > 0:
+        most = whole_number(getattr(budget, name), name)
+        if most:
             return most
     return 0
+
+
+def _llama_bound(budget: _Budget, names: tuple[str, ...], default: int) -> int:
+    """What llama.cpp's server may generate: its `n_predict` first (a negative one is no bound
+    at all: `default`), else the first of `names` set, else `default`."""
+    n_predict = whole_number(budget.n_predict, "n_predict", minimum=-MAX_WHOLE)
+    if n_predict is not None and n_predict < 0:
+        return default
+    if n_predict:
+        return n_predict
+    return _first_set(budget, names) or default
 
 
 def completion_budget(body: bytes, default: int, endpoint: str = CHAT, prompts: int = 1) -> int:
@@ -70,12 +81,16 @@ def completion_budget(body: bytes, default: int, endpoint: str = CHAT, prompts: 
     except msgspec.MsgspecError:
         raise InvalidRequest("The request's token fields cannot be read.") from None
     bounds = _BOUNDS.get(endpoint, _BOUNDS[CHAT])
-    most = max(_first_set(budget, bounds), _first_set(budget, _LLAMA_BOUNDS.get(endpoint, bounds)))
+    default = max(0, default)
+    most = max(
+        _first_set(budget, bounds) or default,
+        _llama_bound(budget, _LLAMA_BOUNDS.get(endpoint, bounds), default),
+    )
     n = 1
     if endpoint in (CHAT, COMPLETIONS):
         n = whole_number(budget.n, "n", minimum=1) or 1
         n = max(n, whole_number(budget.n_cmpl, "n_cmpl", minimum=1) or 1)
-    return (most or max(0, default)) * n * prompts
+    return most * n * prompts
 
 
 # The most tokens one answer may report: beyond any model's context by far; a count outside

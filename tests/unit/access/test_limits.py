@@ -95,7 +95,6 @@ def test_a_number_counts_however_it_is_written(field: dict[str, object]) -> None
         b'{"max_tokens": 1.5}',
         b'{"n": true}',
         b'{"n": 0}',
-        b'{"n_predict": -2}',
         b'{"n_cmpl": 0}',
     ],
 )
@@ -289,7 +288,10 @@ async def test_unlimited_tenant_is_always_admitted() -> None:
         # the most any region could generate is reserved.
         ("/v1/chat/completions", {"max_tokens": 10, "n_predict": 100000}, 100000),
         ("/v1/chat/completions", {"max_tokens": 10, "n_predict": 5}, 10),
-        ("/v1/chat/completions", {"max_tokens": 10, "n_predict": -1}, 10),
+        # A negative n_predict is no bound at all for llama.cpp: the default, not max_tokens.
+        ("/v1/chat/completions", {"max_tokens": 10, "n_predict": -1}, 256),
+        ("/v1/chat/completions", {"max_tokens": 3, "n_predict": -2}, 256),
+        ("/v1/chat/completions", {"max_tokens": 1000, "n_predict": -1}, 1000),
         ("/v1/chat/completions", {"n_predict": -1}, 256),
         ("/v1/completions", {"max_tokens": 10, "n_cmpl": 16}, 160),
         ("/v1/completions", {"max_tokens": 10, "n_cmpl": 2, "n": 3}, 30),
