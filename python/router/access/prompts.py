@@ -53,6 +53,8 @@ def _content(value: Any) -> Any:
             elif kind in ("input_image", "image"):
                 detail = part.get("detail")
                 out.append({"type": "image_url", "image_url": {"detail": detail or "auto"}})
+            elif kind in ("input_file", "document"):
+                out.append(_file(part))
             elif kind == "tool_result":
                 out.append({"type": "text", "text": _flat(part.get("content"))})
             else:
@@ -72,6 +74,28 @@ def _flat(value: Any) -> str:
     return _ENCODE.encode(value).decode() if value is not None else ""
 
 
+def _file(part: dict[str, Any]) -> dict[str, Any]:
+    """A file or document part as chat's `file` part (counted at most an image's worth), or
+    the text of an Anthropic document whose source is plain text."""
+    source = part.get("source")
+    if isinstance(source, dict) and source.get("type") == "text":
+        return {"type": "text", "text": _flat(source.get("data"))}
+    return {"type": "file", "file": {k: v for k, v in part.items() if k != "type"}}
+
+
+def _variables(values: dict[str, Any]) -> list[Any]:
+    """A prompt template's variables as content parts: text as text, an image or file part as
+    itself (counted by its rule, not its bytes)."""
+    parts: list[Any] = []
+    for value in values.values():
+        content = _content([value]) if isinstance(value, dict) and value.get("type") else None
+        if isinstance(content, list):
+            parts.extend(content)
+        else:
+            parts.append({"type": "text", "text": content or _flat(value)})
+    return parts
+
+
 def _responses_messages(decoded: Any) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = []
     instructions = decoded.instructions
@@ -79,8 +103,8 @@ def _responses_messages(decoded: Any) -> list[dict[str, Any]]:
         messages.append({"role": "system", "content": _flat(instructions)})
     # A prompt template's variables are rendered into its messages: counted as their text.
     template = decoded.prompt
-    if isinstance(template, dict) and template.get("variables"):
-        messages.append({"role": "user", "content": _flat(template["variables"])})
+    if isinstance(template, dict) and isinstance(template.get("variables"), dict):
+        messages.append({"role": "user", "content": _variables(template["variables"])})
     items = decoded.input
     if isinstance(items, str):
         return [*messages, {"role": "user", "content": items}]

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import msgspec
+import pytest
 
 from router.access.auth import ANONYMOUS_TENANT
 from router.access.limits import Limiter
@@ -218,8 +219,44 @@ def test_a_messages_content_is_split_by_type_without_comparing_blocks() -> None:
 
 def test_a_prompt_templates_variables_are_counted() -> None:
     # They are rendered into the template's messages; they counted nothing.
-    variables = {"topic": "word " * 500}
+    image = {"type": "input_image", "image_url": "data:image/png;base64," + "A" * 1000}
+    variables = {"topic": "word " * 500, "pic": image, "note": {"type": "input_text", "text": "n"}}
     body = {"model": "m", "prompt": {"id": "pmpt_1", "variables": variables}, "input": "hi"}
     messages = _view(RESPONSES, body)["messages"]
-    assert messages[0] == {"role": "user", "content": json.dumps(variables, separators=(",", ":"))}
+    assert messages[0] == {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": "word " * 500},
+            # An image by the image rule, never by its bytes (as JSON text it was 100k tokens).
+            {"type": "image_url", "image_url": {"detail": "auto"}},
+            {"type": "text", "text": "n"},
+        ],
+    }
     assert messages[1] == {"role": "user", "content": "hi"}
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "part"),
+    [
+        (RESPONSES, {"type": "input_file", "file_data": "A" * 300_000, "filename": "a.pdf"}),
+        (MESSAGES, {"type": "document", "source": {"type": "base64", "data": "A" * 300_000}}),
+    ],
+)
+def test_a_file_counts_as_a_file_part_not_its_bytes(endpoint: str, part: dict[str, Any]) -> None:
+    # Counted as text, a 300 KB PDF was a 429 request_too_large; chat's file part was not.
+    content = [part, {"type": "text" if endpoint == MESSAGES else "input_text", "text": "sum"}]
+    body: dict[str, Any] = {"model": "m", "max_tokens": 5}
+    if endpoint == MESSAGES:
+        body["messages"] = [{"role": "user", "content": content}]
+    else:
+        body["input"] = [{"role": "user", "content": content}]
+    raw = msgspec.json.encode(body)
+    view = chat_view(parse_body(endpoint, raw).decoded, endpoint == MESSAGES, raw)
+    assert count_request_tokens(view, "cl100k_base") < 2000
+
+
+def test_a_text_document_counts_as_its_text() -> None:
+    document = {"type": "document", "source": {"type": "text", "data": "word " * 1000}}
+    body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [document]}]}
+    text = {"type": "text", "text": "word " * 1000}
+    assert _view(MESSAGES, body)["messages"] == [{"role": "user", "content": [text]}]
