@@ -100,7 +100,8 @@ class TimeoutsConfig(_Section, frozen=True):
     # Longest pause between two chunks of a streamed answer; a whole answer's body must come
     # within this of its head (regions send it at once, once generated).
     idle: float = 30.0
-    # A whole exchange with a region, streams included.
+    # A whole exchange with a region, streams included (a stream passing it ends with an error
+    # event; the router's own bound, held against no region).
     total: float = 600.0
 
 

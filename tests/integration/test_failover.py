@@ -694,3 +694,27 @@ def test_resumed_breaks_build_up_against_the_region_that_cuts_its_streams(
     finally:
         for proc in (env.router, env.a, env.b, env.c):
             proc.kill()
+
+
+def test_a_stream_past_the_total_deadline_is_not_held_against_its_region(tmp_path: Path) -> None:
+    """Review finding: the exchange's total deadline (the router's own bound, reached by a
+    long stream or a client too slow to read it) was a break of the region's stream: three in
+    a row ejected a healthy region and opened its circuit."""
+    header = HEADER.replace("total = 20.0", "total = 1.0").replace(
+        "max_attempts = 3", "max_attempts = 3\ncircuit_after = 3"
+    )
+    env = start_three(tmp_path, header, tokens_per_s=10)
+    url = env.router.url
+    try:
+        for i in range(4):
+            headers, raw = asyncio.run(_stream(url, i, cut_at_a=False))
+            assert headers["x-router-region"] == "a"
+            _, done, errors, _ = read_stream(raw)
+            assert (done, errors) == (0, 1)
+            assert b"longer than the router allows one exchange" in raw
+        region = env.region("a")
+        assert (region["passive_failures"], region["ejections"]) == (0, 0)
+        assert "circuit" not in env.router.output()
+    finally:
+        for proc in (env.router, env.a, env.b, env.c):
+            proc.kill()

@@ -285,12 +285,19 @@ async def relay_stream(
                 )
                 await resp.write_eof()
                 return resp
-            timeout = isinstance(exc, TimeoutError)
-            reason = "idle timeout" if timeout else str(exc) or "disconnect"
+            # The exchange's total deadline is the router's own bound, however its time went
+            # (a slow client holds the relay): no failure of the region, nothing to continue.
+            overtime = isinstance(exc, http1.TotalDeadline)
+            if overtime:
+                reason = "the exchange passed timeouts.total"
+            elif isinstance(exc, TimeoutError):
+                reason = "idle timeout"
+            else:
+                reason = str(exc) or "disconnect"
             if scrub is not None and state.error is not None:
                 reason = scrub(reason.encode()).decode(errors="replace")  # the region's words
             log.warning("request %s: stream from %s broke: %s", ctx.request_id, ctx.region, reason)
-            if continuer is not None and attempts is not None:
+            if continuer is not None and attempts is not None and not overtime:
                 going = asyncio.ensure_future(
                     continuer.resume(
                         ctx, send_on, attempts.again, reason, idle_timeout, max_bytes - size
@@ -312,7 +319,11 @@ async def relay_stream(
                 if gone:
                     return resp  # finished for the others; its client is not there to end it
             if not continued:
-                message = f"The region stopped mid-stream ({reason})."
+                message = (
+                    "The answer took longer than the router allows one exchange."
+                    if overtime
+                    else f"The region stopped mid-stream ({reason})."
+                )
                 await resp.write(ctx.stream_failure(message, state))
         except _TooLarge:
             log.warning(

@@ -44,6 +44,11 @@ class ConnectError(ClientError):
     """No connection to the region could be opened."""
 
 
+class TotalDeadline(TimeoutError):
+    """The exchange passed the pool's total deadline (however much of it the reader spent
+    elsewhere, e.g. writing to a slow client)."""
+
+
 class HeadTooLarge(ClientError):
     """The region's response head (or its trailers) passed the pool's size or count bound."""
 
@@ -360,7 +365,7 @@ class Response:
 
     def _expire(self) -> None:
         self._deadline = None
-        self.fail(TimeoutError("the request's total deadline passed"))
+        self.fail(TotalDeadline("the request's total deadline passed"))
         self._conn.abort()
 
     def _cancel_deadline(self) -> None:

@@ -244,9 +244,9 @@ async def carry_on(
     max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
 ) -> bool | None:
     """Stream the continuation from `upstream` to `write`, each event through `stitch`: True
-    once it finished, False if it broke or diverged, None if the attempt itself failed. The
-    usage it reports (rewritten by `stitch` to cover the whole answer) is the request's
-    (`ctx.reported`)."""
+    once it finished, False if it broke or diverged, None if the attempt itself failed (or
+    passed timeouts.total). The usage it reports (rewritten by `stitch` to cover the whole
+    answer) is the request's (`ctx.reported`)."""
     try:
         opened = await open_one(upstream, body)
     except AttemptError as exc:
@@ -310,6 +310,10 @@ async def carry_on(
         if complete and state.owes_done:
             await _write(write, DONE_EVENT, tracker, ctx.meter)
         return complete
+    except http1.TotalDeadline:
+        # The router's own bound on one exchange (a slow client holds it): not the region's.
+        log.warning("request %s: resume on %s passed timeouts.total", ctx.request_id, upstream.name)
+        return None
     except (http1.ClientError, TimeoutError, sse.EventTooLarge, Diverged) as exc:
         log.warning("request %s: resume on %s failed: %s", ctx.request_id, upstream.name, exc)
         return False
