@@ -93,9 +93,10 @@ class TimeoutsConfig(_Section, frozen=True):
 
     # Opening a connection to a region.
     connect: float = 2.0
-    # Until response headers, and for streams the first body chunk. Regions usually send a
-    # non-stream answer's headers only once it is complete, so this also bounds non-stream
-    # generation time: keep it above the longest non-stream answer you expect.
+    # Until response headers, and for streams the first token (a role preamble or keep-alive
+    # comments before it do not count). Regions usually send a non-stream answer's headers only
+    # once it is complete, so this also bounds non-stream generation time: keep it above the
+    # longest non-stream answer (or a stream's longest prompt processing) you expect.
     first_byte: float = 30.0
     # Longest pause between two chunks of a streamed answer; a whole answer's body must come
     # within this of its head (regions send it at once, once generated).

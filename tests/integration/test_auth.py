@@ -129,6 +129,8 @@ async def test_every_endpoint_serves_an_allowed_key(router: Proc, path: str) -> 
         ("GET", "/v1/nothing", 404, None),
         ("DELETE", "/v1/nothing", 404, None),
         ("POST", "/v1/nothing", 404, None),
+        ("POST", "/v1", 404, None),
+        ("GET", "/v1", 404, None),
     ],
 )
 async def test_what_is_not_served_is_authenticated_first(

@@ -14,6 +14,7 @@ import random
 import re
 import time
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import msgspec
 from multidict import CIMultiDict
@@ -52,9 +53,11 @@ _MAX_OPENING_BYTES = 4 * DEFAULT_MAX_EVENT_BYTES
 
 
 class _Answer(msgspec.Struct):
-    """A whole answer's top level: an object (of any fields), with no `error` in it."""
+    """A whole answer's top level: an object (of any fields), with no `error` in it (but a
+    Responses object, whose `error` says why it failed: relayed as the region's answer)."""
 
-    error: msgspec.Raw | None = None
+    error: Any = None
+    object: Any = None
 
 
 _ANSWER = msgspec.json.Decoder(_Answer)
@@ -306,7 +309,7 @@ def _check_success(region: str, status: int, headers: CIMultiDict[str], body: by
         raise AttemptError(
             region, FailureKind.INVALID, f"HTTP {status} body is not a JSON object ({exc})"
         ) from None
-    if answer.error is not None and answer.error != b"null":
+    if answer.error is not None and answer.object != "response":
         raise AttemptError(region, FailureKind.INVALID, f"HTTP {status} with an error in its body")
 
 

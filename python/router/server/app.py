@@ -106,7 +106,9 @@ def error_middleware(unknown: NotServed | None = None) -> Middleware:
             if exc.status < 400:
                 raise
             error = _not_served(request, exc)
-            if unknown is not None and exc.status in (404, 405) and request.path.startswith("/v1/"):
+            path = request.path
+            v1 = path == "/v1" or path.startswith("/v1/")
+            if unknown is not None and exc.status in (404, 405) and v1:
                 return await unknown(request, error, _anthropic(request))
             return error_response(error, _request_id(request), anthropic=_anthropic(request))
         except Exception:

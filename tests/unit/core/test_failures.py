@@ -181,6 +181,17 @@ async def test_a_2xx_that_is_no_answer_is_a_failed_attempt_never_relayed(reply: 
     assert len(regions["a"].requests) == 1
 
 
+async def test_a_failed_responses_object_is_the_regions_answer() -> None:
+    # A Responses object carries `error` when its status is failed: the region's answer, as a
+    # 4xx would be, not a broken 2xx to retry everywhere (the request may be what failed).
+    failed = b'{"object": "response", "status": "failed", "error": {"code": "invalid_prompt"}}'
+    app, regions = app_for({"a": scripted(LocalReply(200, JSON, [failed])), "b": scripted(OK)})
+    status, raw, headers = await post(app)
+    assert (status, headers["x-router-region"]) == (200, "a")
+    assert json.loads(raw)["error"]["code"] == "invalid_prompt"
+    assert len(regions["b"].requests) == 0
+
+
 async def test_a_redirect_is_a_failed_attempt_never_relayed() -> None:
     moved = LocalReply(307, {"Location": "http://elsewhere.example/v1/chat/completions"}, [])
     app, regions = app_for({"a": scripted(moved), "b": scripted(OK)})

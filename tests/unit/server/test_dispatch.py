@@ -11,6 +11,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from router.errors import InvalidRequest
 from router.server import dispatch
 from router.server.app import error_middleware
+from router.server.dispatch import Handler
 
 
 async def _forwarded(request: web.Request) -> web.StreamResponse:
@@ -119,3 +120,23 @@ async def test_a_wrong_method_is_a_405_that_says_what_is_allowed(
     assert resp.status == 405
     assert resp.headers["Allow"] == "GET,HEAD,POST"
     assert (await resp.json())["error"]["type"] == "invalid_request_error"
+
+
+async def test_an_app_with_another_middleware_keeps_aiohttps_path() -> None:
+    app = web.Application()
+    errors = error_middleware()
+    app.middlewares.append(errors)
+
+    @web.middleware
+    async def outer(request: web.Request, handler: Handler) -> web.StreamResponse:
+        response = await handler(request)
+        response.headers["X-Outer"] = "ran"
+        return response
+
+    app.middlewares.insert(0, outer)
+    route = app.router.add_post("/v1/chat/completions", _forwarded)
+    dispatch.install(app, {"/v1/chat/completions": route}, errors)
+    async with TestClient(TestServer(app)) as test_client:
+        resp = await test_client.post("/v1/chat/completions", data=b"hi")
+        assert resp.status == 200
+        assert resp.headers["X-Outer"] == "ran"
