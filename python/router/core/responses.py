@@ -7,6 +7,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from router.core.failure import AttemptError, FailureKind
+from router.core.stream import json_object
 from router.errors import ApiError, RateLimited, UpstreamError, anthropic_error_body
 
 
@@ -23,13 +24,8 @@ def error_response(error: ApiError, request_id: str, *, anthropic: bool = False)
 def anthropic_relayed(status: int, body: bytes) -> bytes:
     """A region's error body in Anthropic's shape: servers that speak both APIs may answer
     errors OpenAI's way; one already in Anthropic's shape, or not an error, is left alone."""
-    if b'"error"' not in body:
-        return body
-    try:
-        doc = msgspec.json.decode(body)
-    except (msgspec.DecodeError, RecursionError):
-        return body
-    if not isinstance(doc, dict) or doc.get("type") == "error":
+    doc = json_object(body) if b'"error"' in body else None
+    if doc is None or doc.get("type") == "error":
         return body
     error = doc.get("error")
     message = error.get("message") if isinstance(error, dict) else error
@@ -41,26 +37,16 @@ def anthropic_relayed(status: int, body: bytes) -> bytes:
 def _api_error(body: bytes) -> bool:
     """Whether an error body is in the APIs' error shape: `{"error": {"message": "...", ...}}`
     (OpenAI's; Anthropic's has it too)."""
-    if b'"error"' not in body:
-        return False
-    try:
-        doc = msgspec.json.decode(body)
-    except (msgspec.DecodeError, RecursionError):
-        return False
-    error = doc.get("error") if isinstance(doc, dict) else None
+    doc = json_object(body) if b'"error"' in body else None
+    error = doc.get("error") if doc is not None else None
     return isinstance(error, dict) and isinstance(error.get("message"), str)
 
 
 def _flat_error(body: bytes) -> bytes | None:
     """vLLM's error shape (`{"object": "error", "message", "type", "param", "code"}` at the
     top) in OpenAI's, its fields kept; None for any other body."""
-    if b'"object"' not in body:
-        return None
-    try:
-        doc = msgspec.json.decode(body)
-    except (msgspec.DecodeError, RecursionError):
-        return None
-    if not isinstance(doc, dict) or doc.get("object") != "error":
+    doc = json_object(body) if b'"object"' in body else None
+    if doc is None or doc.get("object") != "error":
         return None
     message = doc.get("message")
     if not isinstance(message, str):

@@ -9,6 +9,8 @@ An event that is not JSON (invalid UTF-8 included) is dropped; a chat chunk carr
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 from router.net import sse
@@ -29,6 +31,7 @@ class _Chunk(msgspec.Struct):
 
 _CHUNK = msgspec.json.Decoder(_Chunk)
 _RAW = msgspec.json.Decoder(msgspec.Raw)
+_DECODE = msgspec.json.Decoder()
 DONE_EVENT = b"data: [DONE]\n\n"
 # One SSE event above this fails the stream (a never-ending line must not cost unbounded work).
 DEFAULT_MAX_EVENT_BYTES = 1 << 20
@@ -42,6 +45,15 @@ def kept_usage(kept: list[bytes], payload: bytes) -> None:
         kept.append(payload)
     else:
         kept[1] = payload
+
+
+def json_object(payload: bytes) -> dict[str, Any] | None:
+    """A JSON object payload, else None."""
+    try:
+        obj = _DECODE.decode(payload)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    return obj if isinstance(obj, dict) else None
 
 
 def _not_json(payload: bytes) -> bool:

@@ -20,7 +20,7 @@ import msgspec
 from router.config import RegionConfig, RoutingConfig
 from router.core.context import RequestContext
 from router.core.request import CHAT, COMPLETIONS, MESSAGES
-from router.core.stream import EventState, StreamState
+from router.core.stream import EventState, StreamState, json_object
 from router.core.upstream import Opened, Upstream
 from router.net import sse
 from router.routing import event_continuation
@@ -33,7 +33,6 @@ from router.routing.seam import (
     Stitch,
     cap_cached,
     carry_on,
-    json_object,
     with_prefill,
 )
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import msgspec
 
+from router.core.stream import json_object
 from router.net import sse
 from router.routing.seam import (
     NEW_TURN,
@@ -28,7 +29,6 @@ from router.routing.seam import (
     FirstStream,
     SentEvents,
     cap_cached,
-    json_object,
     with_prefill,
 )
 

@@ -10,8 +10,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import msgspec
-
 from router.core.context import RequestContext, UsageMeter
 from router.core.failure import AttemptError
 from router.core.stream import (
@@ -19,6 +17,7 @@ from router.core.stream import (
     DONE_EVENT,
     EventState,
     StreamState,
+    json_object,
     kept_usage,
     passable,
 )
@@ -27,17 +26,6 @@ from router.net import http1, sse
 from router.net.idle import IdleWatch
 
 log = logging.getLogger("router")
-
-_DECODE = msgspec.json.Decoder()
-
-
-def json_object(payload: bytes) -> dict[str, Any] | None:
-    """A JSON object payload, else None."""
-    try:
-        obj = _DECODE.decode(payload)
-    except (msgspec.DecodeError, RecursionError):
-        return None
-    return obj if isinstance(obj, dict) else None
 
 
 def cap_cached(usage: dict[str, Any], tokens: str, details: str) -> None:
