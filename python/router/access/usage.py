@@ -22,8 +22,8 @@ class _Budget(msgspec.Struct):
     max_completion_tokens: Any = None
     max_output_tokens: Any = None
     n: Any = None
-    # llama.cpp's server's own: the answer's length (read before the others, -1 unbounded) and
-    # the choices per prompt (read before `n`).
+    # llama.cpp's server's own: the answer's length (read before the others, negative: no
+    # bound) and the choices per prompt (read before `n`).
     n_predict: Any = None
     n_cmpl: Any = None
 
@@ -39,14 +39,9 @@ _BOUNDS: dict[str, tuple[str, ...]] = {
     RESPONSES: ("max_output_tokens",),
     MESSAGES: ("max_tokens",),
 }
-# What llama.cpp's server reads instead, first first: its `n_predict` before any of them, and
-# for a Responses request the chat fields too (it turns the whole body into a chat request).
-_LLAMA_BOUNDS: dict[str, tuple[str, ...]] = {
-    CHAT: ("max_completion_tokens", "max_tokens"),
-    COMPLETIONS: ("max_tokens",),
-    RESPONSES: ("max_output_tokens", "max_completion_tokens", "max_tokens"),
-    MESSAGES: ("max_tokens",),
-}
+# What llama.cpp's server reads after its own `n_predict` (_llama_bound): the same, but for a
+# Responses request the chat fields too (it turns the whole body into a chat request).
+_LLAMA_BOUNDS = {**_BOUNDS, RESPONSES: ("max_output_tokens", "max_completion_tokens", "max_tokens")}
 
 
 def _first_set(budget: _Budget, names: tuple[str, ...]) -> int:
