@@ -302,28 +302,18 @@ fn write_request(request: &Node<'_>, level: Level, out: &mut Vec<u8>) {
     };
     let (members, repeated) = by_key(fields);
     let normalized = level == Level::Normalized && !repeated;
-    out.push(b'{');
-    let mut first = true;
-    for (key, value) in members {
-        if is_transport(key) {
-            continue;
-        }
-        if !first {
-            out.push(b',');
-        }
-        first = false;
-        write_parsed(key, out);
-        out.push(b':');
-        match (key.as_ref(), value) {
+    let members = members.filter(|(key, _)| !is_transport(key));
+    write_object(members, out, |key, value, out| {
+        match (key, value) {
             ("messages", Node::Arr(items)) => write_messages(items, normalized, out),
             // A completions `prompt` is continued as written: its last blank space picks the
             // next token, so it keys exactly.
             ("input", Node::Str(text)) if normalized => write_text(text, out),
             ("input", Node::Arr(items)) => write_items(items, true, normalized, out),
-            _ => json::write_value(value, out),
+            _ => return false,
         }
-    }
-    out.push(b'}');
+        true
+    });
 }
 
 /// Messages, at level `normalized` with their text normalized, but for a trailing assistant
@@ -354,6 +344,26 @@ fn is_assistant(message: &Node<'_>) -> bool {
 fn write_message(fields: &Entries<'_>, normalized: bool, out: &mut Vec<u8>) {
     let (members, repeated) = by_key(fields);
     let normalized = normalized && !repeated;
+    write_object(members, out, |key, value, out| match value {
+        Node::Str(text) if normalized && key == "content" => {
+            write_text(text, out);
+            true
+        }
+        Node::Arr(parts) if normalized && key == "content" => {
+            write_items(parts, false, true, out);
+            true
+        }
+        _ => false,
+    });
+}
+
+/// An object of `members` in their order: each value written by `special` if it says so
+/// (returns true), else as it is.
+fn write_object<'n, 'a: 'n>(
+    members: impl Iterator<Item = &'n Member<'a>>,
+    out: &mut Vec<u8>,
+    mut special: impl FnMut(&str, &Node<'a>, &mut Vec<u8>) -> bool,
+) {
     out.push(b'{');
     for (i, (key, value)) in members.enumerate() {
         if i > 0 {
@@ -361,12 +371,8 @@ fn write_message(fields: &Entries<'_>, normalized: bool, out: &mut Vec<u8>) {
         }
         write_parsed(key, out);
         out.push(b':');
-        match value {
-            Node::Str(text) if normalized && key == "content" => write_text(text, out),
-            Node::Arr(parts) if normalized && key == "content" => {
-                write_items(parts, false, true, out);
-            }
-            _ => json::write_value(value, out),
+        if !special(key, value, out) {
+            json::write_value(value, out);
         }
     }
     out.push(b'}');
@@ -472,22 +478,17 @@ fn write_members<'n, 'a: 'n>(
     texts: &mut Texts<'_>,
     out: &mut Vec<u8>,
 ) {
-    out.push(b'{');
-    for (i, (key, value)) in members.enumerate() {
-        if i > 0 {
-            out.push(b',');
+    write_object(members, out, |key, value, out| match (value, &mut *texts) {
+        (Node::Str(text), Texts::Alone) if key == "text" => {
+            write_text(text, out);
+            true
         }
-        write_parsed(key, out);
-        out.push(b':');
-        match (value, &mut *texts) {
-            (Node::Str(text), Texts::Alone) if key == "text" => write_text(text, out),
-            (Node::Str(_), Texts::Joined(parts)) if key == "text" => {
-                write_string(parts.next().map_or("", String::as_str), out);
-            }
-            _ => json::write_value(value, out),
+        (Node::Str(_), Texts::Joined(parts)) if key == "text" => {
+            write_string(parts.next().map_or("", String::as_str), out);
+            true
         }
-    }
-    out.push(b'}');
+        _ => false,
+    });
 }
 
 #[cfg(test)]
