@@ -440,7 +440,7 @@ class RoutingConfig(_Section, frozen=True):
     # Regions whose score (RTT + TTFT + bias) is within this of the best share load (P2C).
     tolerance_ms: Annotated[float, msgspec.Meta(ge=0)] = 20.0
     # Regions tried for one request, the first included (a spill past a full admission queue,
-    # which no region saw, is not one).
+    # which no region saw, is not one); a fallback model gets as many again, at its own regions.
     max_attempts: _POSITIVE = 3
     # Retries (attempts after the first) stay under min + ratio * requests over the window.
     retry_budget_ratio: Annotated[float, msgspec.Meta(ge=0, le=10)] = 0.2

@@ -718,3 +718,35 @@ def test_a_stream_past_the_total_deadline_is_not_held_against_its_region(tmp_pat
     finally:
         for proc in (env.router, env.a, env.b, env.c):
             proc.kill()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_fallback_model_gets_its_own_attempts_after_the_first_model_used_all_of_its(
+    sim_region: SimFactory, router_proc: RouterFactory, stream: bool
+) -> None:
+    # "big" on a and b, both failing; "small" on c. max_attempts = 2: big's two regions use
+    # both of its attempts, and small must still be tried, with its own.
+    a, b = sim_region("a", models="big"), sim_region("b", models="big")
+    c = sim_region("c", models="small")
+    header = '[routing]\nmax_attempts = 2\n[models]\nfallbacks = { big = ["small"] }\n'
+    router = router_proc(
+        header
+        + "[auth]\nenabled = false\n"
+        + region_toml(a, models=("big",))
+        + region_toml(b, models=("big",), bias_ms=50)
+        + region_toml(c, models=("small",))
+    )
+    body = {"model": "big", "messages": [{"role": "user", "content": "hi"}], "stream": stream}
+    request = urllib.request.Request(
+        router.url + "/v1/chat/completions",
+        json.dumps(body).encode(),
+        {"Content-Type": "application/json", "x-sim-fail": "500", "x-sim-only": "a,b"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as resp:
+        assert resp.status == 200
+        assert resp.headers["x-router-fallback-model"] == "small"
+        assert resp.headers["x-router-region"] == "c"
+        answer = resp.read()
+    assert (b"[DONE]" in answer) if stream else json.loads(answer)["model"] == "small"
+    assert sim_stats(a)["requests"] == sim_stats(b)["requests"] == 1
+    assert sim_stats(c)["requests"] == 1

@@ -132,6 +132,7 @@ class RequestContext:
         "hedged",
         "last_failure",
         "meter",
+        "model_base",
         "more_models",
         "parsed",
         "queue_depth",
@@ -179,6 +180,9 @@ class RequestContext:
         # is still there to try after the current one.
         self.fallback: str | None = None
         self.more_models = False
+        # Attempts (spills aside) made for the models before the current one: each model gets
+        # its own `max_attempts`, and a fallback model's first attempt is not a retry.
+        self.model_base = 0
         # The region a hedge was sent to, and why the last failed attempt failed.
         self.hedged: str | None = None
         self.last_failure: FailureKind | None = None

@@ -78,6 +78,11 @@ class LivePools(Protocol):
     def current(self) -> Upstreams: ...
 
 
+def _waits(ctx: RequestContext) -> bool:
+    """Whether the client still waits (its deadline, if it gave one, has not passed)."""
+    return ctx.deadline is None or time.monotonic() < ctx.deadline
+
+
 def config_order(ctx: RequestContext, upstreams: Upstreams) -> Sequence[Upstream]:
     """Default selection: regions serving the model, by bias_ms then weight then config order."""
     return upstreams.serving(ctx.request.upstream_model)
@@ -283,6 +288,7 @@ class Pipeline:
             more = ctx.more_models = step < len(chain)
             if step:
                 log.warning("request %s: falling back to model %s", ctx.request_id, model)
+                ctx.model_base = ctx.attempts - ctx.spills
                 ctx.parsed = asked.as_model(model)
                 ctx.fallback = model
                 if features.rollout is not None:
@@ -298,7 +304,7 @@ class Pipeline:
                 if asked.state_ref is not None:
                     candidates = await _pinned(homes, asked.state_ref, owner, upstreams, candidates)
             if not candidates:
-                if more and fallbacks is not None and fallbacks.moves(None):
+                if more and fallbacks is not None and fallbacks.moves(None) and _waits(ctx):
                     continue
                 timer.end(UPSTREAM)
                 raise Unavailable(f"No region can serve model `{ctx.request.model}` now.")
@@ -318,7 +324,7 @@ class Pipeline:
                 try:
                     opened = await attempts.first()
                 except AttemptError as exc:
-                    if more and fallbacks is not None and fallbacks.moves(exc):
+                    if more and fallbacks is not None and fallbacks.moves(exc) and _waits(ctx):
                         continue
                     timer.end(UPSTREAM)
                     answer = failure_response(exc, ctx.request_id, anthropic=ctx.dialect.anthropic)

@@ -11,7 +11,7 @@ from aiohttp import web
 from router.access.auth import presented_key
 from router.config import Commit, Config
 from router.core.context import RequestContext
-from router.core.failure import AttemptError
+from router.core.failure import AttemptError, FailureKind
 from router.core.stages import AttemptObserver
 from router.core.upstream import Upstream
 from router.errors import InvalidRequest
@@ -127,8 +127,8 @@ def canary_hook(runtime: RolloutRuntime) -> AttemptObserver:
         a = assignment(ctx)
         if a is None:
             return
-        if error is not None and error.status == 429:
-            return  # the region is full, which says nothing about the version
+        if error is not None and (error.status == 429 or error.kind == FailureKind.SPILL):
+            return  # the region (or the router's admission for it) is full: not the version
         runtime.canary.record(
             a.alias,
             a.deployment.version,

@@ -253,18 +253,22 @@ class RetryState:
         ctx.deadline = client_deadline(headers, time.monotonic())
 
     def allow(self, ctx: RequestContext) -> bool:
-        """Whether another attempt may start: attempt cap, client deadline, retry budget (the
-        first attempt is always allowed, and counts the request for the budget)."""
+        """Whether another attempt may start: client deadline, attempt cap (per model), retry
+        budget. The first attempt is always allowed, and counts the request for the budget; a
+        fallback model's first is not a retry."""
         now = time.monotonic()
         live = self.live
         budget = live.budget
         if ctx.attempts == 0:
             budget.record_request(now)
             return True
-        if ctx.attempts - ctx.spills >= live.config.max_attempts:
-            return False
         deadline = ctx.deadline
         if deadline is not None and now >= deadline:
+            return False
+        tried = ctx.attempts - ctx.spills - ctx.model_base
+        if tried == 0:
+            return True  # a fallback model's first attempt, at its own regions
+        if tried >= live.config.max_attempts:
             return False
         if ctx.free_retry:
             # The failed attempt never reached its region, or its connection broke and this one

@@ -7,7 +7,7 @@ import pytest
 
 from router.config import loads
 from router.core.context import RequestContext
-from router.core.failure import AttemptError
+from router.core.failure import AttemptError, FailureKind
 from router.core.request import CHAT, parse_body
 from router.errors import InvalidRequest, NotFound
 from router.rollout.runtime import RolloutRuntime, assignment, canary_hook, restrict
@@ -116,7 +116,7 @@ def test_no_region_left_counts_as_a_failure_of_the_version() -> None:
     assert (stats.samples, stats.errors) == (1, 1)
 
 
-def test_canary_hook_records_attempts_and_ignores_429() -> None:
+def test_canary_hook_records_attempts_and_ignores_429_and_spills() -> None:
     rt = runtime()
     hook = canary_hook(rt)
     ctx = request(user=user_on(rt, "v1"))
@@ -126,6 +126,9 @@ def test_canary_hook_records_attempts_and_ignores_429() -> None:
     hook(ctx, region, AttemptError("us", "status", "HTTP 503", status=503), 0.01)  # type: ignore[arg-type]
     hook(ctx, region, AttemptError("us", "status", "HTTP 429", status=429), 0.01)  # type: ignore[arg-type]
     hook(ctx, region, AttemptError("us", "timeout", "no first byte"), 1.0)  # type: ignore[arg-type]
+    # The router's admission found the region full (no region saw it): not the version's fault.
+    spill = AttemptError("us", FailureKind.SPILL, "full", status=503, retryable=True)
+    hook(ctx, region, spill, 0.0)  # type: ignore[arg-type]
     stats = rt.canary.tracker.stats("chat", "v1")
     # A whole answer's time: judged against whole answers, not as a TTFT.
     assert (stats.samples, stats.errors, stats.whole_p95, stats.ttft_p95) == (3, 2, 0.05, None)
