@@ -716,6 +716,12 @@ def _check(config: Config, source: str) -> None:
             raise fail(
                 f"models.aliases.{alias}", f"expected a model some region serves, got {target!r}"
             )
+    for name in config.admission.region_max_in_flight:
+        if name not in seen:
+            raise fail(
+                f"admission.region_max_in_flight.{name}",
+                f"expected a region's name ({', '.join(sorted(seen))}), got {name!r}",
+            )
     everything = set(config.served_models())
     for model, chain in config.models.fallbacks.items():
         where = f"models.fallbacks.{model}"

@@ -75,6 +75,11 @@ def test_every_section_is_present_and_frozen() -> None:
         (REGION.replace("http://", "ftp://"), "regions[0].base_url", "http(s) URL"),
         (REGION.replace('["m1"]', "[]"), "regions[0].models", "at least one model"),
         (REGION + '[models]\naliases = { "x" = "m9" }\n', "models.aliases.x", "some region"),
+        (
+            REGION + "[admission]\nregion_max_in_flight = { b = 2 }\n",
+            "admission.region_max_in_flight.b",
+            "a region's name (a)",
+        ),
         # The prober's times are bounded (beyond Duration's range the native prober panicked).
         (REGION + "[health]\ntimeout_s = 1e19\n", "health.timeout_s", "<= 86400"),
         (REGION + "[health]\ntimeout_s = inf\n", "health.timeout_s", "<= 86400"),

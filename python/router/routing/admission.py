@@ -28,6 +28,8 @@ W = TypeVar("W")
 
 # Weight of the newest sample in the moving average of how long a slot is held.
 _HOLD_ALPHA = 0.2
+# Withdrawn tickets a queue keeps before it may drop them (see SlotQueue._stale).
+_COMPACT_AFTER = 64
 # How often a worker whose requests wait for a region looks for a slot another worker freed
 # (one it frees itself goes to its best waiter at once).
 MACHINE_POLL_S = 0.005
@@ -55,6 +57,10 @@ class SlotQueue(Generic[W]):
         self.hold_s = initial_hold_s
         self._heap: list[Ticket[W]] = []
         self._depth = 0
+        # Withdrawn tickets still in the heap: dropped in one pass when they outnumber the
+        # queued ones, so waiters that keep giving up while slots stay held (long streams)
+        # cannot grow the heap, and each newcomer's count, without bound.
+        self._stale = 0
         self._seq = itertools.count()
 
     @property
@@ -92,6 +98,11 @@ class SlotQueue(Generic[W]):
             return False
         ticket.cancelled = True
         self._depth -= 1
+        self._stale += 1
+        if self._stale > _COMPACT_AFTER and self._stale > self._depth:
+            self._heap = [t for t in self._heap if not t.cancelled]
+            heapq.heapify(self._heap)
+            self._stale = 0
         return True
 
     def held(self, held_s: float) -> None:
@@ -106,6 +117,7 @@ class SlotQueue(Generic[W]):
                 self._depth -= 1
                 ticket.cancelled = True
                 return ticket.waiter
+            self._stale -= 1
         return None
 
     def release(self, held_s: float | None = None) -> W | None:

@@ -72,6 +72,25 @@ def test_cancelled_waiter_is_skipped_and_uncounted() -> None:
     assert q.depth == 0
 
 
+def test_waiters_giving_up_while_slots_stay_held_do_not_grow_the_queue() -> None:
+    # Slots held by long streams, and a stream of newcomers that each give up (their queue
+    # deadline): the withdrawn tickets are dropped, not kept until a slot frees.
+    q: SlotQueue[int] = SlotQueue(max_in_flight=1, capacity=8)
+    assert q.try_acquire()
+    stays = q.push(0, -1)
+    for i in range(10_000):
+        ticket = q.push(i % 3, i)
+        assert ticket is not None
+        assert q.cancel(ticket)
+    assert stays is not None
+    assert q.depth == 1
+    assert len(q._heap) <= 2 * 64 + 2
+    assert q.ahead_of(0) == 1
+    assert q.release() == -1
+    assert q.release() is None
+    assert (q.in_flight, q.depth) == (0, 0)
+
+
 def test_cancel_after_being_served_reports_false() -> None:
     q: SlotQueue[str] = SlotQueue(max_in_flight=1, capacity=4)
     assert q.try_acquire()
