@@ -45,6 +45,9 @@ def hedger(endpoints: Callable[[], Sequence[str]], delay_of: DelayOf) -> Hedger:
             handed = False
             try:
                 done, _ = await asyncio.wait({primary}, timeout=delay)
+                # A hedge sends the request to a second region while the first may still
+                # answer: never a free retry, whatever the attempt before the primary was.
+                ctx.free_retry = False
                 if done or not gate(ctx):
                     opened = await primary
                     handed = True

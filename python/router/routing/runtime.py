@@ -125,16 +125,6 @@ def selector(health: Health, live: LiveRouting, circuits: Circuits | None = None
     return select
 
 
-def retry_gate(live: LiveRouting) -> Callable[[RequestContext], bool]:
-    """Whether another attempt may start: attempt cap, client deadline, retry budget."""
-    return RetryState(live).allow
-
-
-def first_byte(live: LiveRouting) -> Callable[[RequestContext, float], float]:
-    """An attempt's first-byte timeout: [routing] ttft_timeout_s, cut to the client's deadline."""
-    return RetryState(live).first_byte
-
-
 def hedge_delay(health: Health, live: LiveRouting) -> Callable[[str], float | None]:
     """[routing] hedge_delay_ms, or else the region's measured p95 TTFT (None: no data yet)."""
 
