@@ -190,6 +190,48 @@ def test_stored_responses_are_pinned_to_their_region_and_never_cached(
     assert sim_stats(a)["by_path"]["/v1/responses"] - before <= 1
 
 
+def test_item_references_go_to_the_region_holding_them_and_are_never_cached(
+    sim_region: SimFactory, router_proc: RouterFactory, clients: list[Any]
+) -> None:
+    """An input item referring to a stored item (`item_reference`) is stateful as a
+    previous_response_id is: sent to the region that made the item, never cached."""
+    a, b = sim_region("a"), sim_region("b")
+    # a is preferred; b only takes what a refuses.
+    config = "[cache]\nenabled = true\n[auth]\nenabled = false\n"
+    router = router_proc(config + region_toml(a) + region_toml(b, bias_ms=500))
+    client = _openai(router, clients)
+    # A 500: no Retry-After to keep a out of the way afterwards.
+    refused = {"x-sim-fail": "500", "x-sim-only": "a"}
+    made = client.responses.create(model=MODEL, input="remember this", extra_headers=refused)
+    # A stream's items are noted from its terminal event.
+    events = list(
+        client.responses.create(
+            model=MODEL, input="remember that", stream=True, extra_headers=refused
+        )
+    )
+    assert events[-1].type == "response.completed"
+    streamed = events[-1].response  # type: ignore[union-attr]
+    before = sim_stats(a)["by_path"].get("/v1/responses", 0)
+    for item in (made.output[0].id, streamed.output[0].id):
+        assert item is not None
+        for reference in ({"type": "item_reference", "id": item}, {"id": item}):
+            for position in (0, 1):
+                given: list[Any] = [{"role": "user", "content": "and now?"}]
+                given.insert(position, reference)
+                for stream in (False, False, True):
+                    raw = client.responses.with_raw_response.create(
+                        model=MODEL, input=given, store=False, temperature=0, stream=stream
+                    )
+                    assert raw.headers["x-router-region"] == "b"
+                    assert raw.headers["x-cache"] == "BYPASS"
+                    if stream:
+                        assert list(raw.parse())[-1].type == "response.completed"
+                    else:
+                        assert raw.parse().status == "completed"
+    # a saw none of them (the two it refused came before `before` was read).
+    assert sim_stats(a)["by_path"]["/v1/responses"] - before == 0
+
+
 def test_responses_with_store_false_are_cached_and_replayed_as_streams(
     sim_region: SimFactory, router_proc: RouterFactory, clients: list[Any]
 ) -> None:
@@ -554,6 +596,16 @@ def test_stored_responses_are_read_and_deleted_at_their_region_by_their_tenant(
     with pytest.raises(openai.NotFoundError) as chained:
         two.responses.create(model=MODEL, input="x", previous_response_id=made.id)
     assert chained.value.code == "response_not_found"
+    # Nor is another tenant's item, never sent to a region.
+    item = made.output[0].id
+    assert item is not None
+    asked = [sim_stats(p)["by_path"]["/v1/responses"] for p in (a, b)]
+    with pytest.raises(openai.NotFoundError) as referred:
+        two.responses.create(
+            model=MODEL, input=[{"type": "item_reference", "id": item}], store=False
+        )
+    assert referred.value.code == "item_not_found"
+    assert [sim_stats(p)["by_path"]["/v1/responses"] for p in (a, b)] == asked
     one.responses.delete(made.id)
     with pytest.raises(openai.NotFoundError):
         one.responses.retrieve(made.id)  # the region's own 404 now

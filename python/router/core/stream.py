@@ -236,8 +236,14 @@ class StreamState:
         )
 
 
+class _ItemId(msgspec.Struct):
+    id: str | None = None
+
+
 class _Ref(msgspec.Struct):
     id: str | None = None
+    # A Responses API response's output items (whole in its terminal event).
+    output: list[_ItemId] | None = None
 
 
 class _Event(msgspec.Struct):
@@ -262,6 +268,7 @@ class EventState:
         "failed",
         "held_done",
         "invalid",
+        "items",
         "response_id",
         "sequence",
         "terminal",
@@ -282,6 +289,8 @@ class EventState:
         self.invalid = 0
         self.usage_only = False
         self.response_id: str | None = None
+        # The ids of the output items its terminal event lists (stored with the response).
+        self.items: list[str] = []
         self.sequence: int | None = None
         # The payloads that may report usage, as sent: see kept_usage.
         self.usage: list[bytes] = []
@@ -307,6 +316,8 @@ class EventState:
         if event.type in self.terminal:
             self.ended = True
             self.failed = event.type in _FAILURE_ENDS
+            if event.response is not None and event.response.output:
+                self.items = [item.id for item in event.response.output if item.id]
         if b'"usage"' in payload:
             kept_usage(self.usage, payload)
         return True

@@ -276,6 +276,15 @@ def _text(content: Any) -> str:
     return ""
 
 
+def item_reference(item: Any) -> str | None:
+    """The id a Responses input item refers to (`item_reference`, whose type may be left out),
+    else None."""
+    if not isinstance(item, dict) or not isinstance(item.get("id"), str):
+        return None
+    kind = item.get("type")
+    return item["id"] if kind == "item_reference" or (kind is None and "role" not in item) else None
+
+
 def responses_messages(body: dict[str, Any]) -> list[dict[str, Any]] | None:
     """A Responses request's input as chat messages (None when there is no usable input)."""
     messages: list[dict[str, Any]] = []

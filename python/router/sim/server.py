@@ -179,6 +179,8 @@ class SimRegion:
         # Responses stored for later reads (the vllm kind), least recently made first out.
         # id -> (the response, its input, a replay of its stream: GET ...?stream=true)
         self._stored: OrderedDict[str, _Stored] = OrderedDict()
+        # The output items of those responses, by id (an input's `item_reference`).
+        self._items: dict[str, dict[str, Any]] = {}
 
     # ---- fault injection shared by every generating endpoint ----
 
@@ -292,7 +294,19 @@ class SimRegion:
                         f"Previous response with id '{previous}' not found.",
                         "invalid_request_error",
                     )
-                messages = apis.responses_messages(body)
+                items = body.get("input")
+                if isinstance(items, list):
+                    # An item_reference is to an item stored here: found, or a 404.
+                    for item in items:
+                        ref = apis.item_reference(item)
+                        if ref is not None and ref not in self._items:
+                            return _error(
+                                404, f"Item with id '{ref}' not found.", "invalid_request_error"
+                            )
+                    resolved = [self._items.get(apis.item_reference(i) or "", i) for i in items]
+                    messages = apis.responses_messages({**body, "input": resolved})
+                else:
+                    messages = apis.responses_messages(body)
             else:
                 messages = apis.anthropic_messages(body)
             if messages is None:
@@ -468,8 +482,12 @@ class SimRegion:
     def _store(self, response_id: str, made: _Stored) -> None:
         stored = self._stored
         stored[response_id] = made
+        for item in made.response.get("output", ()):
+            self._items[item["id"]] = item
         while len(stored) > _STORED:
-            stored.popitem(last=False)
+            _, gone = stored.popitem(last=False)
+            for item in gone.response.get("output", ()):
+                self._items.pop(item["id"], None)
 
     async def stored(self, request: web.Request) -> web.StreamResponse:
         """GET / DELETE /v1/responses/{id}, POST .../cancel, GET .../input_items."""
@@ -481,6 +499,8 @@ class SimRegion:
         response, given = found.response, found.given
         if request.method == "DELETE":
             del self._stored[response["id"]]
+            for item in response.get("output", ()):
+                self._items.pop(item["id"], None)
             payload: Any = {"id": response["id"], "object": "response", "deleted": True}
         elif request.path.endswith("/input_items"):
             items = [{"role": "user", "content": given}] if isinstance(given, str) else given
