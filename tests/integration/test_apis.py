@@ -149,6 +149,76 @@ def test_responses_stream_cut_mid_way_ends_in_response_failed(
     assert not any(e.type == "response.completed" for e in events)
 
 
+def test_a_regions_failure_event_before_any_token_fails_over(
+    sim_region: SimFactory, router_proc: RouterFactory, clients: list[Any]
+) -> None:
+    """A Responses or Messages stream whose region sends its error event (or a failed
+    response) before any token, for a fault of its own, is taken by the next region: the
+    client gets that one's clean stream. One blaming the request is the region's answer."""
+    a, b = sim_region("a"), sim_region("b")
+    # Every case asks a first: its failures open no circuit and eject nothing here.
+    config = (
+        "[auth]\nenabled = false\n[routing]\ncircuit_after = 100\n[health]\neject_after = 100\n"
+    )
+    router = router_proc(config + region_toml(a) + region_toml(b, bias_ms=500))
+    responses = {"model": MODEL, "input": "hi", "store": False, "stream": True}
+    messages = {
+        "model": MODEL,
+        "max_tokens": 50,
+        "stream": True,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    cases = [
+        ("/v1/responses", responses, "error-event", "server", "response.completed"),
+        ("/v1/responses", responses, "error-event", "rate_limit", "response.completed"),
+        ("/v1/responses", responses, "failed-event", "server", "response.completed"),
+        ("/v1/messages", messages, "error-event", "overloaded", "message_stop"),
+        ("/v1/messages", messages, "error-event", "server", "message_stop"),
+        ("/v1/messages", messages, "error-event", "rate_limit", "message_stop"),
+    ]
+    for path, asked, mode, kind, end in cases:
+        faults = {
+            "x-sim-fail": mode,
+            "x-sim-error-kind": kind,
+            "x-sim-after-tokens": "0",
+            "x-sim-only": "a",
+        }
+        failed = sim_stats(a)["injected_failures"]
+        status, headers, raw = _post(router.url + path, asked, faults)
+        assert (status, headers["x-router-region"]) == (200, "b"), (path, mode, kind, raw[:300])
+        kinds = [data["type"] for _, data in _events(raw)]
+        assert kinds[-1] == end
+        assert "error" not in kinds
+        assert "response.failed" not in kinds
+        assert sim_stats(a)["injected_failures"] == failed + 1  # a did send its error event
+    # With the SDKs: a clean stream from b, and the same text as b's own.
+    refused = {"x-sim-fail": "error-event", "x-sim-after-tokens": "0", "x-sim-only": "a"}
+    openai_client = _openai(router, clients, default_headers=refused)
+    events = list(openai_client.responses.create(model=MODEL, input="hi", store=False, stream=True))
+    assert events[-1].type == "response.completed"
+    direct = _openai(b, clients).responses.create(model=MODEL, input="hi", store=False)
+    assert events[-1].response.output_text == direct.output_text  # type: ignore[union-attr]
+    anthropic_client = _anthropic(
+        router, clients, default_headers={**refused, "x-sim-error-kind": "overloaded"}
+    )
+    with anthropic_client.messages.stream(
+        model=MODEL, max_tokens=50, messages=[{"role": "user", "content": "hi"}]
+    ) as stream:
+        text = "".join(stream.text_stream)
+        assert stream.get_final_message().stop_reason == "end_turn"
+    assert text
+    # The request's own fault is every region's: a's error event, relayed as its answer.
+    for path, asked, failure in (
+        ("/v1/responses", responses, "error"),
+        ("/v1/messages", messages, "error"),
+    ):
+        blamed = {**refused, "x-sim-error-kind": "invalid_request"}
+        status, headers, raw = _post(router.url + path, asked, blamed)
+        assert (status, headers["x-router-region"]) == (200, "a")
+        name, data = _events(raw)[-1]
+        assert (name, data["type"]) == (failure, failure)
+
+
 def test_stored_responses_are_pinned_to_their_region_and_never_cached(
     sim_region: SimFactory, router_proc: RouterFactory, clients: list[Any]
 ) -> None:

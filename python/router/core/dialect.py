@@ -157,7 +157,8 @@ RESPONSES_API = Dialect(
             "response.content_part.added",
         }
     ),
-    # response.failed and error are the region's own ends: relayed, never continued.
+    # response.failed and error are the region's own ends: relayed, never continued (before
+    # any token, one blaming the region fails the attempt instead: core.attempt).
     terminal=frozenset({"response.completed", "response.incomplete", "response.failed", "error"}),
 )
 MESSAGES_API = Dialect(
