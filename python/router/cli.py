@@ -110,9 +110,18 @@ def _add_core(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     sim.add_argument("--ttft-ms", type=float, default=0.0, help="time to first token")
     sim.add_argument("--tokens-per-s", type=float, default=0.0, help="0: as fast as possible")
     sim.add_argument(
-        "--fail-mode", default="none", help="none|refuse|500|503|429|hang|die-mid-stream|drip"
+        "--fail-mode",
+        default="none",
+        help="none|refuse|500|503|429|hang|die-mid-stream|drip|error-event|failed-event",
     )
-    sim.add_argument("--after-tokens", type=int, default=3, help="tokens before die/hang")
+    sim.add_argument(
+        "--after-tokens", type=int, default=3, help="tokens before die/hang/error-event"
+    )
+    sim.add_argument(
+        "--error-kind",
+        default="server",
+        help="error-event's error: server|overloaded|rate_limit|invalid_request",
+    )
     sim.add_argument("--drip-ms", type=float, default=1000.0, help="pause between drips")
     sim.add_argument(
         "--kind",
@@ -231,11 +240,17 @@ def _sim_region(args: argparse.Namespace) -> int:
     """`router sim-region --port P --name N ...`."""
     import uvloop
 
-    from router.sim.server import FAIL_MODES, KINDS, SimOptions, serve_sim
+    from router.sim.server import ERROR_KINDS, FAIL_MODES, KINDS, SimOptions, serve_sim
 
     if args.fail_mode not in FAIL_MODES:
         print(
             f"router sim-region: --fail-mode must be one of {', '.join(FAIL_MODES)}",
+            file=sys.stderr,
+        )
+        return 2
+    if args.error_kind not in ERROR_KINDS:
+        print(
+            f"router sim-region: --error-kind must be one of {', '.join(ERROR_KINDS)}",
             file=sys.stderr,
         )
         return 2
@@ -250,6 +265,7 @@ def _sim_region(args: argparse.Namespace) -> int:
         tokens_per_s=args.tokens_per_s,
         fail_mode=args.fail_mode,
         after_tokens=args.after_tokens,
+        error_kind=args.error_kind,
         drip_ms=args.drip_ms,
         kind=args.kind,
     )

@@ -484,8 +484,9 @@ class StateConfig(_Section, frozen=True):
     """[state]: which region holds each stored Responses API response (its follow-ups and
     reads go there), noted per router and optionally shared through Redis."""
 
-    # Responses noted in this router's memory; past it, the least recently used note of the
-    # tenant holding the most goes.
+    # Responses noted in this router's memory (a response's output items are notes too, for
+    # `item_reference`); past it, the least recently used note of the tenant holding the most
+    # goes.
     max_responses: _POSITIVE = 100_000
     # Redis the routers of a deployment share the notes through (a redis://, rediss:// or
     # unix:// URL), so a follow-up may reach any of them; unset: each router knows only the

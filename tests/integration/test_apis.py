@@ -149,6 +149,76 @@ def test_responses_stream_cut_mid_way_ends_in_response_failed(
     assert not any(e.type == "response.completed" for e in events)
 
 
+def test_a_regions_failure_event_before_any_token_fails_over(
+    sim_region: SimFactory, router_proc: RouterFactory, clients: list[Any]
+) -> None:
+    """A Responses or Messages stream whose region sends its error event (or a failed
+    response) before any token, for a fault of its own, is taken by the next region: the
+    client gets that one's clean stream. One blaming the request is the region's answer."""
+    a, b = sim_region("a"), sim_region("b")
+    # Every case asks a first: its failures open no circuit and eject nothing here.
+    config = (
+        "[auth]\nenabled = false\n[routing]\ncircuit_after = 100\n[health]\neject_after = 100\n"
+    )
+    router = router_proc(config + region_toml(a) + region_toml(b, bias_ms=500))
+    responses = {"model": MODEL, "input": "hi", "store": False, "stream": True}
+    messages = {
+        "model": MODEL,
+        "max_tokens": 50,
+        "stream": True,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    cases = [
+        ("/v1/responses", responses, "error-event", "server", "response.completed"),
+        ("/v1/responses", responses, "error-event", "rate_limit", "response.completed"),
+        ("/v1/responses", responses, "failed-event", "server", "response.completed"),
+        ("/v1/messages", messages, "error-event", "overloaded", "message_stop"),
+        ("/v1/messages", messages, "error-event", "server", "message_stop"),
+        ("/v1/messages", messages, "error-event", "rate_limit", "message_stop"),
+    ]
+    for path, asked, mode, kind, end in cases:
+        faults = {
+            "x-sim-fail": mode,
+            "x-sim-error-kind": kind,
+            "x-sim-after-tokens": "0",
+            "x-sim-only": "a",
+        }
+        failed = sim_stats(a)["injected_failures"]
+        status, headers, raw = _post(router.url + path, asked, faults)
+        assert (status, headers["x-router-region"]) == (200, "b"), (path, mode, kind, raw[:300])
+        kinds = [data["type"] for _, data in _events(raw)]
+        assert kinds[-1] == end
+        assert "error" not in kinds
+        assert "response.failed" not in kinds
+        assert sim_stats(a)["injected_failures"] == failed + 1  # a did send its error event
+    # With the SDKs: a clean stream from b, and the same text as b's own.
+    refused = {"x-sim-fail": "error-event", "x-sim-after-tokens": "0", "x-sim-only": "a"}
+    openai_client = _openai(router, clients, default_headers=refused)
+    events = list(openai_client.responses.create(model=MODEL, input="hi", store=False, stream=True))
+    assert events[-1].type == "response.completed"
+    direct = _openai(b, clients).responses.create(model=MODEL, input="hi", store=False)
+    assert events[-1].response.output_text == direct.output_text  # type: ignore[union-attr]
+    anthropic_client = _anthropic(
+        router, clients, default_headers={**refused, "x-sim-error-kind": "overloaded"}
+    )
+    with anthropic_client.messages.stream(
+        model=MODEL, max_tokens=50, messages=[{"role": "user", "content": "hi"}]
+    ) as stream:
+        text = "".join(stream.text_stream)
+        assert stream.get_final_message().stop_reason == "end_turn"
+    assert text
+    # The request's own fault is every region's: a's error event, relayed as its answer.
+    for path, asked, failure in (
+        ("/v1/responses", responses, "error"),
+        ("/v1/messages", messages, "error"),
+    ):
+        blamed = {**refused, "x-sim-error-kind": "invalid_request"}
+        status, headers, raw = _post(router.url + path, asked, blamed)
+        assert (status, headers["x-router-region"]) == (200, "a")
+        name, data = _events(raw)[-1]
+        assert (name, data["type"]) == (failure, failure)
+
+
 def test_stored_responses_are_pinned_to_their_region_and_never_cached(
     sim_region: SimFactory, router_proc: RouterFactory, clients: list[Any]
 ) -> None:
@@ -188,6 +258,48 @@ def test_stored_responses_are_pinned_to_their_region_and_never_cached(
     # a saw at most the stream it refused (its Retry-After may send that to b first), none of
     # the pinned ones.
     assert sim_stats(a)["by_path"]["/v1/responses"] - before <= 1
+
+
+def test_item_references_go_to_the_region_holding_them_and_are_never_cached(
+    sim_region: SimFactory, router_proc: RouterFactory, clients: list[Any]
+) -> None:
+    """An input item referring to a stored item (`item_reference`) is stateful as a
+    previous_response_id is: sent to the region that made the item, never cached."""
+    a, b = sim_region("a"), sim_region("b")
+    # a is preferred; b only takes what a refuses.
+    config = "[cache]\nenabled = true\n[auth]\nenabled = false\n"
+    router = router_proc(config + region_toml(a) + region_toml(b, bias_ms=500))
+    client = _openai(router, clients)
+    # A 500: no Retry-After to keep a out of the way afterwards.
+    refused = {"x-sim-fail": "500", "x-sim-only": "a"}
+    made = client.responses.create(model=MODEL, input="remember this", extra_headers=refused)
+    # A stream's items are noted from its terminal event.
+    events = list(
+        client.responses.create(
+            model=MODEL, input="remember that", stream=True, extra_headers=refused
+        )
+    )
+    assert events[-1].type == "response.completed"
+    streamed = events[-1].response  # type: ignore[union-attr]
+    before = sim_stats(a)["by_path"].get("/v1/responses", 0)
+    for item in (made.output[0].id, streamed.output[0].id):
+        assert item is not None
+        for reference in ({"type": "item_reference", "id": item}, {"id": item}):
+            for position in (0, 1):
+                given: list[Any] = [{"role": "user", "content": "and now?"}]
+                given.insert(position, reference)
+                for stream in (False, False, True):
+                    raw = client.responses.with_raw_response.create(
+                        model=MODEL, input=given, store=False, temperature=0, stream=stream
+                    )
+                    assert raw.headers["x-router-region"] == "b"
+                    assert raw.headers["x-cache"] == "BYPASS"
+                    if stream:
+                        assert list(raw.parse())[-1].type == "response.completed"
+                    else:
+                        assert raw.parse().status == "completed"
+    # a saw none of them (the two it refused came before `before` was read).
+    assert sim_stats(a)["by_path"]["/v1/responses"] - before == 0
 
 
 def test_responses_with_store_false_are_cached_and_replayed_as_streams(
@@ -554,6 +666,16 @@ def test_stored_responses_are_read_and_deleted_at_their_region_by_their_tenant(
     with pytest.raises(openai.NotFoundError) as chained:
         two.responses.create(model=MODEL, input="x", previous_response_id=made.id)
     assert chained.value.code == "response_not_found"
+    # Nor is another tenant's item, never sent to a region.
+    item = made.output[0].id
+    assert item is not None
+    asked = [sim_stats(p)["by_path"]["/v1/responses"] for p in (a, b)]
+    with pytest.raises(openai.NotFoundError) as referred:
+        two.responses.create(
+            model=MODEL, input=[{"type": "item_reference", "id": item}], store=False
+        )
+    assert referred.value.code == "item_not_found"
+    assert [sim_stats(p)["by_path"]["/v1/responses"] for p in (a, b)] == asked
     one.responses.delete(made.id)
     with pytest.raises(openai.NotFoundError):
         one.responses.retrieve(made.id)  # the region's own 404 now

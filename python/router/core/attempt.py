@@ -23,7 +23,13 @@ from router.config import TimeoutsConfig
 from router.core.context import RequestContext
 from router.core.failure import AttemptError, FailureKind, Origin, Spill, overflows_context
 from router.core.stages import AttemptObserver, Hedger, Opener, RetryPolicy, Slot, SlotGate
-from router.core.stream import DEFAULT_MAX_EVENT_BYTES, error_message, is_error_event, payload_of
+from router.core.stream import (
+    DEFAULT_MAX_EVENT_BYTES,
+    error_message,
+    is_error_event,
+    payload_of,
+    region_failure,
+)
 from router.core.timing import QUEUE
 from router.core.transport import UpstreamResponse
 from router.core.upstream import Opened, Upstream
@@ -429,6 +435,22 @@ async def open_attempt(
                             status=400 if request else 502,
                             headers=CIMultiDict({"Content-Type": "application/json"}),
                             body=said,
+                        )
+                if at is not None and ctx.dialect.events and b'"error"' in at:
+                    # The same for the Responses and Messages APIs' failure event (`error`,
+                    # `response.failed`) when it blames the region; one that blames the
+                    # request is relayed as the region's answer.
+                    payload = payload_of(at)
+                    failure = region_failure(upstream.scrub(payload)) if payload else None
+                    if failure is not None:
+                        answer = msgspec.json.encode({"error": failure})
+                        raise AttemptError(
+                            name,
+                            FailureKind.STATUS,
+                            f"{error_message(answer)} before any token",
+                            status=502,
+                            headers=CIMultiDict({"Content-Type": "application/json"}),
+                            body=answer,
                         )
                 return Opened(upstream, status, headers_out, response=resp, first=first)
             # Nothing is sent to the client until the whole body is read, so a failure reading

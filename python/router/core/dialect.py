@@ -53,21 +53,40 @@ def _typed_has_token(preamble: frozenset[str]) -> Callable[[bytes], bool]:
     return has_token
 
 
+class _Id(msgspec.Struct):
+    id: str | None = None
+
+
 class _Made(msgspec.Struct):
     id: str | None = None
     object: str | None = None
+    output: list[_Id] | None = None
 
 
 _MADE = msgspec.json.Decoder(_Made)
 
 
-def response_id(body: bytes) -> str | None:
-    """The id of a whole Responses API answer (`"object": "response"`), else None."""
+def _made(body: bytes) -> _Made | None:
     try:
         made = _MADE.decode(body)
     except (msgspec.MsgspecError, RecursionError):
         return None
-    return made.id if made.object == "response" else None
+    return made if made.object == "response" else None
+
+
+def response_id(body: bytes) -> str | None:
+    """The id of a whole Responses API answer (`"object": "response"`), else None."""
+    made = _made(body)
+    return made.id if made is not None else None
+
+
+def stored_ids(body: bytes) -> list[str]:
+    """What a whole Responses API answer leaves stored at its region for later requests to
+    refer to: its id, then its output items' ids (`item_reference`); none for another body."""
+    made = _made(body)
+    if made is None or made.id is None:
+        return []
+    return [made.id, *(item.id for item in made.output or () if item.id)]
 
 
 class Dialect:
@@ -138,7 +157,8 @@ RESPONSES_API = Dialect(
             "response.content_part.added",
         }
     ),
-    # response.failed and error are the region's own ends: relayed, never continued.
+    # response.failed and error are the region's own ends: relayed, never continued (before
+    # any token, one blaming the region fails the attempt instead: core.attempt).
     terminal=frozenset({"response.completed", "response.incomplete", "response.failed", "error"}),
 )
 MESSAGES_API = Dialect(

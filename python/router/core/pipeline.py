@@ -22,7 +22,7 @@ from router.config import Config
 from router.core.attempt import Attempts
 from router.core.client_limit import InFlightPerIp
 from router.core.context import RequestContext, request_id
-from router.core.dialect import response_id
+from router.core.dialect import stored_ids
 from router.core.failure import AttemptError
 from router.core.relay import relay_stream, whole
 from router.core.request import (
@@ -301,8 +301,8 @@ class Pipeline:
             owner = ""
             if homes is not None:
                 owner = ctx.owner
-                if asked.state_ref is not None:
-                    candidates = await _pinned(homes, asked.state_ref, owner, upstreams, candidates)
+                if asked.state_ref is not None or asked.state_items:
+                    candidates = await _pinned(homes, asked, owner, upstreams, candidates)
             if not candidates:
                 if more and fallbacks is not None and fallbacks.moves(None) and _waits(ctx):
                     continue
@@ -335,8 +335,7 @@ class Pipeline:
                 region = opened.upstream.name
                 if opened.response is None:
                     if homes is not None and opened.status == 200:
-                        made = response_id(opened.body or b"")
-                        if made is not None:
+                        for made in stored_ids(opened.body or b""):
                             homes.record(made, region, owner)
                     return whole(ctx, opened, tap)
                 timer.begin(STREAM)
@@ -428,21 +427,45 @@ class Pipeline:
 
 async def _pinned(
     homes: StateHomes,
-    ref: str,
+    asked: ParsedRequest,
     owner: str,
     upstreams: Upstreams,
     candidates: Sequence[Upstream],
 ) -> Sequence[Upstream]:
-    """The one region holding the response `ref` continues from, healthy or not (no other
-    has it); the usual candidates when this router did not see `owner` make it."""
-    home = await homes.home(ref, owner)
+    """The one region holding the state a request refers to, healthy or not (no other has
+    it): its previous response's, else that of the first item it refers to that `owner` made
+    here; the usual candidates when this router saw none of it made. Another tenant's response
+    or item is not found."""
+    home = None
+    param = "previous_response_id"
+    ref = asked.state_ref
+    if ref is not None:
+        home = await homes.home(ref, owner)
+    if asked.state_items:
+        # Every item is checked for its tenant, at once (each may be a Redis round trip).
+        found = await asyncio.gather(
+            *(homes.home(item, owner) for item in asked.state_items), return_exceptions=True
+        )
+        for item, held in zip(asked.state_items, found, strict=True):
+            if isinstance(held, NotFound):
+                # Worded as for an unknown id: another tenant's item does not exist for this one.
+                raise NotFound(
+                    f"Item `{item}` is not known to this router.",
+                    code="item_not_found",
+                    param="input",
+                )
+            if isinstance(held, BaseException):
+                raise held
+            if home is None and held is not None:
+                ref, home, param = item, held, "input"
     if home is None:
         return candidates
     upstream = upstreams.get(home)
     if upstream is None:
+        what = "Response" if param == "previous_response_id" else "Item"
         raise NotFound(
-            f"Response `{ref}` is held by region `{home}`, which is no longer configured.",
-            param="previous_response_id",
+            f"{what} `{ref}` is held by region `{home}`, which is no longer configured.",
+            param=param,
         )
     return [upstream]
 

@@ -151,7 +151,8 @@ async def relay_stream(
     an error event or ends before every choice finished never looks complete to the client: it
     is continued elsewhere or ends with an SSE error event. One that finished every choice is
     complete whatever follows; without `[DONE]` it gets it added. `on_id` hears the id a
-    Responses API stream announces, as soon as it does.
+    Responses API stream announces, as soon as it does, and its output items' ids once it
+    ended.
     """
     upstream = opened.response
     assert upstream is not None
@@ -201,6 +202,8 @@ async def relay_stream(
         elif tap is None or not tap.wanted():
             raise ConnectionResetError("nobody reads this stream any more")
 
+    # on_id is let go once it heard the response's id; the items come at the end.
+    on_items = on_id
     plain = guard is None and tap is None and meter is None
     # The region's own key never reaches the client in its events (nor the cache).
     scrub = opened.upstream.scrub if opened.upstream.has_secret else None
@@ -253,6 +256,9 @@ async def relay_stream(
             if state.owes_done:
                 await send(DONE_EVENT)
             complete = True
+            if on_items is not None and isinstance(state, EventState):
+                for item in state.items:
+                    on_items(item)
             if state.failed:
                 # A Responses or Messages stream the region ended with its failure event.
                 ctx.broken = "The region ended the stream with its failure event."

@@ -161,6 +161,9 @@ class ParsedRequest(msgspec.Struct, frozen=True, kw_only=True):
     stateful: bool = False
     # The stored response it continues from (previous_response_id): it goes to that region.
     state_ref: str | None = None
+    # Stored items its input refers to (`item_reference`), the first MAX_ITEM_LOOKUPS distinct
+    # ids: it goes to the region holding them (after state_ref's).
+    state_items: tuple[str, ...] = ()
 
     def with_model(self, upstream_model: str) -> ParsedRequest:
         """A copy whose forwarded body names `upstream_model`; other fields stay byte-identical."""
@@ -444,6 +447,7 @@ def parse_body(endpoint: str, body: bytes, *, max_items: int = 2048) -> ParsedRe
     include_usage = False
     stateful = False
     state_ref: str | None = None
+    state_items: tuple[str, ...] = ()
     if endpoint in (INPUT_TOKENS, COUNT_TOKENS):
         # A count: nothing streams, nothing is stored.
         if isinstance(decoded, _MessagesCount):
@@ -457,11 +461,16 @@ def parse_body(endpoint: str, body: bytes, *, max_items: int = 2048) -> ParsedRe
         if isinstance(decoded, _Responses):
             _check_responses(decoded, max_items)
             state_ref = decoded.previous_response_id
-            # A prompt template is the provider's too, and may change under the same id.
+            refs = item_references(decoded.input)
+            if refs is not None:
+                state_items = refs
+            # A prompt template is the provider's too, and may change under the same id (its
+            # variables are text, images and files: no item references).
             stateful = (
                 decoded.store is not False
                 or bool(decoded.background)
                 or state_ref is not None
+                or refs is not None
                 or decoded.conversation is not None
                 or decoded.prompt is not None
             )
@@ -509,7 +518,35 @@ def parse_body(endpoint: str, body: bytes, *, max_items: int = 2048) -> ParsedRe
         decoded=decoded,
         stateful=stateful,
         state_ref=state_ref,
+        state_items=state_items,
     )
+
+
+# How many distinct item ids of one request are looked up (each may cost a Redis round trip,
+# made at once): a conversation's items live where its responses were made, so the first
+# few find the region.
+MAX_ITEM_LOOKUPS = 32
+
+
+def item_references(items: object) -> tuple[str, ...] | None:
+    """The ids of the stored items a Responses input list refers to, the first MAX_ITEM_LOOKUPS
+    distinct ones; None when it refers to none. A reference is an item of type
+    `item_reference`, or one with neither a type nor a role (the API's ItemReference may leave
+    its type out; every other item without a type is a message, which has a role)."""
+    if not isinstance(items, list):
+        return None
+    found: dict[str, None] | None = None
+    for item in items:
+        if not isinstance(item, dict):
+            continue
+        kind = item.get("type")
+        if kind == "item_reference" or (kind is None and "role" not in item):
+            if found is None:
+                found = {}
+            ref = item.get("id")
+            if isinstance(ref, str) and len(found) < MAX_ITEM_LOOKUPS:
+                found[ref] = None
+    return None if found is None else tuple(found)
 
 
 def _check_responses(decoded: _Responses, max_items: int) -> None:

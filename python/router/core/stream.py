@@ -88,6 +88,51 @@ def error_message(payload: bytes) -> str:
     return f"error event: {str(message)[:200]}"
 
 
+# What a Responses or Messages failure event says that is the region's fault, not the
+# request's: its server's error, overload or timeout, its rate limit (OpenAI's error types and
+# codes, Anthropic's error types). Any other (invalid_request_error, invalid_prompt, ...)
+# blames the request: another region would say the same.
+_REGION_FAULTS = frozenset(
+    {
+        "server_error",
+        "api_error",
+        "overloaded_error",
+        "timeout_error",
+        "rate_limit_error",
+        "rate_limit_exceeded",
+    }
+)
+
+
+def region_failure(payload: bytes) -> dict[str, object] | None:
+    """The error of a typed-event API's failure event when it is the region's fault, in
+    OpenAI's error object shape (`message`, `type`, `code`), else None. Its `error` event
+    holds the error's fields (OpenAI's Responses API) or an `error` object (Anthropic's, and
+    servers that nest it); `response.failed` holds it in the failed response's `error`."""
+    event = json_object(payload)
+    if event is None:
+        return None
+    kind = event.get("type")
+    error: object = None
+    if kind == "error":
+        nested = event.get("error")
+        error = nested if isinstance(nested, dict) else event
+    elif kind == "response.failed":
+        response = event.get("response")
+        error = response.get("error") if isinstance(response, dict) else None
+    if not isinstance(error, dict):
+        return None
+    what, code = error.get("type"), error.get("code")
+    if what not in _REGION_FAULTS and code not in _REGION_FAULTS:
+        return None
+    message = error.get("message")
+    return {
+        "message": message if isinstance(message, str) else f"{code or what}",
+        "type": "server_error" if what in (None, "error") else what,
+        "code": code,
+    }
+
+
 class StreamState:
     """Notes every payload the relay passes on; `complete` once the stream really finished."""
 
@@ -236,8 +281,14 @@ class StreamState:
         )
 
 
+class _ItemId(msgspec.Struct):
+    id: str | None = None
+
+
 class _Ref(msgspec.Struct):
     id: str | None = None
+    # A Responses API response's output items (whole in its terminal event).
+    output: list[_ItemId] | None = None
 
 
 class _Event(msgspec.Struct):
@@ -262,6 +313,7 @@ class EventState:
         "failed",
         "held_done",
         "invalid",
+        "items",
         "response_id",
         "sequence",
         "terminal",
@@ -282,6 +334,8 @@ class EventState:
         self.invalid = 0
         self.usage_only = False
         self.response_id: str | None = None
+        # The ids of the output items its terminal event lists (stored with the response).
+        self.items: list[str] = []
         self.sequence: int | None = None
         # The payloads that may report usage, as sent: see kept_usage.
         self.usage: list[bytes] = []
@@ -307,6 +361,8 @@ class EventState:
         if event.type in self.terminal:
             self.ended = True
             self.failed = event.type in _FAILURE_ENDS
+            if event.response is not None and event.response.output:
+                self.items = [item.id for item in event.response.output if item.id]
         if b'"usage"' in payload:
             kept_usage(self.usage, payload)
         return True

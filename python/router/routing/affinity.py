@@ -1,9 +1,10 @@
 """Where state lives: the region holding each stored Responses API response.
 
 A response created with `store` (the Responses API's default), in background mode or in a
-conversation exists only on the region that made it; a request continuing it
-(`previous_response_id`) or reading it (`GET /v1/responses/{id}`) must go there and nowhere
-else. The router notes the region of each such response it relays, for the tenant that made it
+conversation exists only on the region that made it, with its output items; a request
+continuing it (`previous_response_id`), referring to its items (`item_reference`) or reading it
+(`GET /v1/responses/{id}`) must go there and nowhere else. The router notes the region of each
+such response it relays and of its output items, for the tenant that made it
 (bounded: past the bound, the least recently used note of the tenant holding the most goes, so
 no tenant's notes push out another's smaller share), with workers in a table the machine's
 workers share (routing.shared_pins), and, with `[state] redis_url`, shares the notes with the

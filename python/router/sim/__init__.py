@@ -5,9 +5,10 @@ POST /v1/chat/completions, /v1/completions, /v1/embeddings; GET /v1/models, /hea
 tests, GET /sim/stats, POST /sim/reset, GET|POST /sim/config (change options live).
 
 Per-request headers override the flags: x-sim-fail (none|refuse|500|503|429|hang|
-die-mid-stream|drip), x-sim-after-tokens, x-sim-drip-ms, x-sim-ttft-ms, x-sim-tokens-per-s,
-x-sim-rtt-ms, x-sim-pad-bytes (spaces after each streamed token, for backpressure tests), and
-x-sim-only: NAME[,NAME] (faults apply only in the named regions).
+die-mid-stream|drip|error-event|failed-event), x-sim-error-kind (server|overloaded|rate_limit|
+invalid_request: the error event's), x-sim-after-tokens, x-sim-drip-ms, x-sim-ttft-ms,
+x-sim-tokens-per-s, x-sim-rtt-ms, x-sim-pad-bytes (spaces after each streamed token, for
+backpressure tests), and x-sim-only: NAME[,NAME] (faults apply only in the named regions).
 
 Text is a pure function of model + messages (role and content only); a trailing assistant
 message that is a prefix of that text is continued, so a resumed stream reproduces it exactly.

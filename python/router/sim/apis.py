@@ -14,6 +14,18 @@ from typing import Any, Protocol
 import msgspec
 
 _ENCODE = msgspec.json.Encoder()
+# An injected error per kind (sim.server.ERROR_KINDS): the status of a whole answer, OpenAI's
+# error type and code, Anthropic's error type.
+ERRORS: dict[str, tuple[int, str, str, str]] = {
+    "server": (500, "server_error", "server_error", "api_error"),
+    "overloaded": (503, "server_error", "server_error", "overloaded_error"),
+    "rate_limit": (429, "rate_limit_error", "rate_limit_exceeded", "rate_limit_error"),
+    "invalid_request": (400, "invalid_request_error", "invalid_prompt", "invalid_request_error"),
+}
+
+
+def _said(kind: str, name: str) -> str:
+    return f"sim region {name}: injected {kind} error"
 
 
 def _event(name: str | None, payload: dict[str, Any]) -> bytes:
@@ -28,6 +40,7 @@ class Render(Protocol):
     def start(self) -> list[bytes]: ...
     def token(self, text: str) -> bytes: ...
     def end(self, content: str, finish: str) -> list[bytes]: ...
+    def error(self, kind: str, name: str, failed: bool) -> list[bytes]: ...
 
 
 class Chat:
@@ -97,6 +110,12 @@ class Chat:
             out.append(_event(None, {**self.base, "choices": [], "usage": self.usage}))
         out.append(b"data: [DONE]\n\n")
         return out
+
+    def error(self, kind: str, name: str, failed: bool) -> list[bytes]:
+        """vLLM's failure inside a stream: an error object (its HTTP status as the code)."""
+        status, kind_type, _, _ = ERRORS[kind]
+        error = {"message": _said(kind, name), "type": kind_type, "param": None, "code": status}
+        return [_event(None, {"error": error}), b"data: [DONE]\n\n"]
 
 
 class Responses:
@@ -198,6 +217,20 @@ class Responses:
             self._emit(terminal, {"response": final}),
         ]
 
+    def error(self, kind: str, name: str, failed: bool) -> list[bytes]:
+        """OpenAI's `error` event (its fields at the top), or `response.failed`: the response
+        failed, its `error` saying why."""
+        code = ERRORS[kind][2]
+        if not failed:
+            return [
+                self._emit("error", {"code": code, "message": _said(kind, name), "param": None})
+            ]
+        response = {
+            **self._response("failed", None),
+            "error": {"code": code, "message": _said(kind, name)},
+        }
+        return [self._emit("response.failed", {"response": response})]
+
 
 class Messages:
     """Anthropic's Messages API."""
@@ -266,6 +299,11 @@ class Messages:
             _event("message_stop", {"type": "message_stop"}),
         ]
 
+    def error(self, kind: str, name: str, failed: bool) -> list[bytes]:
+        """Anthropic's `error` event: `{"type": "error", "error": {"type", "message"}}`."""
+        error = {"type": ERRORS[kind][3], "message": _said(kind, name)}
+        return [_event("error", {"type": "error", "error": error})]
+
 
 def _text(content: Any) -> str:
     """A message content's text: a string, or its text parts joined."""
@@ -274,6 +312,15 @@ def _text(content: Any) -> str:
     if isinstance(content, list):
         return "".join(p.get("text", "") for p in content if isinstance(p, dict) and "text" in p)
     return ""
+
+
+def item_reference(item: Any) -> str | None:
+    """The id a Responses input item refers to (`item_reference`, whose type may be left out),
+    else None."""
+    if not isinstance(item, dict) or not isinstance(item.get("id"), str):
+        return None
+    kind = item.get("type")
+    return item["id"] if kind == "item_reference" or (kind is None and "role" not in item) else None
 
 
 def responses_messages(body: dict[str, Any]) -> list[dict[str, Any]] | None:

@@ -19,7 +19,24 @@ from aiohttp import web
 
 from router.sim import apis, text
 
-FAIL_MODES = ("none", "refuse", "500", "503", "429", "hang", "die-mid-stream", "drip")
+FAIL_MODES = (
+    "none",
+    "refuse",
+    "500",
+    "503",
+    "429",
+    "hang",
+    "die-mid-stream",
+    "drip",
+    # A stream that ends in the API's own error event after `after_tokens` tokens (0: before
+    # any): chat vLLM's `data: {"error": ...}` and [DONE], the Responses API's `event: error`,
+    # the Messages API's `event: error`; failed-event is `response.failed` on the Responses
+    # API (the error event elsewhere). A whole answer gets the error's status instead.
+    "error-event",
+    "failed-event",
+)
+# Whose fault the error of error-event / failed-event is (apis.ERRORS has each API's words).
+ERROR_KINDS = ("server", "overloaded", "rate_limit", "invalid_request")
 # Server kinds the sim can behave like, with the quirks of the real ones (tests/real pins them):
 # vllm      continues a trailing assistant message (chat: only with continue_final_message, else
 #           it opens a new turn after it); honours stream_options.include_usage.
@@ -52,8 +69,10 @@ class SimOptions(msgspec.Struct, kw_only=True):
     # 0 means as fast as possible.
     tokens_per_s: float = 0.0
     fail_mode: str = "none"
-    # For die-mid-stream / hang: how many tokens go out first.
+    # For die-mid-stream / hang / error-event / failed-event: how many tokens go out first.
     after_tokens: int = 3
+    # For error-event / failed-event: whose fault the error is (ERROR_KINDS).
+    error_kind: str = "server"
     # For drip: the pause between tokens (stream) or body pieces (non-stream).
     drip_ms: float = 1000.0
     embedding_dims: int = 16
@@ -92,6 +111,7 @@ class _Plan(msgspec.Struct, kw_only=True):
     drip_s: float
     # Test aid for backpressure: spaces appended to every streamed token.
     pad: int = 0
+    error_kind: str = "server"
 
 
 @dataclass(slots=True)
@@ -121,6 +141,7 @@ def _plan(options: SimOptions, headers: Mapping[str, str]) -> _Plan:
         after_tokens=int(headers.get("x-sim-after-tokens", options.after_tokens)),
         drip_s=float(headers.get("x-sim-drip-ms", options.drip_ms)) / 1000,
         pad=int(headers.get("x-sim-pad-bytes", 0)),
+        error_kind=headers.get("x-sim-error-kind", options.error_kind),
     )
 
 
@@ -179,6 +200,8 @@ class SimRegion:
         # Responses stored for later reads (the vllm kind), least recently made first out.
         # id -> (the response, its input, a replay of its stream: GET ...?stream=true)
         self._stored: OrderedDict[str, _Stored] = OrderedDict()
+        # The output items of those responses, by id (an input's `item_reference`).
+        self._items: dict[str, dict[str, Any]] = {}
 
     # ---- fault injection shared by every generating endpoint ----
 
@@ -193,6 +216,14 @@ class SimRegion:
             return _error(400, f"unknown x-sim-fail {fail!r}; one of {FAIL_MODES}", "invalid")
         if fail in ("die-mid-stream", "drip") or (fail == "hang" and stream and plan.after_tokens):
             return None
+        if fail in ("error-event", "failed-event"):
+            if plan.error_kind not in ERROR_KINDS:
+                return _error(400, f"unknown x-sim-error-kind; one of {ERROR_KINDS}", "invalid")
+            if stream:
+                return None
+            self.stats.injected_failures += 1
+            status, kind, _, _ = apis.ERRORS[plan.error_kind]
+            return _error(status, f"sim region {self.options.name}: injected {kind}", kind)
         self.stats.injected_failures += 1
         if fail == "refuse":
             # The closest a running server gets to refusing: drop the connection unanswered.
@@ -292,7 +323,19 @@ class SimRegion:
                         f"Previous response with id '{previous}' not found.",
                         "invalid_request_error",
                     )
-                messages = apis.responses_messages(body)
+                items = body.get("input")
+                if isinstance(items, list):
+                    # An item_reference is to an item stored here: found, or a 404.
+                    for item in items:
+                        ref = apis.item_reference(item)
+                        if ref is not None and ref not in self._items:
+                            return _error(
+                                404, f"Item with id '{ref}' not found.", "invalid_request_error"
+                            )
+                    resolved = [self._items.get(apis.item_reference(i) or "", i) for i in items]
+                    messages = apis.responses_messages({**body, "input": resolved})
+                else:
+                    messages = apis.responses_messages(body)
             else:
                 messages = apis.anthropic_messages(body)
             if messages is None:
@@ -427,6 +470,8 @@ class SimRegion:
                 await resp.write(b"data: [DONE]\n\n")
                 await resp.write_eof()
                 return resp
+            if i == plan.after_tokens and fail in ("error-event", "failed-event"):
+                return await self._error_end(resp, plan, render)
             if i == plan.after_tokens and fail in ("die-mid-stream", "hang"):
                 self.stats.injected_failures += 1
                 if fail == "hang":
@@ -436,7 +481,19 @@ class SimRegion:
                 return resp
             await resp.write(render.token(tok + " " * plan.pad if plan.pad else tok))
             self.stats.tokens_sent += 1
+        if fail in ("error-event", "failed-event"):
+            return await self._error_end(resp, plan, render)  # fewer tokens than after_tokens
         await resp.write(b"".join(render.end("".join(tokens), finish)))
+        await resp.write_eof()
+        return resp
+
+    async def _error_end(
+        self, resp: web.StreamResponse, plan: _Plan, render: apis.Render
+    ) -> web.StreamResponse:
+        """End a stream with the API's own error event, the connection closed cleanly."""
+        self.stats.injected_failures += 1
+        failed = plan.fail == "failed-event"
+        await resp.write(b"".join(render.error(plan.error_kind, self.options.name, failed)))
         await resp.write_eof()
         return resp
 
@@ -468,8 +525,12 @@ class SimRegion:
     def _store(self, response_id: str, made: _Stored) -> None:
         stored = self._stored
         stored[response_id] = made
+        for item in made.response.get("output", ()):
+            self._items[item["id"]] = item
         while len(stored) > _STORED:
-            stored.popitem(last=False)
+            _, gone = stored.popitem(last=False)
+            for item in gone.response.get("output", ()):
+                self._items.pop(item["id"], None)
 
     async def stored(self, request: web.Request) -> web.StreamResponse:
         """GET / DELETE /v1/responses/{id}, POST .../cancel, GET .../input_items."""
@@ -481,6 +542,8 @@ class SimRegion:
         response, given = found.response, found.given
         if request.method == "DELETE":
             del self._stored[response["id"]]
+            for item in response.get("output", ()):
+                self._items.pop(item["id"], None)
             payload: Any = {"id": response["id"], "object": "response", "deleted": True}
         elif request.path.endswith("/input_items"):
             items = [{"role": "user", "content": given}] if isinstance(given, str) else given
@@ -582,6 +645,8 @@ class SimRegion:
             return _error(400, f"bad sim config: {exc}", "invalid_request_error")
         if merged.fail_mode not in FAIL_MODES:
             return _error(400, f"fail_mode must be one of {FAIL_MODES}", "invalid_request_error")
+        if merged.error_kind not in ERROR_KINDS:
+            return _error(400, f"error_kind must be one of {ERROR_KINDS}", "invalid_request_error")
         self.options = merged
         return web.Response(body=_ENCODE.encode(merged), content_type="application/json")
 

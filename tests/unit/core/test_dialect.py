@@ -13,8 +13,9 @@ from router.core.dialect import (
     RESPONSES_API,
     dialect_of,
     response_id,
+    stored_ids,
 )
-from router.core.request import MESSAGES, RESPONSES, parse_body
+from router.core.request import MAX_ITEM_LOOKUPS, MESSAGES, RESPONSES, ParsedRequest, parse_body
 from router.core.responses import anthropic_relayed
 from router.core.stream import EventState, passable
 from router.errors import InvalidRequest, NotFound, anthropic_error_body
@@ -164,6 +165,67 @@ def test_responses_requests_that_hold_state_are_marked() -> None:
     streamed = parse_body(RESPONSES, b'{"model": "m", "input": [], "store": false, "stream": true}')
     assert streamed.stream
     assert streamed.include_usage  # reported by the stream itself: nothing to ask for
+
+
+def test_item_references_make_a_responses_request_stateful() -> None:
+    """An input item referring to one a region stored (`item_reference`, its type optional,
+    at any position) is state only that region has, as previous_response_id is."""
+    message = {"role": "user", "content": "and now?"}
+    for ref in (
+        {"type": "item_reference", "id": "msg_1"},
+        {"id": "msg_1"},
+        {"type": None, "id": "msg_1"},
+    ):
+        for at in (0, 1):
+            given: list[object] = [message, message]
+            given.insert(at, ref)
+            asked = _parse(RESPONSES, {"model": "m", "input": given, "store": False})
+            assert isinstance(asked, ParsedRequest)
+            assert asked.stateful
+            assert asked.state_items == ("msg_1",)
+    # Distinct ids, in order, at most MAX_ITEM_LOOKUPS of them; one without an id still counts.
+    many = [{"type": "item_reference", "id": f"i{n % 40}"} for n in range(80)]
+    asked = _parse(RESPONSES, {"model": "m", "input": many, "store": False})
+    assert isinstance(asked, ParsedRequest)
+    assert asked.state_items == tuple(f"i{n}" for n in range(MAX_ITEM_LOOKUPS))
+    odd = _parse(RESPONSES, {"model": "m", "input": [{"type": "item_reference"}], "store": False})
+    assert isinstance(odd, ParsedRequest)
+    assert odd.stateful
+    assert odd.state_items == ()
+    # Messages (typed or not), function outputs and prompt variables refer to nothing stored.
+    plain = _parse(
+        RESPONSES,
+        {
+            "model": "m",
+            "store": False,
+            "input": [
+                message,
+                {"type": "message", "id": "msg_2", "role": "assistant", "content": "x"},
+                {"type": "function_call_output", "call_id": "c", "output": "{}"},
+            ],
+        },
+    )
+    assert isinstance(plain, ParsedRequest)
+    assert not plain.stateful
+    assert plain.state_items == ()
+
+
+def test_what_a_response_leaves_stored_is_noted_whole_and_streamed() -> None:
+    body = {
+        "id": "resp_1",
+        "object": "response",
+        "output": [{"type": "reasoning", "id": "rs_1"}, {"type": "message", "id": "msg_1"}],
+    }
+    assert stored_ids(msgspec.json.encode(body)) == ["resp_1", "rs_1", "msg_1"]
+    assert stored_ids(b'{"id": "chatcmpl-1", "object": "chat.completion"}') == []
+    assert stored_ids(b"not json") == []
+    state = EventState(RESPONSES_API.terminal)
+    done = _ev("response.completed", response={**body, "status": "completed"})
+    passable([CREATED, ADDED, DELTA], state, False)
+    assert state.items == []
+    passable([done], state, False)
+    assert state.response_id == "resp_1"
+    assert state.items == ["rs_1", "msg_1"]
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,7 @@ from router.config import RoutingConfig
 from router.core.context import RequestContext
 from router.core.failure import AttemptError, FailureKind, health_outcome
 from router.core.request import CHAT, MESSAGES, RESPONSES
+from router.core.stream import payload_of
 from router.core.transport import LocalReply
 from router.core.upstream import Upstream
 from router.routing.continuation import MidstreamPolicy, StreamTracker
@@ -240,6 +241,110 @@ async def test_a_typed_stream_ended_by_its_failure_event_is_recorded_as_failed(
     assert status == 200
     assert events_of(raw)[-1]["type"] == failure  # the region's own end, relayed
     assert ctx.broken is not None
+
+
+def _typed(endpoint: str, *events: bytes) -> tuple[list[bytes], dict[str, Any]]:
+    """A typed-event stream (its opening, then `events`) and the request asking for it."""
+    if endpoint == RESPONSES:
+        return [*OPENING, *events], {"model": "m", "input": "hi", "store": False, "stream": True}
+    start = [ev("message_start", message={"id": "m"}), ev("content_block_start", index=0)]
+    messages = body()["messages"]
+    return [*start, *events], {"model": "m", "max_tokens": 5, "stream": True, "messages": messages}
+
+
+def _whole(endpoint: str) -> list[bytes]:
+    if endpoint == RESPONSES:
+        done = ev("response.completed", response={"id": "resp_2", "status": "completed"})
+        return [ev("response.output_text.delta", delta="Hi"), done]
+    text = {"type": "text_delta", "text": "Hi"}
+    return [ev("content_block_delta", index=0, delta=text), ev("message_stop")]
+
+
+# The region's fault: its error event (each API's shape) or its failed response.
+REGION_FAULTS = [
+    (RESPONSES, ev("error", code="server_error", message="engine crashed", param=None)),
+    (RESPONSES, ev("error", code="rate_limit_exceeded", message="slow down", param=None)),
+    (
+        RESPONSES,
+        ev(
+            "response.failed",
+            response={"id": "resp_1", "status": "failed", "error": {"code": "server_error"}},
+        ),
+    ),
+    (MESSAGES, ev("error", error={"type": "overloaded_error", "message": "Overloaded"})),
+    (MESSAGES, ev("error", error={"type": "api_error", "message": "Internal server error"})),
+    (MESSAGES, ev("error", error={"type": "rate_limit_error", "message": "slow down"})),
+]
+
+
+@pytest.mark.parametrize(("endpoint", "failure"), REGION_FAULTS)
+async def test_a_typed_streams_failure_before_any_token_fails_over_when_the_regions(
+    endpoint: str, failure: bytes
+) -> None:
+    events, payload = _typed(endpoint, failure)
+    good, _ = _typed(endpoint, *_whole(endpoint))
+    a, b = scripted(stream(*events)), scripted(stream(*good))
+    status, raw, headers, ctx, attempted = await ask(
+        {"a": a, "b": b}, endpoint=endpoint, payload=payload
+    )
+    assert (status, headers["x-router-region"]) == (200, "b")
+    kinds = [e["type"] for e in events_of(raw)]
+    assert kinds[-1] == ("response.completed" if endpoint == RESPONSES else "message_stop")
+    assert "error" not in kinds
+    assert "response.failed" not in kinds
+    assert ctx.broken is None
+    (_, error), (_, fine) = attempted.seen
+    assert error is not None
+    assert fine is None
+    assert error.kind == FailureKind.STATUS
+    assert health_outcome(error.kind, error.status) == "server_error"
+
+
+@pytest.mark.parametrize(("endpoint", "failure"), REGION_FAULTS[:1] + REGION_FAULTS[3:4])
+async def test_a_typed_streams_failure_from_every_region_is_the_regions_error(
+    endpoint: str, failure: bytes
+) -> None:
+    events, payload = _typed(endpoint, failure)
+
+    async def failing(path: str, raw: bytes, headers: CIMultiDict[str]) -> LocalReply:
+        return stream(*events)
+
+    status, raw, _, _, attempted = await ask({"a": failing}, endpoint=endpoint, payload=payload)
+    assert status == 502
+    error = json.loads(raw)["error"]
+    assert error["message"] in ("engine crashed", "Overloaded")
+    if endpoint == MESSAGES:
+        assert json.loads(raw)["type"] == "error"  # in Anthropic's shape
+    # The only region, tried again as after a 5xx.
+    assert [name for name, _ in attempted.seen] == ["a", "a"]
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "failure"),
+    [
+        (RESPONSES, ev("error", code="invalid_prompt", message="bad prompt", param="input")),
+        (
+            RESPONSES,
+            ev(
+                "response.failed",
+                response={"id": "r", "status": "failed", "error": {"code": "invalid_image"}},
+            ),
+        ),
+        (MESSAGES, ev("error", error={"type": "invalid_request_error", "message": "bad"})),
+    ],
+)
+async def test_a_typed_streams_failure_blaming_the_request_is_relayed(
+    endpoint: str, failure: bytes
+) -> None:
+    events, payload = _typed(endpoint, failure)
+    b = scripted(stream(*_typed(endpoint, *_whole(endpoint))[0]))
+    status, raw, headers, ctx, attempted = await ask(
+        {"a": scripted(stream(*events)), "b": b}, endpoint=endpoint, payload=payload
+    )
+    assert (status, headers["x-router-region"]) == (200, "a")
+    assert events_of(raw)[-1] == json.loads(payload_of(failure) or b"")
+    assert ctx.broken is not None
+    assert [name for name, _ in attempted.seen] == ["a"]
 
 
 # --- 5. The stream's start: judged on a whole line, after a byte order mark.
