@@ -489,12 +489,13 @@ def parse_body(endpoint: str, body: bytes, *, max_items: int = 2048) -> ParsedRe
         _check_token_list(decoded.input, "input")
     if isinstance(decoded, _OPENAI_TEXT):
         # Checked only when given (the usual request gives none of them).
+        # A negative length is llama.cpp's server's "no bound" (others refuse it themselves).
         if decoded.max_tokens is not None:
-            whole_number(decoded.max_tokens, "max_tokens")
+            whole_number(decoded.max_tokens, "max_tokens", minimum=-MAX_WHOLE)
         if decoded.n is not None:
             whole_number(decoded.n, "n", minimum=1)
         if isinstance(decoded, _Chat) and decoded.max_completion_tokens is not None:
-            whole_number(decoded.max_completion_tokens, "max_completion_tokens")
+            whole_number(decoded.max_completion_tokens, "max_completion_tokens", minimum=-MAX_WHOLE)
         stream = bool(decoded.stream)
         options = decoded.stream_options
         include_usage = stream and options is not None and bool(options.include_usage)

@@ -293,6 +293,10 @@ async def test_unlimited_tenant_is_always_admitted() -> None:
         ("/v1/chat/completions", {"max_tokens": 3, "n_predict": -2}, 256),
         ("/v1/chat/completions", {"max_tokens": 1000, "n_predict": -1}, 1000),
         ("/v1/chat/completions", {"n_predict": -1}, 256),
+        # And so is a negative max_tokens (llama.cpp reads it; others refuse it themselves).
+        ("/v1/chat/completions", {"max_tokens": -1}, 256),
+        ("/v1/completions", {"max_tokens": -1, "n": 2}, 512),
+        ("/v1/chat/completions", {"max_completion_tokens": -1, "max_tokens": 30}, 30),
         ("/v1/completions", {"max_tokens": 10, "n_cmpl": 16}, 160),
         ("/v1/completions", {"max_tokens": 10, "n_cmpl": 2, "n": 3}, 30),
         ("/v1/responses", {"max_tokens": 100000}, 100000),

@@ -303,7 +303,22 @@ def test_a_token_field_past_64_bits_is_a_400(endpoint: str, fields: dict[str, ob
     else:
         body["messages"] = [{"role": "user", "content": "hi"}]
     raw = json.dumps(body).encode()
-    with pytest.raises(InvalidRequest, match=f"must be an integer from \\d+ to {2**63 - 1}"):
+    with pytest.raises(InvalidRequest, match=f"must be an integer from -?\\d+ to {2**63 - 1}"):
         parse_body(endpoint, raw)
     body.update({name: 2**63 - 1 for name in fields})
     parse_body(endpoint, json.dumps(body).encode())
+
+
+def test_a_negative_length_is_llama_cpps_no_bound_where_it_reads_one() -> None:
+    # llama.cpp's server reads max_tokens -1 as "until the context ends" and answers 200; other
+    # servers refuse it themselves. Messages and Responses lengths are still at least 1.
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    parse_body(CHAT, json.dumps({**chat, "max_tokens": -1}).encode())
+    parse_body(CHAT, json.dumps({**chat, "max_completion_tokens": -1}).encode())
+    parse_body(COMPLETIONS, json.dumps({"model": "m", "prompt": "x", "max_tokens": -1}).encode())
+    with pytest.raises(InvalidRequest, match="max_tokens"):
+        parse_body(MESSAGES, json.dumps({**chat, "max_tokens": -1}).encode())
+    with pytest.raises(InvalidRequest, match="max_output_tokens"):
+        parse_body(
+            RESPONSES, json.dumps({"model": "m", "input": "x", "max_output_tokens": -1}).encode()
+        )

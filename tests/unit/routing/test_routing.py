@@ -17,9 +17,8 @@ from router.routing.health import Health, outcome_of
 from router.routing.runtime import (
     LiveRouting,
     PassiveHealth,
+    RetryState,
     client_deadline,
-    first_byte,
-    retry_gate,
 )
 
 
@@ -35,7 +34,7 @@ def test_client_deadline_from_headers() -> None:
 
 def test_retry_gate_caps_attempts_budget_and_deadline() -> None:
     live = LiveRouting(RoutingConfig(max_attempts=3, retry_budget_ratio=0.0, retry_budget_min=2))
-    gate = retry_gate(live)
+    gate = RetryState(live).allow
     ctx = RequestContext("r", "/v1/chat/completions")
     assert gate(ctx)  # the first attempt is always allowed (and counted as a request)
     ctx.attempts = 1
@@ -48,19 +47,19 @@ def test_retry_gate_caps_attempts_budget_and_deadline() -> None:
     other = RequestContext("s", "/v1/chat/completions")
     other.attempts = 1
     other.deadline = time.monotonic() - 1.0
-    roomy = retry_gate(LiveRouting(RoutingConfig()))
+    roomy = RetryState(LiveRouting(RoutingConfig())).allow
     assert not roomy(other)
 
 
 def test_first_byte_timeout_uses_routing_then_deadline() -> None:
     ctx = RequestContext("r", "/v1/chat/completions")
-    assert first_byte(LiveRouting(RoutingConfig()))(ctx, 30.0) == 30.0
+    assert RetryState(LiveRouting(RoutingConfig())).first_byte(ctx, 30.0) == 30.0
     tight = LiveRouting(RoutingConfig(ttft_timeout_s=2.0))
-    assert first_byte(tight)(ctx, 30.0) == 2.0
+    assert RetryState(tight).first_byte(ctx, 30.0) == 2.0
     ctx.deadline = time.monotonic() + 0.5
-    assert 0.0 < first_byte(tight)(ctx, 30.0) <= 0.5
+    assert 0.0 < RetryState(tight).first_byte(ctx, 30.0) <= 0.5
     ctx.deadline = time.monotonic() - 5
-    assert first_byte(LiveRouting(RoutingConfig()))(ctx, 30.0) == 0.001
+    assert RetryState(LiveRouting(RoutingConfig())).first_byte(ctx, 30.0) == 0.001
 
 
 def test_outcomes_for_health() -> None:
