@@ -7,7 +7,10 @@ tests, GET /sim/stats, POST /sim/reset, GET|POST /sim/config (change options liv
 Per-request headers override the flags: x-sim-fail (none|refuse|500|503|429|hang|
 die-mid-stream|drip), x-sim-after-tokens, x-sim-drip-ms, x-sim-ttft-ms, x-sim-tokens-per-s,
 x-sim-rtt-ms, x-sim-pad-bytes (spaces after each streamed token, for backpressure tests), and
-x-sim-only: NAME[,NAME] (faults apply only in the named regions).
+x-sim-only: NAME[,NAME] (faults apply only in the named regions). `--unserved MODEL[,MODEL]`
+(or `unserved` in /sim/config): a region whose config drifted, answering a request for one of
+them as vLLM answers a model it does not serve (404 NotFoundError, "The model `m` does not
+exist.").
 
 Text is a pure function of model + messages (role and content only); a trailing assistant
 message that is a prefix of that text is continued, so a resumed stream reproduces it exactly.
