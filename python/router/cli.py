@@ -128,6 +128,11 @@ def _add_core(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         default="vllm",
         help="the real server to behave like: vllm|llama-server|llama-cpp-python",
     )
+    sim.add_argument(
+        "--unserved",
+        default="",
+        help="comma-separated models it answers as vLLM does one it does not serve (404)",
+    )
     sim.set_defaults(handler=_sim_region)
     demo = commands.add_parser("demo", help="three simulated regions and the router in front")
     demo.add_argument("--port", type=int, default=0, help="router port (0: a free one)")
@@ -268,6 +273,7 @@ def _sim_region(args: argparse.Namespace) -> int:
         error_kind=args.error_kind,
         drip_ms=args.drip_ms,
         kind=args.kind,
+        unserved=tuple(m.strip() for m in args.unserved.split(",") if m.strip()),
     )
     uvloop.run(serve_sim(options, args.host, args.port))
     return 0

@@ -18,9 +18,10 @@ second event is one 8 MiB line that never ends), stored (makes Responses API res
 Content-Encoding is a false gzip and `resp_page` as a load balancer's HTML 502), spoof (a good
 answer with headers that are not a region's to send: the operator's organization, the provider
 account's rate limits, the router's own names, policies for the router's origin, the router's
-key for the region in header names, a latin-1 value), lb502 and lb429 (a load balancer's HTML
-error page naming an internal host, the 429 with a Retry-After), flat503 (vLLM's flat error
-object in a 503).
+key for the region in header names, a latin-1 value, caching headers for a shared cache), lb502,
+lb429 and lb404 (a load balancer's HTML error page naming an internal host, the 429 with a
+Retry-After, the 404 of an ingress without the route), flat503 (vLLM's flat error object in a
+503).
 
 Streams at the edges of SSE (issue 27): splitstart (a whole stream whose first read is `da`),
 bom (a stream after a UTF-8 byte order mark), strayline (a whole stream, then a lone newline),
@@ -54,6 +55,7 @@ MODES = (
     "lb502",
     "lb429",
     "flat503",
+    "lb404",
     "splitstart",
     "bom",
     "strayline",
@@ -135,13 +137,20 @@ async def _answer(mode: str, writer: asyncio.StreamWriter, body: bytes, head: by
         writer.write(_echo(head))
     elif mode == "spoof":
         writer.write(_spoof(head))
-    elif mode in ("lb502", "lb429"):
+    elif mode in ("lb502", "lb429", "lb404"):
         page = (
             b"<html><head><title>502 Bad Gateway</title></head><body><h1>502 Bad Gateway</h1>"
             b"<p>upstream vllm-node-7.internal.corp:8000 (10.3.4.5) connect() failed</p>"
             b"<hr><center>nginx/1.18.0 (Ubuntu)</center></body></html>"
         )
-        status = "502 Bad Gateway" if mode == "lb502" else "429 Too Many Requests"
+        status = {"lb502": "502 Bad Gateway", "lb429": "429 Too Many Requests"}.get(mode, "")
+        if mode == "lb404":
+            status = "404 Not Found"
+            page = (
+                b"<html><head><title>404 Not Found</title></head><body><h1>404 Not Found</h1>"
+                b"<p>no route to vllm-node-7.internal.corp:8000 (10.3.4.5)</p>"
+                b"<hr><center>nginx/1.18.0 (Ubuntu)</center></body></html>"
+            )
         extra = f"X-Upstream-Host: 10.3.4.5:8000\r\nContent-Length: {len(page)}\r\n"
         if mode == "lb429":
             extra += "Retry-After: 30\r\n"
@@ -285,6 +294,16 @@ def _spoof(head: bytes) -> bytes:
         b"Refresh: 0; url=http://evil.example/",
         b"Via: 1.1 lb-7.internal",
         b"X-Powered-By: Express",
+        b"Cache-Control: public, max-age=86400",
+        b"CDN-Cache-Control: max-age=86400",
+        b"Surrogate-Control: max-age=86400",
+        b"X-Accel-Expires: 86400",
+        b"Expires: Thu, 01 Jan 2099 00:00:00 GMT",
+        b"Pragma: cache",
+        b'ETag: "tenant-a-answer"',
+        b"Last-Modified: Mon, 01 Jan 2024 00:00:00 GMT",
+        b"Vary: Accept-Encoding",
+        b"Set-Cookie: lb=node-7; Path=/",
         b"X-" + key + b": in a name",
         b"x-" + key.lower() + b": in a name, folded",
         b"X-Key-Value: " + key,

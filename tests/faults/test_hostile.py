@@ -232,8 +232,19 @@ def test_item_16_headers_that_are_not_a_regions_to_send_never_reach_clients(
         "x-powered-by",
         "x-key-value",
         "x-latin",  # latin-1, not UTF-8: not to be sent as it came, so not at all
+        # A shared cache in front of the router must not keep one tenant's answer for another.
+        "cdn-cache-control",
+        "surrogate-control",
+        "x-accel-expires",
+        "expires",
+        "pragma",
+        "etag",
+        "last-modified",
+        "vary",
+        "set-cookie",
     )
     assert not names & set(dropped), names & set(dropped)
+    assert resp.headers["Cache-Control"] == "no-store"
     # The key has no limits here: the router sets no x-ratelimit-*, and none of the region's.
     assert not [n for n in names if n.startswith(("x-ratelimit", "ratelimit", "anthropic-"))]
     assert not [n for n in names if "secret" in n]
@@ -270,6 +281,35 @@ def test_item_17_a_region_error_page_becomes_the_routers_own_error(
     assert anthropic.status_code == 502
     assert anthropic.json()["type"] == "error"
     assert anthropic.json()["error"]["type"] == "api_error"
+    assert "nginx" not in anthropic.text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_item_17_a_regions_own_html_404_becomes_the_routers_own_error(
+    stream: bool, bad_upstream: BadFactory, router_proc: RouterFactory
+) -> None:
+    """A 404 is no failure (the region's answer, tried nowhere else), but an ingress's HTML
+    page naming its hosts is not relayed: the router's own error in the API's shape, with its
+    status, never the page's text or headers."""
+    router = _router(router_proc, bad_upstream("lb404"))
+    resp = _post(router, {**CHAT, "stream": stream})
+    assert resp.status_code == 404
+    assert resp.headers["Content-Type"] == "application/json"
+    error = resp.json()["error"]
+    assert (error["type"], error["code"]) == ("invalid_request_error", "upstream_refused")
+    for word in ("vllm-node-7", "10.3.4.5", "nginx", "html"):
+        assert word not in resp.text.lower(), word
+    assert "X-Upstream-Host" not in resp.headers
+    assert resp.headers["x-router-attempts"] == "1"
+    anthropic = requests.post(
+        router.url + "/v1/messages",
+        json={"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]},
+        headers={"anthropic-version": "2023-06-01"},
+        timeout=30,
+    )
+    assert anthropic.status_code == 404
+    assert anthropic.json()["type"] == "error"
+    assert anthropic.json()["error"]["type"] == "not_found_error"
     assert "nginx" not in anthropic.text
 
 

@@ -110,6 +110,8 @@ def test_second_identical_request_is_a_hit_with_the_same_body(router: Proc, sim:
     assert first.headers["x-cache"] == "MISS"
     assert second.headers["x-cache"] == "HIT"
     assert int(second.headers["Age"]) >= 0
+    # The router's cache is per tenant; no shared cache in front of it may keep either answer.
+    assert first.headers["Cache-Control"] == second.headers["Cache-Control"] == "no-store"
     assert second.parse().model_dump() == first.parse().model_dump()
     assert origin_calls(sim) == before + 1
 
@@ -119,6 +121,7 @@ def test_stream_hit_replays_the_same_chunks_with_usage(router: Proc, sim: Proc) 
 
     def stream() -> tuple[str, list[dict[str, Any]]]:
         raw = chat(c, "stream me", stream=True, stream_options={"include_usage": True})
+        assert raw.headers["Cache-Control"] == "no-store"
         return raw.headers["x-cache"], [chunk.model_dump() for chunk in raw.parse()]
 
     before = origin_calls(sim)

@@ -614,6 +614,67 @@ def test_an_input_a_region_cannot_take_goes_elsewhere_and_counts_against_no_one(
             proc.kill()
 
 
+def test_a_region_without_the_model_fails_over_and_opens_only_that_circuit(
+    tmp_path: Path,
+) -> None:
+    """Issue: a region whose config drifted (it no longer serves a model the router's config
+    says it does) answered vLLM's 404, and the client got that 404 although b and c serve the
+    model. It is a failed attempt now: the next region answers, the (region, model) circuit
+    counts it, the region's health does not."""
+    header = HEADER.replace(
+        "max_attempts = 3",
+        "max_attempts = 3\ncircuit_after = 3\ncircuit_base_s = 30.0\ncircuit_max_s = 30.0",
+    )
+    env = start_three(tmp_path, header)
+    url = env.router.url
+    try:
+        sim_config(env.a, unserved=[MODEL])
+        for i in range(3):
+            status, headers, _ = _ask(url, f"drift {i}")
+            assert (status, headers["x-router-region"]) == (200, "b")
+            assert headers["x-router-failovers"] == "1"
+        # Never the region's health: no passive failure, no ejection, still available.
+        region = env.region("a")
+        assert (region["passive_failures"], region["ejections"]) == (0, 0)
+        assert region["available"]
+        assert f"region a: circuit for model {MODEL} open" in env.router.output()
+        # Its circuit for the model open, a goes last: b first, no failover to pay.
+        status, headers, _ = _ask(url, "drift 3")
+        assert (status, headers["x-router-region"], headers["x-router-attempts"]) == (200, "b", "1")
+        assert sim_stats(env.a)["requests"] == 3
+        # No region has it: a 404 in OpenAI's shape (the last region's), each region once.
+        sim_config(env.b, unserved=[MODEL])
+        sim_config(env.c, unserved=[MODEL])
+        status, headers, answer = _ask(url, "drift 4")
+        assert (status, headers["x-router-attempts"]) == (404, "3")
+        assert answer == {
+            "error": {
+                "message": f"The model `{MODEL}` does not exist.",
+                "type": "NotFoundError",
+                "param": None,
+                "code": 404,
+            }
+        }
+    finally:
+        for proc in (env.router, env.a, env.b, env.c):
+            proc.kill()
+
+
+def test_a_region_started_without_the_model_fails_over(tmp_path: Path) -> None:
+    """The same drift from the start (`router sim-region --unserved`), on a stream."""
+    a = start_sim(tmp_path, "a", unserved=MODEL)
+    b = start_sim(tmp_path, "b")
+    router = start_router(tmp_path, HEADER + region_toml(a) + region_toml(b, bias_ms=30.0))
+    try:
+        headers, raw = asyncio.run(_stream(router.url, 1, cut_at_a=False))
+        assert (headers["x-router-region"], headers["x-router-failovers"]) == ("b", "1")
+        streamed, done, errors, _ = read_stream(raw)
+        assert (streamed, done, errors) == (text.full_chat_text(MODEL, messages(1)), 1, 0)
+    finally:
+        for proc in (router, a, b):
+            proc.kill()
+
+
 async def _stream(url: str, i: int, *, cut_at_a: bool) -> tuple[dict[str, str], bytes]:
     """A chat stream (`cut_at_a`: region a cuts it right after its first token): the answer's
     headers and body."""

@@ -160,5 +160,29 @@ def test_live_config_changes_mode_and_health(sim: Proc) -> None:
     assert bad.status_code == 400
 
 
+def test_a_model_it_does_not_serve_is_vllms_404(sim: Proc) -> None:
+    """A region whose config drifted: the model is answered as vLLM answers one it was not
+    started with; the others as before."""
+    sim_config(sim, unserved=["sim-2"])
+    try:
+        missing = {
+            "error": {
+                "message": "The model `sim-2` does not exist.",
+                "type": "NotFoundError",
+                "param": None,
+                "code": 404,
+            }
+        }
+        for stream in (False, True):
+            resp = chat(sim, model="sim-2", stream=stream)
+            assert (resp.status_code, resp.json()) == (404, missing)
+        embedded = httpx.post(sim.url + "/v1/embeddings", json={"model": "sim-2", "input": "x"})
+        assert (embedded.status_code, embedded.json()) == (404, missing)
+        assert chat(sim).status_code == 200
+        assert [m["id"] for m in httpx.get(sim.url + "/v1/models").json()["data"]] == ["sim-1"]
+    finally:
+        sim_config(sim, unserved=[])
+
+
 def test_unknown_fail_mode_is_400(sim: Proc) -> None:
     assert chat(sim, {"x-sim-fail": "explode"}).status_code == 400

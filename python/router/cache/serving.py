@@ -45,7 +45,7 @@ from router.net.stream_response import StreamResponse
 
 log = logging.getLogger("router")
 
-SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-store"}
 # How often a follower whose leader failed before sending anything rejoins (or leads) a flight.
 FOLLOW_RETRIES = 2
 
@@ -239,8 +239,9 @@ class Tap:
 
     def refused(self, answer: web.Response) -> None:
         """The answer when no region gave one (the last region's refusal, say a 429 with
-        Retry-After, or the router's 502/504): followers get it too, headers included, instead
-        of each asking the region again. Never stored."""
+        Retry-After, or the router's 502/504), or the router's own instead of a region's 4xx
+        that was no API error: followers get it too, headers included, instead of each asking
+        the region again. Never stored."""
         if self._flight is None:
             return
         body = answer.body

@@ -79,7 +79,9 @@ _REQUEST_CODES = frozenset(
     }
 )
 # Failures after which the next attempt is free of the retry budget (see RequestContext).
-_FREE = frozenset({FailureKind.CONNECT, FailureKind.SPILL, FailureKind.UNSUPPORTED})
+_FREE = frozenset(
+    {FailureKind.CONNECT, FailureKind.SPILL, FailureKind.UNSUPPORTED, FailureKind.UNSERVED}
+)
 # Server kinds that may be llama.cpp's server (which answers a request it cannot take with a
 # 500): another kind's 500 is a server error whatever it says.
 _REFUSES_WITH_500 = frozenset({"llama-server", "sim", "generic"})
@@ -118,6 +120,22 @@ class _ErrorBody(msgspec.Struct):
 
 
 _ERROR = msgspec.json.Decoder(_ErrorBody)
+
+
+class _FlatError(_ErrorDetail):
+    """vLLM's error shape: the error's fields at the top level (`"object": "error"`)."""
+
+    object: str | None = None
+
+
+_FLAT_ERROR = msgspec.json.Decoder(_FlatError)
+# How servers say they have no model by the name asked for, in a 404: vLLM ("The model `m`
+# does not exist.", type NotFoundError), OpenAI ("The model `m` does not exist or you do not
+# have access to it.", code model_not_found), llama.cpp's router ("model name=m is not found"),
+# Anthropic (type not_found_error, "model: m").
+_MISSING = ("does not exist", "not found")
+_NOT_FOUND_TYPES = frozenset({"NotFoundError", "not_found_error"})
+_MODEL_WORD = re.compile(r"\bmodel\b", re.I)
 
 
 class _Delta(msgspec.Struct):
@@ -206,6 +224,34 @@ def caused_by_request(body: bytes) -> bool:
     return error.type == "invalid_request_error" or (
         isinstance(error.code, str) and error.code in _REQUEST_CODES
     )
+
+
+def missing_model(body: bytes, model: str) -> bool:
+    """Whether a region's 404 says it has no model `model` (not a path it lacks, nor a stored
+    response it does not hold): an API error, in OpenAI's shape or vLLM's flat one, with code
+    model_not_found, or whose message names the model and says it does not exist or was not
+    found."""
+    if not model or (model.encode() not in body and b"model_not_found" not in body):
+        return False
+    error = _error_detail(body)
+    if error is None:
+        try:
+            flat = _FLAT_ERROR.decode(body)
+        except (msgspec.MsgspecError, RecursionError):
+            return False
+        if flat.object != "error":
+            return False
+        error = flat
+    if error.code == "model_not_found":
+        return True
+    if not isinstance(error.message, str):
+        return False
+    message = error.message
+    # The name whole, as a word of the message (not `m` inside `m-large`).
+    named = re.search(rf"(?<![\w./:-]){re.escape(model)}(?![\w/:-]|\.\w)", message, re.I)
+    if named is None or _MODEL_WORD.search(message) is None:
+        return False
+    return error.type in _NOT_FOUND_TYPES or any(words in message.lower() for words in _MISSING)
 
 
 def server_refusal(body: bytes) -> str | None:
@@ -464,6 +510,17 @@ async def open_attempt(
             why = unrelayable(status)
             if why is not None:
                 raise AttemptError(name, FailureKind.INVALID, f"HTTP {status}: {why}")
+            if status == 404 and missing_model(whole, ctx.request.upstream_model):
+                # The router's config says it serves the model, the region says it has none by
+                # that name: its config drifted. Another region may have it.
+                raise AttemptError(
+                    name,
+                    FailureKind.UNSERVED,
+                    f"HTTP 404: no model {ctx.request.upstream_model!r} there",
+                    status=status,
+                    headers=headers_out,
+                    body=whole,
+                )
             if status in RETRY_STATUSES:
                 refusal = (
                     server_refusal(whole)

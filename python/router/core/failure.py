@@ -31,6 +31,10 @@ class FailureKind(StrEnum):
     # answers an input it has no model for, or a parameter it does not take, with a 500):
     # another region may serve it; held against no one, free of the retry budget.
     UNSUPPORTED = "unsupported"
+    # The region answered 404 that it has no model by the name the config says it serves (the
+    # region's config drifted): another region may serve it; held against that (region, model)
+    # circuit, never against the region's health; free of the retry budget.
+    UNSERVED = "unserved"
 
 
 class Origin(StrEnum):
@@ -51,8 +55,11 @@ def health_outcome(kind: FailureKind | str | None, status: int | None) -> str | 
         return "connect_error"
     if kind == FailureKind.TIMEOUT:
         return "timeout"
-    if kind == FailureKind.STATUS and status is not None and status < 500:
-        # 429 (and other 4xx): the region is alive, just busy or refusing this one request.
+    if kind == FailureKind.UNSERVED or (
+        kind == FailureKind.STATUS and status is not None and status < 500
+    ):
+        # 429 (and other 4xx): the region is alive, just busy or refusing this one request (or
+        # lacking this one model).
         return "neutral"
     return "server_error"
 

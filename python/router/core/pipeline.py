@@ -411,8 +411,8 @@ class Pipeline:
             self._finish(request, ctx, status, answer, False)
 
     async def on_prepare(self, request: web.Request, response: web.StreamResponse) -> None:
-        """on_response_prepare: every feature's headers on every answer of a proxied request
-        (streams, relayed errors, cache hits), in one place."""
+        """on_response_prepare: `Cache-Control: no-store` and every feature's headers on every
+        answer of a proxied request (streams, relayed errors, cache hits), in one place."""
         ctx = request.get(CONTEXT)
         if ctx is None:
             return
@@ -421,6 +421,9 @@ class Pipeline:
         if features.exchange is not None:
             features.exchange.stamp(ctx, response)
         headers = response.headers
+        # An answer is the tenant's alone (a cache hit included): no shared cache in front of
+        # the router may keep it for another. A region's own caching headers never reach here.
+        headers["Cache-Control"] = "no-store"
         for decorator in features.decorators:
             decorator(ctx, headers)
 

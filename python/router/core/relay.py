@@ -12,7 +12,7 @@ from aiohttp import web
 
 from router.core.attempt import DEFAULT_MAX_RESPONSE_BYTES, Attempts
 from router.core.context import RequestContext
-from router.core.responses import anthropic_relayed
+from router.core.responses import anthropic_relayed, refusal_response
 from router.core.stages import Continuer, Tap
 from router.core.stream import (
     DEFAULT_MAX_EVENT_BYTES,
@@ -120,10 +120,20 @@ def _finish_in_background(going: asyncio.Future[bool], tap: Tap) -> None:
 
 def whole(ctx: RequestContext, opened: Opened, tap: Tap | None) -> web.Response:
     """A region's whole (non-stream) answer, byte-exact; on the Messages API a relayed error
-    in Anthropic's shape (core.responses.anthropic_relayed)."""
+    in Anthropic's shape (core.responses.anthropic_relayed); an error answer that is no API
+    error replaced by the router's own (core.responses.refusal_response)."""
     body = opened.body or b""
-    if opened.status >= 400 and ctx.dialect.anthropic:
-        body = anthropic_relayed(opened.status, body)
+    if opened.status >= 400:
+        anthropic = ctx.dialect.anthropic
+        own = refusal_response(
+            opened.status, opened.headers, body, ctx.request_id, anthropic=anthropic
+        )
+        if own is not None:
+            if tap is not None:
+                tap.refused(own)
+            return own
+        if anthropic:
+            body = anthropic_relayed(opened.status, body)
     if tap is not None:
         tap.body(opened.status, opened.headers, body)
     opened.headers["X-Request-Id"] = ctx.request_id

@@ -104,6 +104,18 @@ def region_error(
     return web.Response(status=status, body=body, headers=headers)
 
 
+def refusal_response(
+    status: int, headers: CIMultiDict[str], body: bytes, request_id: str, *, anthropic: bool = False
+) -> web.Response | None:
+    """A region's own 4xx that is no failure (the attempts relay it), when it is no API error
+    (an ingress's HTML 404 naming its hosts, an empty body): the router's own error in the
+    API's shape with its status and Retry-After, never its text or other headers; None for an
+    API error (OpenAI's shape, vLLM's flat one), which is relayed as it came."""
+    if _api_error(body) or _flat_error(body) is not None:
+        return None
+    return error_response(_standin(status, headers), request_id, anthropic=anthropic)
+
+
 def failure_response(
     exc: AttemptError, request_id: str, *, anthropic: bool = False
 ) -> web.Response:

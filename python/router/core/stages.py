@@ -193,7 +193,8 @@ class Tap(Protocol):
         ...
 
     def refused(self, answer: web.Response) -> None:
-        """The answer made when no region gave one (core.responses.failure_response)."""
+        """The answer the router made when no region gave one (core.responses.failure_response),
+        or instead of a region's that was no API error (core.responses.refusal_response)."""
         ...
 
     def wanted(self) -> bool:

@@ -99,6 +99,19 @@ _RESPONSE_DROP = _HOP | {
     # The region's software and the hops behind it (as Server).
     "via",
     "x-powered-by",
+    # Caching and validation: an answer is one tenant's, never for a shared cache to keep or
+    # serve to another (the router sends `Cache-Control: no-store` on every proxied answer);
+    # the CDN-targeted forms (RFC 9213, Surrogate-Control, nginx's X-Accel-Expires) override
+    # Cache-Control where they are honoured.
+    "cache-control",
+    "cdn-cache-control",
+    "surrogate-control",
+    "x-accel-expires",
+    "expires",
+    "pragma",
+    "etag",
+    "last-modified",
+    "vary",
 }
 # CORS grants; the router's own namespace; the provider account's rate limits (OpenAI's,
 # the IETF draft's, Anthropic's), which are not a tenant's: the router sets x-ratelimit-* for

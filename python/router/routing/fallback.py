@@ -25,6 +25,8 @@ def reason(error: AttemptError | None) -> str | None:
         return "overloaded"
     if kind in (FailureKind.TIMEOUT, FailureKind.CONNECT):
         return "timeout" if kind == FailureKind.TIMEOUT else "unavailable"
+    if kind == FailureKind.UNSERVED:
+        return "unavailable"  # no region has the model now, as if none served it
     if kind == FailureKind.STATUS or kind in _STATUS_KINDS:
         return "server_error"
     return None

@@ -174,11 +174,15 @@ class PassiveHealth:
         outcome = health_outcome(error.kind, error.status)
         if outcome is None:  # admission's "full here", the request's own fault: nothing
             return
-        if circuits is not None and outcome != "neutral" and error.kind in _ANSWERED:
+        unserved = error.kind == FailureKind.UNSERVED
+        if circuits is not None and (
+            unserved or (outcome != "neutral" and error.kind in _ANSWERED)
+        ):
             # The region is up and answered: the failure is this model's there (its circuit);
             # a region that cannot be reached at all is the prober's and ejection's business.
             if circuits.record(name, model, False, time.monotonic()):
-                log.warning("region %s: circuit for model %s open after %s", name, model, outcome)
+                why = "answering it has no such model" if unserved else outcome
+                log.warning("region %s: circuit for model %s open after %s", name, model, why)
             outcome = "neutral"
         self.health.report(name, outcome)
 

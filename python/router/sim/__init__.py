@@ -9,6 +9,9 @@ die-mid-stream|drip|error-event|failed-event), x-sim-error-kind (server|overload
 invalid_request: the error event's), x-sim-after-tokens, x-sim-drip-ms, x-sim-ttft-ms,
 x-sim-tokens-per-s, x-sim-rtt-ms, x-sim-pad-bytes (spaces after each streamed token, for
 backpressure tests), and x-sim-only: NAME[,NAME] (faults apply only in the named regions).
+`--unserved MODEL[,MODEL]` (or `unserved` in /sim/config): a region whose config drifted,
+answering a request for one of them as vLLM answers a model it does not serve (404
+NotFoundError, "The model `m` does not exist.").
 
 Text is a pure function of model + messages (role and content only); a trailing assistant
 message that is a prefix of that text is continued, so a resumed stream reproduces it exactly.

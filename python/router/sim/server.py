@@ -80,6 +80,9 @@ class SimOptions(msgspec.Struct, kw_only=True):
     kind: str = "vllm"
     # Takes image and audio parts (llama-server started with a vision model's mmproj).
     multimodal: bool = False
+    # Models it does not serve (a region whose config drifted from the router's): a request
+    # for one is answered as vLLM answers a model it was not started with, a 404.
+    unserved: tuple[str, ...] = ()
 
 
 class SimStats(msgspec.Struct):
@@ -151,6 +154,20 @@ def _error(status: int, message: str, kind: str) -> web.Response:
     )
     headers = {"Retry-After": "1"} if status in (429, 503) else None
     return web.Response(status=status, body=body, content_type="application/json", headers=headers)
+
+
+def _no_model(model: str) -> web.Response:
+    """vLLM's answer to a model it does not serve (OpenAIServing._check_model): a 404 in
+    OpenAI's error shape, type NotFoundError."""
+    error = {
+        "message": f"The model `{model}` does not exist.",
+        "type": "NotFoundError",
+        "param": None,
+        "code": 404,
+    }
+    return web.Response(
+        status=404, body=_ENCODE.encode({"error": error}), content_type="application/json"
+    )
 
 
 def _llama_server_error(message: str) -> web.Response:
@@ -291,6 +308,8 @@ class SimRegion:
         if not isinstance(body, dict) or not isinstance(body.get("model"), str):
             return _error(bad, "`model` is required", "invalid_request_error")
         model: str = body["model"]
+        if model in self.options.unserved:
+            return _no_model(model)
         plan = _plan(self.options, request.headers)
         stream = bool(body.get("stream"))
         fault = await self._pre_fault(request, plan, stream)
@@ -568,6 +587,8 @@ class SimRegion:
             return _error(400, "invalid JSON", "invalid_request_error")
         if not isinstance(body, dict) or not isinstance(body.get("model"), str):
             return _error(400, "`model` is required", "invalid_request_error")
+        if body["model"] in self.options.unserved:
+            return _no_model(body["model"])
         plan = _plan(self.options, request.headers)
         try:
             fault = await self._pre_fault(request, plan, False)
@@ -608,6 +629,7 @@ class SimRegion:
         data = [
             {"id": m, "object": "model", "created": self.created, "owned_by": self.options.name}
             for m in self.options.models
+            if m not in self.options.unserved
         ]
         return web.json_response({"object": "list", "data": data})
 

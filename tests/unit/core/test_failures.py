@@ -216,6 +216,133 @@ async def test_a_status_outside_http_is_a_failed_attempt_never_relayed(code: int
     assert len(regions["a"].requests) == 1
 
 
+# How servers answer a model they do not have (the router's config says the region serves "m").
+VLLM_NO_MODEL = (
+    b'{"error": {"message": "The model `m` does not exist.", "type": "NotFoundError", '
+    b'"param": null, "code": 404}}'
+)
+VLLM_NO_MODEL_FLAT = (
+    b'{"object":"error","message":"The model `m` does not exist.","type":"NotFoundError",'
+    b'"param":null,"code":404}'
+)
+OPENAI_NO_MODEL = error_body(
+    "The model `m` does not exist or you do not have access to it.",
+    "invalid_request_error",
+    "model_not_found",
+)
+LLAMA_NO_MODEL = (
+    b'{"error": {"code": 404, "message": "model name=m is not found", "type": "not_found_error"}}'
+)
+ANTHROPIC_NO_MODEL = (
+    b'{"type": "error", "error": {"type": "not_found_error", "message": "model: m"}}'
+)
+
+
+@pytest.mark.parametrize(
+    "said", [VLLM_NO_MODEL, VLLM_NO_MODEL_FLAT, OPENAI_NO_MODEL, LLAMA_NO_MODEL, ANTHROPIC_NO_MODEL]
+)
+async def test_a_region_without_the_model_fails_over_like_a_5xx(said: bytes) -> None:
+    """Issue: a region whose config drifted (it no longer serves a model the router's config
+    says it does) answered 404, which was relayed to the client as the answer."""
+    no_model = LocalReply(404, JSON, [said])
+    app, regions = app_for({"a": scripted(no_model), "b": scripted(OK)})
+    status, _, headers = await post(app)
+    assert (status, headers["x-router-region"], headers["x-router-failovers"]) == (200, "b", "1")
+    assert len(regions["a"].requests) == 1
+    streamed = stream(delta("hi"), finish(), b"data: [DONE]\n\n")
+    app, regions = app_for({"a": scripted(no_model), "b": scripted(streamed)})
+    status, raw, headers = await post(app, stream=True)
+    assert (status, headers["x-router-region"], headers["x-router-failovers"]) == (200, "b", "1")
+    assert raw.endswith(b"data: [DONE]\n\n")
+
+
+@pytest.mark.parametrize(
+    ("said", "shaped"),
+    [
+        (VLLM_NO_MODEL, json.loads(VLLM_NO_MODEL)),
+        # vLLM's flat error object in OpenAI's shape, its fields kept.
+        (VLLM_NO_MODEL_FLAT, json.loads(VLLM_NO_MODEL)),
+    ],
+)
+async def test_no_region_with_the_model_is_a_404_in_openais_shape(
+    said: bytes, shaped: dict[str, Any]
+) -> None:
+    no_model = scripted(LocalReply(404, JSON, [said]))
+    app, regions = app_for({"a": no_model, "b": no_model}, RoutingConfig(max_attempts=5))
+    status, raw, headers = await post(app)
+    assert status == 404
+    assert json.loads(raw) == shaped
+    assert headers["x-router-attempts"] == "2"
+    # Each region once: a region saying it has no such model is not asked twice.
+    assert (len(regions["a"].requests), len(regions["b"].requests)) == (1, 1)
+
+
+@pytest.mark.parametrize(
+    "said",
+    [
+        # A stored response the region does not hold; a route it does not have (llama.cpp's
+        # answer to an unknown path); another model's name; no API error at all.
+        error_body("Previous response with id 'resp_m' not found.", "invalid_request_error"),
+        b'{"error": {"code": 404, "message": "File Not Found", "type": "not_found_error"}}',
+        error_body("The model `m-large` does not exist.", "NotFoundError"),
+        b'{"detail": "model m does not exist"}',
+    ],
+)
+async def test_a_404_about_anything_but_the_model_is_the_regions_answer(said: bytes) -> None:
+    app, regions = app_for({"a": scripted(LocalReply(404, JSON, [said])), "b": scripted(OK)})
+    status, raw, headers = await post(app)
+    assert (status, headers["x-router-attempts"]) == (404, "1")
+    assert len(regions["b"].requests) == 0
+    if b'"error"' in said:
+        assert raw == said  # an API error, relayed as it came
+
+
+PAGE = (
+    b"<html><head><title>404 Not Found</title></head><body><h1>404 Not Found</h1>"
+    b"<p>ingress-7.internal.corp (10.3.4.5)</p><hr><center>nginx</center></body></html>"
+)
+
+
+@pytest.mark.parametrize("code", [400, 404, 405, 409, 422])
+@pytest.mark.parametrize(("page", "media"), [(PAGE, "text/html"), (b"", "text/plain")])
+async def test_a_regions_own_4xx_that_is_no_api_error_becomes_the_routers_own(
+    code: int, page: bytes, media: str
+) -> None:
+    """Issue: a 4xx is no failure, so it was relayed as it came, an ingress's HTML page naming
+    internal hosts included (the pages of a failure already were not)."""
+    headers = {"Content-Type": media, "X-Upstream-Host": "10.3.4.5:8000", "Retry-After": "2"}
+    app, regions = app_for({"a": scripted(LocalReply(code, headers, [page])), "b": scripted(OK)})
+    status, raw, got = await post(app)
+    assert status == code
+    assert got["Content-Type"] == "application/json"
+    error = json.loads(raw)["error"]
+    assert (error["type"], error["code"]) == ("invalid_request_error", "upstream_refused")
+    assert error["message"] == f"The region refused the request (HTTP {code})."
+    assert b"10.3.4.5" not in raw
+    assert b"nginx" not in raw
+    assert "X-Upstream-Host" not in got
+    assert got["Retry-After"] == "2"
+    assert len(regions["b"].requests) == 0
+
+
+async def test_a_regions_own_4xx_page_is_the_routers_own_in_anthropics_shape() -> None:
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from router.core.request import MESSAGES
+
+    app, _ = app_for({"a": scripted(LocalReply(404, {"Content-Type": "text/html"}, [PAGE]))})
+    ask = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        resp = await client.post(MESSAGES, json=ask)
+        answer = await resp.json()
+    assert resp.status == 404
+    assert answer["type"] == "error"
+    assert answer["error"] == {
+        "type": "not_found_error",
+        "message": "The region refused the request (HTTP 404).",
+    }
+
+
 def stream(*events: bytes | float) -> LocalReply:
     async def chunks() -> AsyncIterator[bytes]:
         for item in events:

@@ -516,8 +516,8 @@ def echoing(status: int, stream: bool = False) -> Handler:
             ]
             return LocalReply(status, {**SSE, **echoed}, events)
         answer = b'{"choices":[{"index":0,"message":{"content":"' + text.encode() + b'"}}]}'
-        if status >= 500:
-            # A failure's answer is relayed only as an API error (else the router's own).
+        if status >= 400:
+            # An error answer is relayed only as an API error (else the router's own).
             answer = b'{"error":{"message":"' + text.encode() + b'"}}'
         return LocalReply(status, {**JSON, **echoed}, [answer])
 
@@ -865,3 +865,28 @@ async def test_only_a_server_that_may_be_llama_cpps_refuses_with_a_500(
         resp = await client.post(CHAT, json=body())
         # llama-server's request error: a 400; vLLM's 500 is its own server error, relayed.
         assert resp.status == status
+
+
+@pytest.mark.parametrize(("status", "stream"), [(200, False), (200, True), (400, False)])
+async def test_every_answer_says_no_store_whatever_the_region_said(
+    status: int, stream: bool
+) -> None:
+    """Issue: a region's Cache-Control, Expires, ETag, Vary (...) were relayed, so a shared
+    cache in front of the router could keep one tenant's answer for another."""
+    cacheable = {"Cache-Control": "public, max-age=86400", "ETag": '"x"', "Vary": "Origin"}
+
+    async def handle(path: str, raw: bytes, headers: CIMultiDict[str]) -> LocalReply:
+        if stream:
+            end = {"id": "c", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+            return LocalReply(200, {**SSE, **cacheable}, [event(end), b"data: [DONE]\n\n"])
+        answer = b'{"error": {"message": "no"}}' if status >= 400 else b'{"choices": []}'
+        return LocalReply(status, {**JSON, **cacheable}, [answer])
+
+    app, _ = app_for({"a": handle})
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        resp = await client.post(CHAT, json=body(stream=stream))
+        await resp.read()
+    assert resp.status == status
+    assert resp.headers.getall("Cache-Control") == ["no-store"]
+    assert "ETag" not in resp.headers
+    assert "Vary" not in resp.headers

@@ -8,7 +8,7 @@ import pytest
 from multidict import CIMultiDict
 
 from router.core.failure import AttemptError, FailureKind
-from router.core.responses import failure_response
+from router.core.responses import failure_response, refusal_response
 
 PAGE = b"<html><body><h1>502 Bad Gateway</h1>upstream 10.3.4.5:8000 nginx/1.18.0</body></html>"
 
@@ -63,3 +63,32 @@ def test_an_api_error_is_relayed_and_vllms_flat_one_in_openais_shape() -> None:
         "error": {"message": "too long", "type": "BadRequestError", "param": None, "code": 400}
     }
     assert resp.headers["Content-Type"] == "application/json"
+
+
+@pytest.mark.parametrize("body", [PAGE, b"", b'{"detail": "no"}', b'{"error": "text"}'])
+def test_a_regions_own_4xx_that_is_no_api_error_is_the_routers_own(body: bytes) -> None:
+    fields = CIMultiDict({"Content-Type": "text/html", "X-Upstream-Host": "10.3.4.5"})
+    resp = refusal_response(404, fields, body, "req-1")
+    assert resp is not None
+    assert resp.status == 404
+    assert json.loads(resp.body)["error"] == {  # type: ignore[arg-type]
+        "message": "The region refused the request (HTTP 404).",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "upstream_refused",
+    }
+    assert "X-Upstream-Host" not in resp.headers
+    assert resp.headers["X-Request-Id"] == "req-1"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"error": {"message": "bad field", "type": "invalid_request_error"}}',
+        b'{"object": "error", "message": "bad field", "type": "BadRequestError", "code": 400}',
+    ],
+)
+def test_a_regions_own_4xx_api_error_is_left_to_relay_as_it_came(body: bytes) -> None:
+    assert (
+        refusal_response(400, CIMultiDict({"Content-Type": "application/json"}), body, "r") is None
+    )

@@ -70,3 +70,27 @@ def test_response_headers_keep_only_what_is_a_regions_to_send() -> None:
         ("X-Utf8", "café"),
         ("openai-processing-ms", "12"),
     ]
+
+
+def test_response_headers_keep_nothing_a_shared_cache_would_act_on() -> None:
+    """Issue: a region's caching headers were relayed, so a CDN or shared cache in front of
+    the router could store one tenant's answer and serve it to another."""
+    head = _head(
+        ("Content-Type", "application/json"),
+        ("Cache-Control", "public, max-age=86400"),
+        ("CDN-Cache-Control", "max-age=86400"),
+        ("Surrogate-Control", "max-age=86400"),
+        ("X-Accel-Expires", "86400"),
+        ("Expires", "Thu, 01 Jan 2099 00:00:00 GMT"),
+        ("Pragma", "cache"),
+        ("ETag", '"tenant-a"'),
+        ("Last-Modified", "Mon, 01 Jan 2024 00:00:00 GMT"),
+        ("Vary", "Accept-Encoding"),
+        ("Set-Cookie", "lb=node-7"),
+        ("X-Accel-Buffering", "no"),
+    )
+    out = region().response_headers(head)
+    assert list(out.items()) == [
+        ("Content-Type", "application/json"),
+        ("X-Accel-Buffering", "no"),
+    ]

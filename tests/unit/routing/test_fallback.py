@@ -24,6 +24,9 @@ def test_every_failure_has_its_name() -> None:
     assert {name: reason(error) for name, error in FAILURES.items()} == {n: n for n in FAILURES}
     refusal = AttemptError("a", FailureKind.REQUEST, "HTTP 400", status=400, body=b"policy")
     assert reason(refusal) is None
+    # No region has the model after all (each said so): as if none served it.
+    unserved = AttemptError("a", FailureKind.UNSERVED, "HTTP 404", status=404)
+    assert reason(unserved) == "unavailable"
 
 
 @pytest.mark.parametrize(

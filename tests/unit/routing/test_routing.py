@@ -9,6 +9,7 @@ from multidict import CIMultiDict
 
 from router.config import Config, HealthConfig, RegionConfig, RoutingConfig
 from router.core.context import RequestContext
+from router.core.failure import AttemptError, FailureKind, health_outcome
 from router.core.request import CHAT, parse_body
 from router.core.transport import LocalReply, LocalTransport
 from router.core.upstream import Upstream
@@ -157,3 +158,29 @@ def test_a_stream_counts_for_its_region_when_it_ends_and_once() -> None:
     stream(broken=True)
     assert state() == (4, 0, 1)  # ejected (its count starts again)
     assert not circuits.closed("a", "m", time.monotonic())
+
+
+def test_a_region_without_the_model_counts_against_that_circuit_never_the_region() -> None:
+    """A region answering it has no such model (its config drifted) is up: the failure is the
+    model's there (its circuit opens, other regions go first), never the region's health (no
+    passive failure, no ejection, its other models untouched)."""
+    region = RegionConfig(name="a", base_url="http://127.0.0.1:9/v1", models=("m", "n"))
+    health = Health(HealthConfig(eject_after=2), [region])
+    circuits = Circuits(failures_to_open=3)
+    passive = PassiveHealth(health, circuits)
+
+    async def never(path: str, raw: bytes, headers: CIMultiDict[str]) -> LocalReply:
+        raise AssertionError("no request is sent")
+
+    a = Upstream(region, LocalTransport(never), None)
+    ctx = RequestContext("r", CHAT)
+    ctx.parsed = parse_body(CHAT, b'{"model": "m", "messages": [{"role": "user", "content": "x"}]}')
+    unserved = AttemptError("a", FailureKind.UNSERVED, "HTTP 404", status=404)
+    assert health_outcome(FailureKind.UNSERVED, 404) == "neutral"
+    for _ in range(3):
+        passive(ctx, a, unserved, 0.01)
+    now = time.monotonic()
+    assert not circuits.closed("a", "m", now)
+    assert circuits.closed("a", "n", now)
+    h = health.snapshot()["a"]
+    assert (h.passive_reports, h.passive_failures, h.ejections) == (3, 0, 0)
