@@ -13,7 +13,7 @@ import httpx2 as httpx
 import pytest
 
 from router.sim import text
-from tests.integration.conftest import MODEL, RouterFactory, region_toml, start_sim
+from tests.integration.conftest import MODEL, RouterFactory, region_toml, sim_stats, start_sim
 from tests.support import Proc
 
 MESSAGES = [{"role": "user", "content": "Tell me about kinds."}]
@@ -105,3 +105,59 @@ def test_the_router_in_front_of_llama_cpp_python(lcp: Proc, router_proc: RouterF
     events = data(out[0])
     assert events[-1] != "[DONE]"
     assert json.loads(events[-1])["error"]["code"] == "upstream_stream_error"
+
+
+def wait_healthy(router: Proc, region: str) -> None:
+    """Poll the router's /status.json until `region` is healthy (its first probe answered)."""
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        regions = httpx.get(router.url + "/status.json", timeout=5).json()["regions"]
+        if any(r["name"] == region and r["healthy"] for r in regions):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"region {region} never became healthy")
+
+
+def test_llama_cpp_python_answers_a_body_it_cannot_take_with_a_500_quoting_its_check(
+    lcp: Proc,
+) -> None:
+    wizard = post(lcp, messages=[{"role": "wizard", "content": "x"}])
+    schema = {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}}}
+    formatted = post(lcp, response_format=schema)
+    for resp in (wizard, formatted):
+        assert resp.status_code == 500
+        error = resp.json()["error"]
+        assert error["type"] == "internal_server_error"
+        assert "validation error" in error["message"]
+        assert "'loc': ('body'," in error["message"]
+
+
+def test_the_router_takes_llama_cpp_pythons_500_for_a_request_error_not_a_region_failure(
+    lcp: Proc, ls: Proc, router_proc: RouterFactory
+) -> None:
+    """Issue: its 500s for a body it cannot take were retried, failed over on the retry budget
+    and opened its circuit, after which even plain requests went elsewhere."""
+    router = router_proc(
+        "[auth]\nenabled = false\n[routing]\ncircuit_after = 2\n"
+        + region_toml(lcp, kind="llama-cpp-python")
+        + region_toml(ls, kind="llama-server", bias_ms=500)
+    )
+    wait_healthy(router, "lcp")
+    schema = {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}}}
+    asked = sim_stats(lcp)["requests"]
+    for _ in range(4):
+        # llama-server takes what llama-cpp-python cannot: its answer, in one retry-free step.
+        resp = post(router, response_format=schema)
+        assert (resp.status_code, resp.headers["x-router-region"]) == (200, "ls")
+    assert sim_stats(lcp)["requests"] - asked == 4  # each asked once, never again
+    # Nothing was held against llama-cpp-python: plain requests still go there first.
+    resp = post(router)
+    assert (resp.status_code, resp.headers["x-router-region"]) == (200, "lcp")
+    # With no other region: one clear 400 quoting it (not its 500, which SDKs retry), asked once.
+    alone = router_proc("[auth]\nenabled = false\n" + region_toml(lcp, kind="llama-cpp-python"))
+    resp = post(alone, messages=[{"role": "wizard", "content": "x"}])
+    assert resp.status_code == 400
+    assert resp.headers["x-router-attempts"] == "1"
+    error = resp.json()["error"]
+    assert (error["type"], error["code"]) == ("invalid_request_error", "unsupported_by_region")
+    assert "Input should be 'user'" in error["message"]

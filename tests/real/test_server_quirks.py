@@ -112,6 +112,24 @@ def test_llama_server_without_a_vision_model_answers_an_image_with_a_500(
         assert error["message"].startswith("image input is not supported")
 
 
+def test_llama_cpp_python_answers_a_body_it_cannot_take_with_a_500_quoting_its_check(
+    llama_cpp_server: Proc,
+) -> None:
+    # A request error all the same: the router's core.attempt.server_refusal reads it so, and
+    # the sim's llama-cpp-python kind answers the same way.
+    schema = {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}}}
+    for body in (
+        {**chat(1), "messages": [{"role": "wizard", "content": "x"}]},
+        {**chat(1), "response_format": schema},
+    ):
+        status, _, payload = post(llama_cpp_server, "/v1/chat/completions", body)
+        assert status == 500
+        error = json.loads(payload)["error"]
+        assert error["type"] == "internal_server_error"
+        assert "validation error" in error["message"]
+        assert "'loc': ('body'," in error["message"]
+
+
 def test_llama_cpp_python_streamed_overflow_is_200_and_empty(llama_cpp_server: Proc) -> None:
     status, _, payload = post(
         llama_cpp_server, "/v1/chat/completions", {**chat(16), "messages": OVERFLOW}

@@ -82,9 +82,9 @@ _REQUEST_CODES = frozenset(
 _FREE = frozenset(
     {FailureKind.CONNECT, FailureKind.SPILL, FailureKind.UNSUPPORTED, FailureKind.UNSERVED}
 )
-# Server kinds that may be llama.cpp's server (which answers a request it cannot take with a
-# 500): another kind's 500 is a server error whatever it says.
-_REFUSES_WITH_500 = frozenset({"llama-server", "sim", "generic"})
+# Server kinds that may be llama.cpp's server or llama-cpp-python (which answer a request they
+# cannot take with a 500): another kind's 500 is a server error whatever it says.
+_REFUSES_WITH_500 = frozenset({"llama-server", "llama-cpp-python", "sim", "generic"})
 # How llama.cpp's server words the request errors it answers with a 500 (a std::runtime_error
 # while reading the request: tools/server/server-common.cpp, server-chat.cpp): an input or a
 # parameter this server cannot take, or a request it cannot read.
@@ -102,6 +102,10 @@ _SERVER_REFUSALS = (
     "Failed to load image or audio file",
     "Failed to tokenize prompt",
     "for mtmd, input prompt must be a string",
+    # llama-cpp-python's: its route handler answers FastAPI's check of the request body (a
+    # field it does not take, a json_schema response_format, a role it does not know) with a
+    # 500 internal_server_error quoting the check's errors (llama_cpp/server/errors.py).
+    "'loc': ('body',",
 )
 # Same-region retries wait this long (times 2^n, jittered), unless the region said how long.
 _BACKOFF_S = 0.25
@@ -255,8 +259,8 @@ def missing_model(body: bytes, model: str) -> bool:
 
 
 def server_refusal(body: bytes) -> str | None:
-    """The message of a 500 that is llama.cpp's server refusing the request it read (an
-    input or parameter it cannot take), else None."""
+    """The message of a 500 that is llama.cpp's server (or llama-cpp-python) refusing the
+    request it read (an input or parameter it cannot take), else None."""
     error = _error_detail(body)
     if error is None or not isinstance(error.message, str):
         return None

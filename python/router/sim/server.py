@@ -45,8 +45,10 @@ ERROR_KINDS = ("server", "overloaded", "rate_limit", "invalid_request")
 #           server_error, as its request errors are.
 # llama-cpp-python  refuses a non-UUID X-Request-Id with an empty 400; opens a new turn after a
 #           trailing assistant message; ignores include_usage; a new request interrupts a running
-#           stream (ended with [DONE] and no finish_reason); request errors are 500s; a streamed
-#           prompt over its context is a 200 with an empty body.
+#           stream (ended with [DONE] and no finish_reason); request errors (a role or
+#           response_format it does not take, a missing field) are 500 internal_server_error
+#           quoting FastAPI's check; a streamed prompt over its context is a 200 with an empty
+#           body; it has no /health (its /docs page answers the router's probes).
 KINDS = ("vllm", "llama-server", "llama-cpp-python")
 # The sim's context, for llama-cpp-python's streamed overflow: prompts longer are refused.
 _CONTEXT_CHARS = 16_000
@@ -168,6 +170,42 @@ def _no_model(model: str) -> web.Response:
     return web.Response(
         status=404, body=_ENCODE.encode({"error": error}), content_type="application/json"
     )
+
+
+def _lcp_refusal(*errors: tuple[str, tuple[object, ...], str, object]) -> web.Response:
+    """llama-cpp-python's answer to a request body FastAPI's check refused: its route handler
+    turns the check's errors, (type, loc, msg, input) each, into a 500 internal_server_error
+    quoting them (llama_cpp/server/errors.py)."""
+    lines = "".join(
+        f"\n  {{'type': {kind!r}, 'loc': {loc!r}, 'msg': {msg!r}, 'input': {value!r}}}"
+        for kind, loc, msg, value in errors
+    )
+    count = f"{len(errors)} validation error{'s' if len(errors) > 1 else ''}:"
+    error = {"message": count + lines + "\n", "type": "internal_server_error"}
+    body = _ENCODE.encode({"error": {**error, "param": None, "code": None}})
+    return web.Response(status=500, body=body, content_type="application/json")
+
+
+# The roles llama-cpp-python's chat request takes, and the response formats.
+_LCP_ROLES = ("system", "user", "assistant", "tool", "function")
+_LCP_FORMATS = ("text", "json_object")
+
+
+def _lcp_check(body: dict[str, Any]) -> web.Response | None:
+    """llama-cpp-python's check of a chat body: a role or response_format it does not take."""
+    for i, message in enumerate(body.get("messages") or ()):
+        role = message.get("role") if isinstance(message, dict) else None
+        if role not in _LCP_ROLES:
+            loc = ("body", "messages", i, "role")
+            return _lcp_refusal(
+                *(("literal_error", loc, f"Input should be {r!r}", role) for r in _LCP_ROLES)
+            )
+    form = body.get("response_format")
+    kind = form.get("type") if isinstance(form, dict) else None
+    if form is not None and kind not in _LCP_FORMATS:
+        msg = "Input should be 'text' or 'json_object'"
+        return _lcp_refusal(("literal_error", ("body", "response_format", "type"), msg, kind))
+    return None
 
 
 def _llama_server_error(message: str) -> web.Response:
@@ -304,9 +342,17 @@ class SimRegion:
         try:
             body = _DECODE.decode(raw)
         except msgspec.DecodeError:
+            if lcp:
+                return _lcp_refusal(("json_invalid", ("body", 0), "JSON decode error", {}))
             return _error(bad, "invalid JSON", "invalid_request_error")
         if not isinstance(body, dict) or not isinstance(body.get("model"), str):
+            if lcp:
+                return _lcp_refusal(("missing", ("body", "model"), "Field required", body))
             return _error(bad, "`model` is required", "invalid_request_error")
+        if lcp and api == "chat":
+            refused = _lcp_check(body)
+            if refused is not None:
+                return refused
         model: str = body["model"]
         if model in self.options.unserved:
             return _no_model(model)
@@ -359,6 +405,8 @@ class SimRegion:
                 messages = apis.anthropic_messages(body)
             if messages is None:
                 field = "input" if api == "responses" else "messages"
+                if lcp:
+                    return _lcp_refusal(("missing", ("body", field), "Field required", body))
                 return _error(bad, f"`{field}` is required", "invalid_request_error")
             media = None if self.options.multimodal else _media_part(messages)
             if media is not None and kind == "llama-server":
@@ -634,6 +682,9 @@ class SimRegion:
         return web.json_response({"object": "list", "data": data})
 
     async def health(self, request: web.Request) -> web.StreamResponse:
+        if (request.path == "/docs") != (self.options.kind == "llama-cpp-python"):
+            # llama-cpp-python (FastAPI) has no /health; the router probes its /docs page.
+            return web.json_response({"detail": "Not Found"}, status=404)
         self.stats.probes += 1
         # Only the region-wide mode affects health: per-request headers model one bad request.
         fail = self.options.fail_mode
@@ -646,6 +697,8 @@ class SimRegion:
             request.transport.abort()
             raise asyncio.CancelledError
         await _pause(self.options.rtt_ms / 1000)
+        if request.path == "/docs":
+            return web.Response(text="<!DOCTYPE html><title>FastAPI - Swagger UI</title>")
         return web.json_response({"status": "ok", "name": self.options.name})
 
     async def get_stats(self, request: web.Request) -> web.Response:
@@ -694,6 +747,7 @@ def build_sim_app(options: SimOptions) -> web.Application:
     app.router.add_get("/v1/responses/{id}/input_items", sim.stored)
     app.router.add_get("/v1/models", sim.models)
     app.router.add_get("/health", sim.health)
+    app.router.add_get("/docs", sim.health)
     app.router.add_get("/sim/stats", sim.get_stats)
     app.router.add_post("/sim/reset", sim.reset_stats)
     app.router.add_get("/sim/config", sim.get_config)
