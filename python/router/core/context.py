@@ -134,6 +134,7 @@ class RequestContext:
         "meter",
         "model_base",
         "more_models",
+        "open_streams",
         "parsed",
         "queue_depth",
         "region",
@@ -195,6 +196,9 @@ class RequestContext:
         # seconds to the first byte). A first byte is not yet a success: the stream may break
         # after it (core.stages.StreamObserver).
         self.streaming: list[tuple[str, str, float]] = []
+        # The same streams' regions, for the per-region attempt counts: each is counted when it
+        # ended or broke (observability.telemetry.Observer).
+        self.open_streams: list[str] = []
         self.queue_depth: int | None = None
         # Stage durations fixed when the headers went out, so the header and the log agree.
         self.at_headers: dict[str, int] | None = None

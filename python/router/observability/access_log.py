@@ -44,6 +44,9 @@ class AccessRecord(msgspec.Struct, kw_only=True):
     error: str | None = None
     # Ended by the router's own shutdown (a drain's deadline), not by its region or client.
     drained: bool = False
+    # The router answered itself: its admission was full at the last region tried, which never
+    # saw the request (`region` names it); the metrics count it under no region.
+    refused: bool = False
 
 
 class _Line(msgspec.Struct, kw_only=True, omit_defaults=True):

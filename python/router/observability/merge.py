@@ -165,6 +165,9 @@ def _merge_cache(views: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
 def _merge_region(name: str, views: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     health = [v.get("healthy") for v in views if v.get("healthy") is not None]
     rtts = [v["rtt_ms"] for v in views if v.get("rtt_ms") is not None]
+    # A region's errors are its failed attempts (observability.status): a rate of its attempts.
+    attempts = sum(v.get("attempts", 0) for v in views)
+    errors = sum(v.get("errors", 0) or 0 for v in views)
     return {
         "name": name,
         "healthy": all(health) if health else None,
@@ -173,4 +176,7 @@ def _merge_region(name: str, views: Sequence[Mapping[str, Any]]) -> dict[str, An
         "queue_depth": sum(v.get("queue_depth", 0) for v in views),
         "ejections": max(v.get("ejections", 0) for v in views),
         **_merge_slo(views),
+        "attempts": attempts,
+        "error_rate": errors / attempts if attempts else None,
+        "shed": sum(v.get("shed", 0) for v in views),
     }

@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 from router.core.timing import STAGES, TOTAL, TTFT
 from router.observability.access_log import AccessLog, AccessRecord
 from router.observability.quantiles import OVERALL
+from router.observability.region_attempts import RegionAttempts
 from router.observability.slo import QUANTILES, SloTracker
 
 # 1-2-5 steps from 1 ms to 60 s: enough resolution for a 200 ms SLO and for minute-long streams.
@@ -181,6 +182,9 @@ class Metrics:
         self._region = _Bounded()
         self._model = _Bounded(models)
         self.slo = slo
+        # Every attempt at a region by its outcome, apart from the requests (a failover is one
+        # request but attempts at two regions); the status page's per-region errors.
+        self.attempts = RegionAttempts(slo.targets.window_s if slo is not None else 300.0)
         self._clock = clock
         self.registry.register(_RequestCollector(self))
         self.registry.register(_StateCollector(regions, slo, clock))
@@ -190,7 +194,9 @@ class Metrics:
 
     def observe(self, rec: AccessRecord) -> None:
         """Count one finished request and feed the SLO tracker."""
-        region = self._region(rec.region)
+        # The router's own refusal (admission full everywhere) is no region's answer.
+        answered_by = None if rec.refused else rec.region
+        region = self._region(answered_by)
         key = (region, self._model(rec.model), rec.status, rec.cache)
         series = self.series.get(key)
         if series is None:
@@ -246,7 +252,12 @@ class Metrics:
             spent[1] += tokens_out or 0
         if self.slo is not None and not drained:
             ttft_s = None if ttft_ns is None else ttft_ns / 1e9
-            self.slo.observe(rec.region, status, ttft_s, self._clock(), broken=broken)
+            self.slo.observe(answered_by, status, ttft_s, self._clock(), broken=broken)
+
+    def attempt(self, region: str, outcome: str) -> None:
+        """Count one attempt at `region` (a configured region's name) by its outcome
+        (region_attempts.outcome_of, or BROKEN)."""
+        self.attempts.add(self._region(region), outcome, self._clock())
 
     def know_models(self, models: Iterable[str]) -> None:
         """Models a reload made servable get their own label value, not `_other`."""
@@ -315,6 +326,16 @@ class _RequestCollector(Collector):
         for (region, model), n in m.stream_failures.items():
             broken.add_metric([region, model], float(n))
         yield broken
+        attempts = CounterMetricFamily(
+            "router_region_attempts",
+            "Attempts at each region (first tries, failovers, retries, hedges, continuations) "
+            "by outcome: ok, or why it failed; spill: the router's admission refused it, "
+            "never sent.",
+            labels=["region", "outcome"],
+        )
+        for (region, outcome), n in m.attempts.counts.items():
+            attempts.add_metric([region, outcome], float(n))
+        yield attempts
         yield from _tenant_families(m)
 
 

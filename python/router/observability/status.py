@@ -12,6 +12,7 @@ from aiohttp import web
 
 from router.observability.metrics import RegionState, Telemetry
 from router.observability.quantiles import OVERALL
+from router.observability.region_attempts import AttemptTotals
 from router.observability.slo import SloStatus
 
 _PAGE = files("router").joinpath("static/status.html")
@@ -34,7 +35,10 @@ def _slo_fields(st: SloStatus) -> dict[str, Any]:
     }
 
 
-def _region(state: RegionState | None, name: str, st: SloStatus) -> dict[str, Any]:
+def _region(
+    state: RegionState | None, name: str, st: SloStatus, tried: AttemptTotals, target: float
+) -> dict[str, Any]:
+    rate = tried.error_rate
     return {
         "name": name,
         # A region the health snapshot does not know about is reported, not guessed at.
@@ -43,7 +47,16 @@ def _region(state: RegionState | None, name: str, st: SloStatus) -> dict[str, An
         "in_flight": 0 if state is None else state.in_flight,
         "queue_depth": 0 if state is None else state.queue_depth,
         "ejections": 0 if state is None else state.ejections,
+        # requests: those the region answered in the end; TTFT: the client's, of those.
         **_slo_fields(st),
+        # A region's errors are its attempts': one that failed an attempt another region then
+        # served still failed it. The router's own refusals (admission full here: `shed`) are
+        # none of its errors.
+        "attempts": tried.attempts,
+        "errors": tried.errors,
+        "error_rate": rate,
+        "errors_ok": rate is None or rate <= target,
+        "shed": tried.shed,
     }
 
 
@@ -51,10 +64,11 @@ def feed(telemetry: Telemetry, now: float, wall: float) -> dict[str, Any]:
     """The status document at monotonic time `now` (rolling windows) and wall time `wall`."""
     slo = telemetry.slo
     states = {s.region: s for s in telemetry.regions()} if telemetry.regions else {}
-    names = list(states)
-    names += [k for k in slo.names() if k != OVERALL and k not in states]
     # Read the counters directly: a registry lookup would render every metric family first.
     m = telemetry.metrics
+    tried = m.attempts
+    seen = dict.fromkeys([*states, *slo.names(), *tried.names()])
+    names = [k for k in seen if k != OVERALL]
     hits, misses = m.cache_hits, m.cache_misses
     lookups = hits + misses
     return {
@@ -71,7 +85,12 @@ def feed(telemetry: Telemetry, now: float, wall: float) -> dict[str, Any]:
             "hit_ratio": hits / lookups if lookups else None,
         },
         "rate_limited": m.rate_limited,
-        "regions": [_region(states.get(n), n, slo.status(n, now)) for n in names],
+        "regions": [
+            _region(
+                states.get(n), n, slo.status(n, now), tried.totals(n, now), slo.targets.error_rate
+            )
+            for n in names
+        ],
     }
 
 

@@ -11,13 +11,14 @@ from aiohttp import web
 from router.access.usage import reported_usage
 from router.config import ObservabilityConfig
 from router.core.context import RequestContext
-from router.core.failure import AttemptError, unreachable
+from router.core.failure import AttemptError, FailureKind, unreachable
 from router.core.timing import REGION_TTFT, TOTAL, TTFT, server_timing
 from router.core.upstream import Upstream
 from router.observability import metrics, status
 from router.observability.access_log import AccessLog, AccessRecord, CacheResult
 from router.observability.build import build_info
 from router.observability.metrics import RegionSource, RegionState, Telemetry
+from router.observability.region_attempts import BROKEN, OK, outcome_of
 from router.observability.slo import SloTargets, SloTracker
 
 log = logging.getLogger("router")
@@ -133,7 +134,15 @@ def record_of(
         tokens_out=tokens[1],
         error=ctx.broken,
         drained=ctx.shut_down,
+        refused=refused(ctx, status_code),
     )
+
+
+def refused(ctx: RequestContext, status: int) -> bool:
+    """Whether the router answered itself because its admission was full at the last region
+    tried (core.attempt: a spill raised as the request's failure is admission's 503; a region's
+    503 is never an answer, always a failed attempt, so a 503 after a spill is the router's)."""
+    return status == 503 and ctx.last_failure == FailureKind.SPILL
 
 
 class Observer:
@@ -189,12 +198,40 @@ class Observer:
     def attempt(
         self, ctx: RequestContext, upstream: Upstream, error: AttemptError | None, seconds: float
     ) -> None:
-        """An attempt observer: regions tried (failovers), region TTFT, passive reachability."""
-        ctx.tried.append(upstream.name)
+        """An attempt observer: regions tried (failovers), region TTFT, passive reachability,
+        the region's attempt counts."""
+        name = upstream.name
+        ctx.tried.append(name)
+        metrics = self.telemetry.metrics
         if error is None:
             # Connect + request + the region's first byte (the first SSE chunk for a stream).
             ctx.timer.record(REGION_TTFT, int(seconds * 1e9))
-        self.passive.saw(upstream.name, error is None or not unreachable(error.kind))
+            if ctx.request.stream:
+                # A first byte is not yet a success: counted when the stream broke or ended.
+                ctx.open_streams.append(name)
+            else:
+                metrics.attempt(name, OK)
+        else:
+            metrics.attempt(name, outcome_of(error))
+        self.passive.saw(name, error is None or not unreachable(error.kind))
+
+    def broke(self, ctx: RequestContext, region: str) -> None:
+        """A StreamObserver: the stream from `region` broke after its first byte."""
+        streams = ctx.open_streams
+        if region in streams:
+            del streams[len(streams) - 1 - streams[::-1].index(region)]
+        self.telemetry.metrics.attempt(region, BROKEN)
+
+    def ended(self, ctx: RequestContext) -> None:
+        """A StreamObserver: the request's attempts are over; each stream that did not break
+        went through (or its client left, which says nothing against the region)."""
+        streams = ctx.open_streams
+        if not streams:
+            return
+        ctx.open_streams = []
+        metrics = self.telemetry.metrics
+        for region in streams:
+            metrics.attempt(region, OK)
 
 
 class RegionHealthView(Protocol):

@@ -18,12 +18,12 @@ from router.cache.serving import CacheLayer, cache_headers
 from router.config import Commit, Config, Preparer
 from router.core.admin import AdminRoutes
 from router.core.client_limit import InFlightPerIp
-from router.core.context import request_id
+from router.core.context import RequestContext, request_id
 from router.core.dialect import DIALECTS, dialect_of
 from router.core.pipeline import CONTEXT, Features, Pipeline
 from router.core.request import RESPONSES, unreadable_body
 from router.core.responses import error_response
-from router.core.stages import AttemptObserver, ResponseDecorator
+from router.core.stages import AttemptObserver, ResponseDecorator, StreamObserver
 from router.errors import ApiError, InvalidRequest, NotFound
 from router.observability import telemetry
 from router.observability.metrics import Metrics
@@ -207,10 +207,6 @@ def build_app(
     circuits = routing.circuits
     # Attempt outcomes, and how each stream ended, into region health and the circuits.
     passive = PassiveHealth(health, circuits)
-    midstream = MidstreamPolicy(
-        config.routing.midstream, max_resumes=config.routing.max_resumes, report=passive.broke
-    )
-    routing.on_change.append(midstream.retune)
     # What it cost: Server-Timing, metrics, access log, SLOs, the status page.
     observer = telemetry.build(
         config.observability,
@@ -232,6 +228,12 @@ def build_app(
         observers.append(observer.attempt)
         telemetry.add_routes(app, observer, config.observability, routes=ops)
     observers += [canary_hook(rollout), passive]
+    # How each stream ended: into region health, and into the regions' attempt counts.
+    streams: StreamObserver = passive if observer is None else _Streams(passive, observer)
+    midstream = MidstreamPolicy(
+        config.routing.midstream, max_resumes=config.routing.max_resumes, report=streams.broke
+    )
+    routing.on_change.append(midstream.retune)
     # Traces (optional): a span per request and per attempt.
     tracing = Tracing.from_config(config.observability, span_exporter)
     if tracing is not None:
@@ -259,7 +261,7 @@ def build_app(
         selector=selector(health, routing, circuits),
         slots=admission,
         observers=tuple(observers),
-        streams=passive,
+        streams=streams,
         hedger=hedger(lambda: routing.config.hedge_endpoints, hedge_delay(health, routing)),
         continuer=midstream,
         cache=cache,
@@ -344,6 +346,23 @@ def check(config: Config) -> None:
     # The native prober's own rules for [health] and each region's URL and probe path.
     Health(config.health, config.regions)
     tokenizers.load(config.tokenizers.models)
+
+
+class _Streams:
+    """Several StreamObservers as the one the pipeline and the mid-stream policy call."""
+
+    __slots__ = ("each",)
+
+    def __init__(self, *each: StreamObserver) -> None:
+        self.each = each
+
+    def broke(self, ctx: RequestContext, region: str) -> None:
+        for observer in self.each:
+            observer.broke(ctx, region)
+
+    def ended(self, ctx: RequestContext) -> None:
+        for observer in self.each:
+            observer.ended(ctx)
 
 
 def _known_models(metrics: Metrics) -> Preparer:

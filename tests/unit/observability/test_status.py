@@ -24,6 +24,10 @@ def test_feed_merges_health_slo_and_counters() -> None:
     t.finish(AccessRecord(request_id="b", status=200, cache="hit", stages={"ttft": MS}))
     t.finish(AccessRecord(request_id="c", status=429))
     t.finish(AccessRecord(request_id="d", status=502, region="ap"))
+    # The attempts behind those requests: a region's errors are its attempts'.
+    for _ in range(4):
+        t.metrics.attempt("eu", "ok")
+    t.metrics.attempt("ap", "server_error")
     doc = feed(t, now[0], 1_700_000_000.0)
     assert doc["ts"] == 1_700_000_000.0
     assert doc["slo"] == {"ttft_p95_target_ms": 200.0, "error_rate_target": 0.001, "window_s": 60.0}

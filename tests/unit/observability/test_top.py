@@ -17,6 +17,9 @@ def test_render_shows_every_region_and_the_objectives() -> None:
         t.finish(AccessRecord(request_id="x", status=200, region="eu-west", cache="miss",
                               stages={"ttft": 300 * MS, "total": 310 * MS}))  # fmt: skip
     t.finish(AccessRecord(request_id="y", status=502, region="us-east"))
+    for _ in range(3):
+        t.metrics.attempt("eu-west", "ok")
+    t.metrics.attempt("us-east", "timeout")
     lines = render(feed(t, 5.0, 0.0)).splitlines()
     assert "requests 4" in lines[0]
     assert "objective p95 < 200.0ms: MISSED" in lines[1]  # 300 ms TTFT
