@@ -34,6 +34,8 @@ FAILED = frozenset(
         FailureKind.DISCONNECT.value,
         FailureKind.INVALID.value,
         FailureKind.TOO_LARGE.value,
+        # It said it has no such model, though the config says it serves it: its config drifted.
+        FailureKind.UNSERVED.value,
     }
 )
 # Admission here was full: the attempt was never sent, the region never saw it.
