@@ -116,7 +116,8 @@ def selector(health: Health, live: LiveRouting, circuits: Circuits | None = None
         now = time.monotonic()
         for ranked in chosen.order:
             upstream = by_name[ranked.name]
-            if circuits is None or circuits.closed(upstream.name, model, now):
+            # A pair due for its trial is the request's to try (PassiveHealth settles it).
+            if circuits is None or circuits.closed(upstream.name, model, now, ctx):
                 ordered.append(upstream)
             else:
                 tripped.append(upstream)
@@ -183,6 +184,8 @@ class PassiveHealth:
             circuits.hold(name, model, error.retry_after_s, time.monotonic())
         outcome = health_outcome(error.kind, error.status)
         if outcome is None:  # admission's "full here", the request's own fault: nothing
+            if circuits is not None:
+                circuits.release(ctx, name, model)  # nor against a trial there
             return
         if circuits is not None and outcome != "neutral" and error.kind in _ANSWERED:
             # The region is up and answered: the failure is this model's there (its circuit);
@@ -190,6 +193,11 @@ class PassiveHealth:
             if circuits.record(name, model, False, time.monotonic()):
                 log.warning("region %s: circuit for model %s open after %s", name, model, outcome)
             outcome = "neutral"
+        elif circuits is not None:
+            if outcome == "neutral":  # busy (a 429), not failing: a trial there is given back
+                circuits.release(ctx, name, model)
+            elif circuits.unreached(name, model, time.monotonic()):
+                log.warning("region %s: circuit for model %s open after %s", name, model, outcome)
         self.health.report(name, outcome)
 
     def broke(self, ctx: RequestContext, region: str) -> None:
@@ -208,13 +216,17 @@ class PassiveHealth:
 
     def ended(self, ctx: RequestContext) -> None:
         """The request's attempts are over: each stream that did not break went through (or
-        its client left, which says nothing against the region)."""
+        its client left, which says nothing against the region); a trial it still holds is
+        given back."""
         streaming = ctx.streaming
-        if not streaming:
-            return
-        ctx.streaming = []
-        for name, model, s in streaming:
-            self._went_through(name, model, ttft_s=s)
+        if streaming:
+            ctx.streaming = []
+            for name, model, s in streaming:
+                self._went_through(name, model, ttft_s=s)
+        if self.circuits is not None:
+            # Trials it was given and never settled (never sent, the client left): the next
+            # request's to try.
+            self.circuits.release(ctx)
 
     def _went_through(
         self, name: str, model: str, *, ttft_s: float | None = None, total_s: float | None = None
