@@ -1,5 +1,6 @@
 """(Region, model) circuits end to end (a real router, real sim regions): however a half-open
-trial ends, the region gets the model's traffic back once it is well."""
+trial ends, the region gets the model's traffic back once it is well; a region shedding load
+with Retry-After is left alone that long and counts no failure."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from tests.integration.conftest import (
     RouterFactory,
     SimFactory,
     region_toml,
+    sim_stats,
 )
 from tests.support import Proc
 
@@ -104,3 +106,23 @@ def test_a_half_open_trial_that_gets_no_answer_does_not_keep_the_region_out(
     answered = _back_to_a(router)
     assert answered[-1] == "a", answered
     assert [_region(router) for _ in range(5)] == ["a"] * 5  # closed again
+
+
+@pytest.mark.timeout(60)
+def test_retry_after_holds_the_region_and_counts_no_failure_against_its_circuit(
+    sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    """a answers 503 with Retry-After: 1 (the sim's) three times, each after the last hold ran
+    out: those are no failures (README: shedding load is not failing), so one 500 after them
+    leaves a's circuit closed (circuit_after = 3). Before, each 503 was counted as well, and
+    that 500 opened the circuit."""
+    router, a = _two(sim_region, router_proc)
+    shed = {"x-sim-fail": "503", "x-sim-only": "a"}
+    for _ in range(3):
+        seen = sim_stats(a)["requests"]
+        assert _region(router, shed) == "b"
+        assert sim_stats(a)["requests"] == seen + 1  # a got it (and was held after it)
+        assert _region(router) == "b"  # held: a goes last for its Retry-After
+        time.sleep(1.2)
+    assert _region(router, FAIL_AT_A) == "b"
+    assert _region(router) == "a"

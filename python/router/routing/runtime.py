@@ -179,9 +179,10 @@ class PassiveHealth:
                 return
             self._went_through(name, model, total_s=s)
             return
-        if circuits is not None and error.retry_after_s is not None:
-            # A region shedding load said for how long: others first until then.
-            circuits.hold(name, model, error.retry_after_s, time.monotonic())
+        retry_after = error.retry_after_s
+        if circuits is not None and retry_after is not None:
+            # A region shedding load said for how long: others first until then (no failure).
+            circuits.hold(name, model, retry_after, time.monotonic())
         outcome = health_outcome(error.kind, error.status)
         if outcome is None:  # admission's "full here", the request's own fault: nothing
             if circuits is not None:
@@ -190,7 +191,7 @@ class PassiveHealth:
         if circuits is not None and outcome != "neutral" and error.kind in _ANSWERED:
             # The region is up and answered: the failure is this model's there (its circuit);
             # a region that cannot be reached at all is the prober's and ejection's business.
-            if circuits.record(name, model, False, time.monotonic()):
+            if retry_after is None and circuits.record(name, model, False, time.monotonic()):
                 log.warning("region %s: circuit for model %s open after %s", name, model, outcome)
             outcome = "neutral"
         elif circuits is not None:

@@ -264,3 +264,29 @@ def test_a_streamed_trial_settles_when_the_stream_ends(broken: bool) -> None:
         passive.broke(trial, "a")
     passive.ended(trial)
     assert _names(select(_request(), upstreams)) == (["b", "a"] if broken else ["a", "b"])
+
+
+def test_a_region_shedding_load_is_held_and_counts_no_failure() -> None:
+    """A 503 with Retry-After sends the pair last for that long, and is no failure of the model
+    there: circuit_after such answers do not open its circuit (README: Passive signals)."""
+    region = RegionConfig(name="a", base_url="http://127.0.0.1:9/v1", models=("m",))
+    health = Health(HealthConfig(), [region])
+    circuits = Circuits(failures_to_open=2, base_s=5.0, max_s=30.0)
+    passive = PassiveHealth(health, circuits)
+
+    async def never(path: str, raw: bytes, headers: CIMultiDict[str]) -> LocalReply:
+        raise AssertionError("no request is sent")
+
+    a = Upstream(region, LocalTransport(never), None)
+    shed = AttemptError("a", FailureKind.STATUS, "503", status=503, retry_after_s=0.001)
+    for _ in range(3):
+        passive(_request(), a, shed, 0.1)
+        time.sleep(0.002)  # the hold runs out
+        assert circuits.closed("a", "m", time.monotonic())
+    # Without Retry-After the same answers are failures: the second opens the circuit.
+    failing = AttemptError("a", FailureKind.STATUS, "503", status=503)
+    passive(_request(), a, failing, 0.1)
+    assert circuits.closed("a", "m", time.monotonic())
+    passive(_request(), a, failing, 0.1)
+    assert not circuits.closed("a", "m", time.monotonic())
+    assert health.snapshot()["a"].passive_failures == 0  # answered: not the region's health
