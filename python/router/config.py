@@ -471,8 +471,10 @@ class RoutingConfig(_Section, frozen=True):
     panic_routing: bool = True
     # Circuit per (region, model): this many consecutive failures of a model in a region send
     # its traffic elsewhere first for circuit_base_s * 2^(k-1) s (at most circuit_max_s), then
-    # one request tries it again. A region that answers with an error is alive: its other
-    # models keep their traffic (ejection is for regions that cannot be reached).
+    # one request tries it again (a trial: its success closes the circuit, a failure there opens
+    # it again for longer, any other ending lets the next request try). A region that answers
+    # with an error is alive: its other models keep their traffic (ejection is for regions that
+    # cannot be reached).
     circuit_after: _POSITIVE = 3
     # See circuit_after: how long a circuit first stays open.
     circuit_base_s: _SECONDS = 5.0

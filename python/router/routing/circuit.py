@@ -4,7 +4,11 @@ traffic there, without ejecting the region's other models. Pure: time is passed 
 Closed: requests go as usual. After `failures_to_open` consecutive failures the circuit opens
 for base_s * 2^(k-1) seconds (k: times opened in a row, capped at max_s): the pair is tried
 last, after every other candidate. When that time is up, one request tries it first
-(half-open); success closes the circuit, failure opens it again for longer.
+(half-open): it holds the trial on a lease. Its success closes the circuit; a failure of the
+region there (an error answer, no answer, a broken stream) opens it again for longer; an ending
+that says nothing of the region (the client left, the request's own fault, a full admission
+queue, the request served elsewhere first) gives the trial back for the next request. A lease
+never given back lapses after max_s, so a lost trial cannot keep the pair out for good.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ class _Circuit:
     failures: int = 0
     opened: int = 0  # times opened in a row
     until: float = 0.0  # open until (monotonic); 0 when closed
-    trial: bool = False  # a half-open trial is in flight
+    trial_until: float = 0.0  # the half-open trial's lease runs out then; 0: no trial
+    holder: object = None  # who holds the trial (a request)
 
 
 def check(failures_to_open: int, base_s: float, max_s: float) -> None:
@@ -45,19 +50,20 @@ class Circuits:
         self.base_s = base_s
         self.max_s = max_s
 
-    def closed(self, region: str, model: str, now: float) -> bool:
+    def closed(self, region: str, model: str, now: float, holder: object = None) -> bool:
         """Whether the pair takes traffic in its usual place (closed, or due for its trial,
-        which this call then starts)."""
+        which this call then gives `holder` for at most max_s)."""
         circuit = self._circuits.get((region, model))
         if circuit is None or circuit.until == 0.0:
             return True
-        if now >= circuit.until and not circuit.trial:
-            if circuit.opened == 0:
-                circuit.until = 0.0  # a hold (Retry-After) ran out: as it was before
-                return True
-            circuit.trial = True
+        if now < circuit.until or now < circuit.trial_until:
+            return False  # open, or another request's trial is under way
+        if circuit.opened == 0:
+            circuit.until = 0.0  # a hold (Retry-After) ran out: as it was before
             return True
-        return False
+        circuit.trial_until = now + self.max_s
+        circuit.holder = holder
+        return True
 
     def record(self, region: str, model: str, ok: bool, now: float) -> bool:
         """One attempt's outcome; True when it opened the circuit."""
@@ -70,22 +76,43 @@ class Circuits:
         if circuit is None:
             circuit = self._circuits[key] = _Circuit()
         circuit.failures += 1
-        if circuit.trial or (circuit.until == 0.0 and circuit.failures >= self.failures_to_open):
-            circuit.opened += 1
-            circuit.trial = False
-            circuit.until = now + min(self.max_s, self.base_s * 2 ** (circuit.opened - 1))
+        if self._half_open(circuit, now) or (
+            circuit.until == 0.0 and circuit.failures >= self.failures_to_open
+        ):
+            self._open(circuit, now)
             return True
         return False
 
+    def unreached(self, region: str, model: str, now: float) -> bool:
+        """The region could not be reached or stayed silent (connect failure, no first byte, a
+        connection broken before the answer): a half-open circuit opens again, for longer (its
+        trial failed); a closed one counts nothing, the region's health (ejection) being the
+        judge of that. True when it opened the circuit."""
+        circuit = self._circuits.get((region, model))
+        if circuit is None or not self._half_open(circuit, now):
+            return False
+        circuit.failures += 1
+        self._open(circuit, now)
+        return True
+
+    def release(self, holder: object, region: str | None = None, model: str | None = None) -> None:
+        """`holder`'s trial of the pair (of every pair when none is named) ended saying nothing
+        of the region: the next request may try it."""
+        for key, circuit in self._circuits.items():
+            if circuit.holder is holder and (region is None or key == (region, model)):
+                circuit.trial_until = 0.0
+                circuit.holder = None
+
     def hold(self, region: str, model: str, seconds: float, now: float) -> None:
         """The region asked to be left alone for `seconds` (Retry-After on a 429 or 5xx): the
-        pair goes last until then (at most max_s), then takes requests as before; no failure
-        is counted, since shedding load is not failing."""
+        pair goes last until then (at most max_s), then takes requests as before (a trial, if
+        it was open); no failure is counted, since shedding load is not failing."""
         circuit = self._circuits.get((region, model))
         if circuit is None:
             circuit = self._circuits[(region, model)] = _Circuit()
         circuit.until = max(circuit.until, now + min(seconds, self.max_s))
-        circuit.trial = False
+        circuit.trial_until = 0.0
+        circuit.holder = None
 
     def open_pairs(self, now: float) -> list[tuple[str, str, float]]:
         """(region, model, seconds until its trial) of every open circuit."""
@@ -94,3 +121,15 @@ class Circuits:
             for (region, model), c in self._circuits.items()
             if c.until
         ]
+
+    @staticmethod
+    def _half_open(circuit: _Circuit, now: float) -> bool:
+        """Whether the open time of a circuit that opened ran out: its trial is due or under
+        way, and a failure there is the trial's."""
+        return circuit.opened > 0 and circuit.until != 0.0 and now >= circuit.until
+
+    def _open(self, circuit: _Circuit, now: float) -> None:
+        circuit.opened += 1
+        circuit.until = now + min(self.max_s, self.base_s * 2 ** (circuit.opened - 1))
+        circuit.trial_until = 0.0
+        circuit.holder = None

@@ -116,7 +116,8 @@ def selector(health: Health, live: LiveRouting, circuits: Circuits | None = None
         now = time.monotonic()
         for ranked in chosen.order:
             upstream = by_name[ranked.name]
-            if circuits is None or circuits.closed(upstream.name, model, now):
+            # A pair due for its trial is the request's to try (PassiveHealth settles it).
+            if circuits is None or circuits.closed(upstream.name, model, now, ctx):
                 ordered.append(upstream)
             else:
                 tripped.append(upstream)
@@ -168,11 +169,14 @@ class PassiveHealth:
                 return
             self._went_through(name, model, total_s=s)
             return
-        if circuits is not None and error.retry_after_s is not None:
-            # A region shedding load said for how long: others first until then.
-            circuits.hold(name, model, error.retry_after_s, time.monotonic())
+        retry_after = error.retry_after_s
+        if circuits is not None and retry_after is not None:
+            # A region shedding load said for how long: others first until then (no failure).
+            circuits.hold(name, model, retry_after, time.monotonic())
         outcome = health_outcome(error.kind, error.status)
         if outcome is None:  # admission's "full here", the request's own fault: nothing
+            if circuits is not None:
+                circuits.release(ctx, name, model)  # nor against a trial there
             return
         unserved = error.kind == FailureKind.UNSERVED
         if circuits is not None and (
@@ -180,10 +184,15 @@ class PassiveHealth:
         ):
             # The region is up and answered: the failure is this model's there (its circuit);
             # a region that cannot be reached at all is the prober's and ejection's business.
-            if circuits.record(name, model, False, time.monotonic()):
+            if retry_after is None and circuits.record(name, model, False, time.monotonic()):
                 why = "answering it has no such model" if unserved else outcome
                 log.warning("region %s: circuit for model %s open after %s", name, model, why)
             outcome = "neutral"
+        elif circuits is not None:
+            if outcome == "neutral":  # busy (a 429), not failing: a trial there is given back
+                circuits.release(ctx, name, model)
+            elif circuits.unreached(name, model, time.monotonic()):
+                log.warning("region %s: circuit for model %s open after %s", name, model, outcome)
         self.health.report(name, outcome)
 
     def broke(self, ctx: RequestContext, region: str) -> None:
@@ -202,13 +211,17 @@ class PassiveHealth:
 
     def ended(self, ctx: RequestContext) -> None:
         """The request's attempts are over: each stream that did not break went through (or
-        its client left, which says nothing against the region)."""
+        its client left, which says nothing against the region); a trial it still holds is
+        given back."""
         streaming = ctx.streaming
-        if not streaming:
-            return
-        ctx.streaming = []
-        for name, model, s in streaming:
-            self._went_through(name, model, ttft_s=s)
+        if streaming:
+            ctx.streaming = []
+            for name, model, s in streaming:
+                self._went_through(name, model, ttft_s=s)
+        if self.circuits is not None:
+            # Trials it was given and never settled (never sent, the client left): the next
+            # request's to try.
+            self.circuits.release(ctx)
 
     def _went_through(
         self, name: str, model: str, *, ttft_s: float | None = None, total_s: float | None = None

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import time
+from collections.abc import Sequence
 
 import pytest
 from multidict import CIMultiDict
 
 from router.config import Config, HealthConfig, RegionConfig, RoutingConfig
 from router.core.context import RequestContext
-from router.core.failure import AttemptError, FailureKind, health_outcome
+from router.core.failure import AttemptError, FailureKind, Origin, health_outcome
 from router.core.request import CHAT, parse_body
 from router.core.transport import LocalReply, LocalTransport
-from router.core.upstream import Upstream
+from router.core.upstream import Upstream, Upstreams
 from router.routing.circuit import Circuits
 from router.routing.health import Health, outcome_of
 from router.routing.runtime import (
@@ -20,6 +22,7 @@ from router.routing.runtime import (
     PassiveHealth,
     RetryState,
     client_deadline,
+    selector,
 )
 
 
@@ -158,6 +161,134 @@ def test_a_stream_counts_for_its_region_when_it_ends_and_once() -> None:
     stream(broken=True)
     assert state() == (4, 0, 1)  # ejected (its count starts again)
     assert not circuits.closed("a", "m", time.monotonic())
+
+
+def _trial_setup() -> tuple[Health, Circuits, PassiveHealth, Upstream, Upstream, Upstreams]:
+    """Regions a (nearest) and b serving m; a's circuit for m due for its trial."""
+    a_config = RegionConfig(name="a", base_url="http://127.0.0.1:9/v1", models=("m",))
+    b_config = RegionConfig(name="b", base_url="http://127.0.0.1:9/v1", models=("m",), bias_ms=50)
+    health = Health(HealthConfig(), [a_config, b_config])
+    circuits = Circuits(failures_to_open=1, base_s=5.0, max_s=30.0)
+    assert circuits.record("a", "m", False, time.monotonic() - 100.0)  # open, and long due
+
+    async def never(path: str, raw: bytes, headers: CIMultiDict[str]) -> LocalReply:
+        raise AssertionError("no request is sent")
+
+    a = Upstream(a_config, LocalTransport(never), None)
+    b = Upstream(b_config, LocalTransport(never), None)
+    return health, circuits, PassiveHealth(health, circuits), a, b, Upstreams((a, b))
+
+
+def _request(stream: bool = False) -> RequestContext:
+    ctx = RequestContext("r", CHAT)
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": stream}
+    ctx.parsed = parse_body(CHAT, json.dumps(body).encode())
+    return ctx
+
+
+def _names(regions: Sequence[Upstream]) -> list[str]:
+    return [u.name for u in regions]
+
+
+@pytest.mark.parametrize(
+    ("error", "then"),
+    [
+        pytest.param(None, "closed", id="success"),
+        pytest.param(AttemptError("a", FailureKind.STATUS, "500", status=500), "open", id="500"),
+        pytest.param(AttemptError("a", FailureKind.INVALID, "html"), "open", id="invalid"),
+        pytest.param(
+            AttemptError("a", FailureKind.TIMEOUT, "no first byte"), "open", id="first-byte-timeout"
+        ),
+        pytest.param(AttemptError("a", FailureKind.CONNECT, "refused"), "open", id="connect"),
+        pytest.param(AttemptError("a", FailureKind.DISCONNECT, "reset"), "open", id="disconnect"),
+        pytest.param(
+            AttemptError("a", FailureKind.SPILL, "full", origin=Origin.INTERNAL), "due", id="spill"
+        ),
+        pytest.param(
+            AttemptError("a", FailureKind.REQUEST, "400", status=400, retryable=False),
+            "due",
+            id="request-fault",
+        ),
+        pytest.param(
+            AttemptError("a", FailureKind.UNSUPPORTED, "no images", status=500),
+            "due",
+            id="unsupported",
+        ),
+        pytest.param(AttemptError("a", FailureKind.STATUS, "429", status=429), "due", id="429"),
+        pytest.param("cancelled", "due", id="cancelled"),
+        pytest.param("never sent", "due", id="never-sent"),
+    ],
+)
+def test_every_ending_of_a_half_open_trial_settles_it(
+    error: AttemptError | str | None, then: str
+) -> None:
+    """The request the selector gave a's trial to settles it however its attempt ended:
+    closed (success), open again (a failure of the region: an error answer, silence, no
+    connection) or due again for the next request (nothing said of the region: a full
+    admission queue, the request's own fault, a 429, the client gone, served elsewhere)."""
+    health, circuits, passive, a, b, upstreams = _trial_setup()
+    select = selector(health, LiveRouting(RoutingConfig()), circuits)
+    trial = _request()
+    assert _names(select(trial, upstreams)) == ["a", "b"]  # a's trial: a in its usual place
+    assert _names(select(_request(), upstreams)) == ["b", "a"]  # one trial at a time
+    if isinstance(error, AttemptError):
+        passive(trial, a, error, 0.1)
+    elif error is None:
+        passive(trial, a, None, 0.1)
+    elif error == "never sent":
+        passive(trial, b, None, 0.1)  # b answered first (say a was nearer, then not)
+    # "cancelled": the attempt at a never reports; only the request's end does.
+    passive.ended(trial)
+    expected = {"closed": ["a", "b"], "due": ["a", "b"], "open": ["b", "a"]}[then]
+    assert _names(select(_request(), upstreams)) == expected
+    if then == "due":
+        assert _names(select(_request(), upstreams)) == ["b", "a"]  # taken by that request
+    now = time.monotonic()
+    left = {region: s for region, _, s in circuits.open_pairs(now)}
+    if then == "open":
+        assert 9.0 < left["a"] <= 10.0  # its second opening: 2 * circuit_base_s
+    elif then == "closed":
+        assert left == {}
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_a_streamed_trial_settles_when_the_stream_ends(broken: bool) -> None:
+    health, circuits, passive, a, _, upstreams = _trial_setup()
+    select = selector(health, LiveRouting(RoutingConfig()), circuits)
+    trial = _request(stream=True)
+    assert _names(select(trial, upstreams)) == ["a", "b"]
+    passive(trial, a, None, 0.1)  # its first byte: not yet a success, the trial still held
+    assert _names(select(_request(), upstreams)) == ["b", "a"]
+    if broken:
+        passive.broke(trial, "a")
+    passive.ended(trial)
+    assert _names(select(_request(), upstreams)) == (["b", "a"] if broken else ["a", "b"])
+
+
+def test_a_region_shedding_load_is_held_and_counts_no_failure() -> None:
+    """A 503 with Retry-After sends the pair last for that long, and is no failure of the model
+    there: circuit_after such answers do not open its circuit (README: Passive signals)."""
+    region = RegionConfig(name="a", base_url="http://127.0.0.1:9/v1", models=("m",))
+    health = Health(HealthConfig(), [region])
+    circuits = Circuits(failures_to_open=2, base_s=5.0, max_s=30.0)
+    passive = PassiveHealth(health, circuits)
+
+    async def never(path: str, raw: bytes, headers: CIMultiDict[str]) -> LocalReply:
+        raise AssertionError("no request is sent")
+
+    a = Upstream(region, LocalTransport(never), None)
+    shed = AttemptError("a", FailureKind.STATUS, "503", status=503, retry_after_s=0.001)
+    for _ in range(3):
+        passive(_request(), a, shed, 0.1)
+        time.sleep(0.002)  # the hold runs out
+        assert circuits.closed("a", "m", time.monotonic())
+    # Without Retry-After the same answers are failures: the second opens the circuit.
+    failing = AttemptError("a", FailureKind.STATUS, "503", status=503)
+    passive(_request(), a, failing, 0.1)
+    assert circuits.closed("a", "m", time.monotonic())
+    passive(_request(), a, failing, 0.1)
+    assert not circuits.closed("a", "m", time.monotonic())
+    assert health.snapshot()["a"].passive_failures == 0  # answered: not the region's health
 
 
 def test_a_region_without_the_model_counts_against_that_circuit_never_the_region() -> None:
