@@ -208,7 +208,10 @@ def build_app(
     # Attempt outcomes, and how each stream ended, into region health and the circuits.
     passive = PassiveHealth(health, circuits)
     midstream = MidstreamPolicy(
-        config.routing.midstream, max_resumes=config.routing.max_resumes, report=passive.broke
+        config.routing.midstream,
+        max_resumes=config.routing.max_resumes,
+        report=passive.broke,
+        count_prompt=lambda ctx, exact: limiter.prompt_tokens(ctx.request, exact=exact),
     )
     routing.on_change.append(midstream.retune)
     # What it cost: Server-Timing, metrics, access log, SLOs, the status page.
