@@ -623,6 +623,83 @@ def test_a_clients_own_prefill_is_carried_on_not_repeated(
     assert sim_stats(b)["by_path"]["/v1/messages"] == 1  # cut on a, carried on by b
 
 
+def _read_chunks(stream: Any) -> tuple[str, int, Any]:
+    """(text, chunks carrying text, the last usage) of an SDK chat or completions stream."""
+    text, chunks, usage = "", 0, None
+    for chunk in stream:
+        for choice in chunk.choices:
+            piece = choice.delta.content if hasattr(choice, "delta") else choice.text
+            if piece:
+                text += piece
+                chunks += 1
+        if chunk.usage is not None:
+            usage = chunk.usage
+    return text, chunks, usage
+
+
+def test_a_continued_stream_stops_where_llama_servers_n_predict_says(
+    sim_region: SimFactory, router_proc: RouterFactory, clients: list[Any]
+) -> None:
+    """llama-server reads `n_predict` before max_tokens: a stream cut after 3 tokens and
+    continued elsewhere ends, in all, where one region alone would have (the continuation is
+    allowed what the request allowed less what the client had, in every length field)."""
+    a = sim_region("a", kind="llama-server", fail_mode="die-mid-stream", after_tokens=3)
+    b = sim_region("b", kind="llama-server")
+    fresh = sim_region("c", kind="llama-server")
+    config = '[routing]\nmidstream = "resume"\n[auth]\nenabled = false\n'
+    regions = region_toml(a, kind="llama-server")
+    router = router_proc(config + regions + region_toml(b, kind="llama-server", bias_ms=500))
+    user = {"role": "user", "content": "Tell me a story"}
+    for api, asked in (
+        ("chat", {"messages": [user], "extra_body": {"n_predict": 9}}),
+        ("completions", {"prompt": "The sea is", "max_tokens": 20, "extra_body": {"n_predict": 9}}),
+    ):
+        asked = {"model": MODEL, "temperature": 0, "stream": True, **asked}
+        make = (
+            (lambda c: c.chat.completions.create)
+            if api == "chat"
+            else (lambda c: c.completions.create)
+        )
+        direct, direct_chunks, _ = _read_chunks(make(_openai(fresh, clients))(**asked))
+        assert direct_chunks == 9
+        text, chunks, _ = _read_chunks(make(_openai(router, clients))(**asked))
+        assert (text, chunks) == (direct, 9), api
+        sent = json.loads(sim_stats(b)["last_body"])
+        assert sent["n_predict"] == 6, api  # 9 allowed, 3 sent
+        if api == "completions":
+            assert sent["max_tokens"] == 6
+
+
+def test_a_regenerated_stream_without_usage_still_ends_with_the_usage_asked_for(
+    sim_region: SimFactory, router_proc: RouterFactory, clients: list[Any]
+) -> None:
+    """llama-cpp-python sends no usage event, include_usage or not: a stream cut on
+    llama-server and regenerated there still gives the client that asked for it a last usage
+    chunk covering the whole answer (the router's prompt count; a token per text chunk)."""
+    a = sim_region("a", kind="llama-server", fail_mode="die-mid-stream", after_tokens=3)
+    b = sim_region("b", kind="llama-cpp-python")
+    fresh = sim_region("c", kind="llama-server")
+    config = '[routing]\nmidstream = "resume"\n[auth]\nenabled = false\n'
+    regions = region_toml(a, kind="llama-server")
+    survivor = region_toml(b, kind="llama-cpp-python", health_path="/health", bias_ms=500)
+    router = router_proc(config + regions + survivor)
+    asked: dict[str, Any] = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Tell me a story"}],
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    direct, _, direct_usage = _read_chunks(_openai(fresh, clients).chat.completions.create(**asked))
+    text, chunks, usage = _read_chunks(_openai(router, clients).chat.completions.create(**asked))
+    assert text == direct
+    assert sim_stats(b)["by_path"]["/v1/chat/completions"] == 1  # regenerated there
+    assert usage is not None
+    assert usage.completion_tokens == chunks == direct_usage.completion_tokens
+    assert usage.prompt_tokens > 0
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+
+
 def test_stored_responses_are_not_continued_elsewhere(
     sim_region: SimFactory, router_proc: RouterFactory, clients: list[Any]
 ) -> None:

@@ -319,12 +319,14 @@ def test_sigkill_mid_stream_is_continued_by_what_the_survivor_can_do(
     # llama-server continued from it. Either way the answer starts with what was sent.
     assert whole.startswith(before)
     assert len(whole) > len(before)
+    assert usage is not None
     if survivor == "llama-server":
         # The continuation's usage, rewritten to cover the whole answer.
-        assert usage is not None
         assert usage.completion_tokens >= 300 - 2
     else:
-        assert usage is None  # llama-cpp-python reports no stream usage at all
+        # llama-cpp-python reports no stream usage at all: the router makes the one asked for.
+        assert usage.prompt_tokens > 0
+        assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
 
 
 @pytest.mark.parametrize("survivor", ["llama-server", "llama-cpp-python"])
@@ -334,8 +336,15 @@ def test_sigkill_mid_completions_stream_is_continued_too(
     """A completions stream cut the same way goes on from its prompt and the text so far
     (llama-server), or is regenerated and caught up (llama-cpp-python): one stream to the end."""
     router, first = _first_and_survivor(survivor, start_real, tmp_path, routers)
+    # llama-server reads n_predict before max_tokens: the whole answer stops at 120 tokens.
     stream = sdk(router).completions.create(
-        model=MODEL_ALIAS, prompt="The sea is", max_tokens=300, temperature=0, stream=True
+        model=MODEL_ALIAS,
+        prompt="The sea is",
+        max_tokens=300,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"n_predict": 120},
     )
     before, ids = "", set()
     chunks = iter(stream)
@@ -352,10 +361,14 @@ def test_sigkill_mid_completions_stream_is_continued_too(
         with pytest.raises(openai.APIError, match="stopped mid-stream"):
             read_stream(chunks)
         return
-    text, more_ids, finishes, _ = read_stream(chunks)
+    text, more_ids, finishes, usage = read_stream(chunks)
     assert len(ids | more_ids) == 1
     assert finishes == ["length"]
     assert text
+    # What it generated, and what the client had before the cut (as the continuation's
+    # usage counts it): n_predict in all, not n_predict more.
+    assert usage is not None
+    assert usage.completion_tokens == 120
 
 
 def test_sigkill_before_the_first_byte_fails_over(

@@ -205,12 +205,33 @@ class Limiter:
 
     def estimate_parts(self, parsed: ParsedRequest) -> tuple[str, int, int]:
         """(encoding, prompt tokens, completion budget) of a request."""
-        model = parsed.upstream_model or parsed.model
         if parsed.endpoint in _COUNTS:
             return "", 0, 0  # a prompt count runs no model: a request, no tokens
+        encoding = self._encoding(parsed)
+        prompt = self._count_prompt(parsed, encoding)
+        if parsed.endpoint.endswith("/embeddings"):
+            return encoding, prompt, 0
+        budget = completion_budget(
+            parsed.body, self.default_max_tokens, parsed.endpoint, _prompts(parsed)
+        )
+        return encoding, prompt, budget
+
+    def prompt_tokens(self, parsed: ParsedRequest, *, exact: bool = False) -> int | None:
+        """The request's prompt tokens as admission counts them (the model's own tokenizer
+        when [tokenizers] has it, else an estimate; `exact`: None then); its length fields
+        are not read."""
+        if exact and self._tokenizer(parsed) is None:
+            return None
+        return self._count_prompt(parsed, self._encoding(parsed))
+
+    def _encoding(self, parsed: ParsedRequest) -> str:
+        model = parsed.upstream_model or parsed.model
         encoding = self._encodings.get(model)
         if encoding is None:
             encoding = self._encodings[model] = encoding_for_model(model)
+        return encoding
+
+    def _count_prompt(self, parsed: ParsedRequest, encoding: str) -> int:
         exact = self._tokenizer(parsed)
         endpoint, body = parsed.endpoint, parsed.body
         try:
@@ -225,12 +246,7 @@ class Limiter:
         except (NativeError, msgspec.MsgspecError):
             # A body the request stage accepted but the counter cannot read: estimate, never 500.
             prompt = len(parsed.body) // 4 + 1
-        if parsed.endpoint.endswith("/embeddings"):
-            return encoding, prompt, 0
-        budget = completion_budget(
-            parsed.body, self.default_max_tokens, parsed.endpoint, _prompts(parsed)
-        )
-        return encoding, prompt, budget
+        return prompt
 
     def _tokenizer(self, parsed: ParsedRequest) -> ModelTokenizer | None:
         """The model's own tokenizer ([tokenizers.models]): of the model sent upstream, else

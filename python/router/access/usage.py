@@ -89,6 +89,22 @@ def completion_budget(body: bytes, default: int, endpoint: str = CHAT, prompts: 
     return most * n * prompts
 
 
+def length_bound(body: bytes, endpoint: str, llama: bool) -> int | None:
+    """The most tokens one answer may have as a region reads the request (`llama`: llama.cpp's
+    server, its `n_predict` first, a negative one no bound at all), else the first of the API's
+    length fields set; None: no bound. Raises InvalidRequest as completion_budget does."""
+    try:
+        budget = _BUDGET.decode(body)
+    except msgspec.MsgspecError:
+        raise InvalidRequest("The request's token fields cannot be read.") from None
+    bounds = _BOUNDS.get(endpoint, _BOUNDS[CHAT])
+    if llama:
+        most = _llama_bound(budget, _LLAMA_BOUNDS.get(endpoint, bounds), 0)
+    else:
+        most = _first_set(budget, bounds)
+    return most or None
+
+
 # The most tokens one answer may report: beyond any model's context by far; a count outside
 # 0..this (a negative one would refill the key's bucket, one past 64 bits overflowed it) makes
 # the whole report unknown, as if the region had sent none.

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import msgspec
 
+from router.core.sampling import sampled_anyway
 from router.net import sse
 
 if TYPE_CHECKING:
@@ -251,14 +252,6 @@ def _temperature(temperature: Any, rule: Rule) -> str:
     return "temperature" if temperature > rule.max_temperature else ""
 
 
-def _sampled_anyway(dynatemp_range: Any) -> bool:
-    """Whether llama.cpp's server samples whatever the temperature: its dynamic temperature
-    draws from [temperature - range, temperature + range], so at temperature 0 too."""
-    if dynatemp_range is None or isinstance(dynatemp_range, bool):
-        return False
-    return not isinstance(dynatemp_range, int | float) or dynatemp_range > 0
-
-
 def _uncacheable(request: Mapping[str, Any], rule: Rule, sampled: bool) -> str:
     if not rule.enabled:
         return "disabled"
@@ -266,7 +259,7 @@ def _uncacheable(request: Mapping[str, Any], rule: Rule, sampled: bool) -> str:
         reason = _temperature(request.get("temperature"), rule)
         if reason:
             return reason
-        if _sampled_anyway(request.get("dynatemp_range")):
+        if sampled_anyway(request.get("dynatemp_range"), request.get("samplers")):
             return "temperature"
     # llama.cpp's server reads its own `n_cmpl` before `n`.
     for choices in (request.get("n"), request.get("n_cmpl")):

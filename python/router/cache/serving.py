@@ -78,8 +78,10 @@ class _Knobs(msgspec.Struct):
     n: Any = None
     tools: Any = None
     functions: Any = None
-    # llama.cpp's server's own: a dynamic temperature range, and its `n` (cache.policy).
+    # llama.cpp's server's own: a dynamic temperature range, its sampler chain, and its `n`
+    # (cache.policy).
     dynatemp_range: Any = None
+    samplers: Any = None
     n_cmpl: Any = None
     # Transport fields, left out of the fingerprint, that an answer still shows (_ECHOED).
     metadata: Any = None
@@ -114,6 +116,7 @@ def _policy(k: _Knobs) -> dict[str, Any]:
         "tools": k.tools,
         "functions": k.functions,
         "dynatemp_range": k.dynatemp_range,
+        "samplers": k.samplers,
         "n_cmpl": k.n_cmpl,
     }
 

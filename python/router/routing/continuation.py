@@ -20,6 +20,7 @@ import msgspec
 from router.config import RegionConfig, RoutingConfig
 from router.core.context import RequestContext
 from router.core.request import CHAT, COMPLETIONS, MESSAGES
+from router.core.sampling import sampled_anyway
 from router.core.stream import EventState, StreamState, json_object
 from router.core.upstream import Opened, Upstream
 from router.net import sse
@@ -33,6 +34,7 @@ from router.routing.seam import (
     Stitch,
     cap_cached,
     carry_on,
+    lower_limits,
     with_prefill,
 )
 
@@ -48,6 +50,9 @@ _CONTINUES_PREFILL = frozenset({"llama-server", "sim"})
 # Kinds that may answer a prefill back before the new text (llama-server does; "sim" and
 # "generic" may stand for it). Whether one did is read from the text the client got.
 _MAY_ECHO = frozenset({"llama-server", "sim", "generic"})
+# Kinds that read llama.cpp's `n_predict` before the API's length fields (the sim stands for
+# llama-server).
+_READS_N_PREDICT = frozenset({"llama-server", "sim"})
 
 
 def _piece_of(choice: object, completions: bool) -> tuple[dict[str, Any] | None, str]:
@@ -82,6 +87,11 @@ class StreamTracker(SentEvents):
             return
         if not self.ident:
             self.ident = {k: obj[k] for k in ("id", "created", "model") if k in obj}
+        usage = obj.get("usage")
+        if isinstance(usage, dict):
+            prompt = usage.get("prompt_tokens")
+            if isinstance(prompt, int) and not isinstance(prompt, bool):
+                self.prompt = prompt
         choices = obj.get("choices")
         for choice in choices if isinstance(choices, list) else ():
             holder, key = _piece_of(choice, self.completions)
@@ -100,8 +110,9 @@ def continuation_body(
     first: FirstStream = NEW_TURN,
 ) -> tuple[bytes, str] | None:
     """The chat request again, ending in an assistant message with the text the client has
-    (`sent`, after the client's own prefill if any: seam.with_prefill), and that message's
-    text; None if it cannot be continued."""
+    (`sent`, after the client's own prefill if any: seam.with_prefill), its length limits
+    lowered by the `tokens_sent` (seam.lower_limits); and that message's text. None if it
+    cannot be continued."""
     fields = _DECODE.decode(body)
     prefilled = with_prefill(list(fields.get("messages") or []), sent, first)
     if prefilled is None:
@@ -112,10 +123,7 @@ def continuation_body(
         # llama-server continues a trailing assistant message by itself.
         fields["continue_final_message"] = True
         fields["add_generation_prompt"] = False
-    for key in ("max_tokens", "max_completion_tokens"):
-        limit = fields.get(key)
-        if isinstance(limit, int):
-            fields[key] = max(1, limit - tokens_sent)
+    lower_limits(fields, body, CHAT, first, tokens_sent)
     return _ENCODE.encode(fields), prefill
 
 
@@ -140,14 +148,15 @@ def resumable_completion(decoded: Any) -> bool:
     )
 
 
-def completion_body(body: bytes, sent: str, tokens_sent: int) -> bytes:
+def completion_body(
+    body: bytes, sent: str, tokens_sent: int, first: FirstStream = NEW_TURN
+) -> bytes:
     """The completions request again, its prompt followed by the text the client has (which the
-    region carries on, as it would its own), its length limit less what was sent."""
+    region carries on, as it would its own), its length limits less what was sent
+    (seam.lower_limits: as the region that streamed read them)."""
     fields = _DECODE.decode(body)
     fields["prompt"] = fields["prompt"] + sent
-    limit = fields.get("max_tokens")
-    if isinstance(limit, int):
-        fields["max_tokens"] = max(1, limit - tokens_sent)
+    lower_limits(fields, body, COMPLETIONS, first, tokens_sent)
     return _ENCODE.encode(fields)
 
 
@@ -197,9 +206,9 @@ _FLAGS = msgspec.json.Decoder(_Flags)
 
 
 def first_stream(kind: str, endpoint: str, body: bytes) -> FirstStream:
-    """How a region of `kind` treats the request's trailing assistant message, if it has one:
-    continues it, or answers it with a turn of its own; and whether it may send it back first
-    (vLLM's Messages API is said to, like llama-server)."""
+    """How a region of `kind` treats the request: its trailing assistant message, if it has
+    one (continues it, or answers it with a turn of its own; whether it may send it back first:
+    vLLM's Messages API is said to, like llama-server), and its length fields."""
     if endpoint == MESSAGES or kind in _CONTINUES_PREFILL:
         extends = True
     elif endpoint == CHAT:
@@ -210,34 +219,40 @@ def first_stream(kind: str, endpoint: str, body: bytes) -> FirstStream:
     else:
         extends = False
     echoed = kind in _MAY_ECHO or (endpoint == MESSAGES and kind == "vllm")
-    return FirstStream(extends, echoed)
+    return FirstStream(extends, echoed, kind in _READS_N_PREDICT)
 
 
 class _Sampling(msgspec.Struct):
     temperature: float | None = None
     seed: int | None = None
-    # llama.cpp's server's dynamic temperature: with a range, it samples at temperature 0 too.
-    dynatemp_range: float | None = None
+    # llama.cpp's server's dynamic temperature and sampler chain: with a range, or a chain
+    # without the temperature sampler, it samples at temperature 0 too (core.sampling).
+    dynatemp_range: Any = None
+    samplers: Any = None
 
 
 _SAMPLING = msgspec.json.Decoder(_Sampling)
 
 
 def deterministic(body: bytes) -> bool:
-    """Whether the same request gives the same text again: temperature 0 (and no dynamic
-    temperature range), or a seed."""
+    """Whether the same request gives the same text again: temperature 0 (that llama.cpp's
+    server applies: no dynamic temperature range, no sampler chain without it), or a seed."""
     try:
         sampling = _SAMPLING.decode(body)
     except msgspec.MsgspecError:
         return False
-    greedy = sampling.temperature == 0 and not sampling.dynatemp_range
+    greedy = sampling.temperature == 0 and not sampled_anyway(
+        sampling.dynatemp_range, sampling.samplers
+    )
     return greedy or sampling.seed is not None
 
 
-def whole_usage(event: bytes, sent: int) -> bytes:
+def whole_usage(event: bytes, sent: int, prompt: int | None = None) -> bytes:
     """A continuation's usage event rewritten to cover the whole answer: the `sent` tokens the
     client already had were part of the continuation's prompt (the prefill), and are part of
-    the answer's completion."""
+    the answer's completion. Its prompt is the request's own (`prompt`: the first region's
+    report, else the router's exact count); unknown, the continuation's less `sent` (close:
+    the prefill re-tokenised need not be `sent` tokens long)."""
     payload = sse.data_of(event)
     if payload is None or b'"usage"' not in payload:
         return event
@@ -245,10 +260,11 @@ def whole_usage(event: bytes, sent: int) -> bytes:
     usage = obj.get("usage") if obj is not None else None
     if obj is None or not isinstance(usage, dict):
         return event
+    asked = prompt
     prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
     if not isinstance(prompt, int) or not isinstance(completion, int):
         return event
-    usage["prompt_tokens"] = max(0, prompt - sent)
+    usage["prompt_tokens"] = asked if asked is not None else max(0, prompt - sent)
     usage["completion_tokens"] = completion + sent
     usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
     cap_cached(usage, "prompt_tokens", "prompt_tokens_details")
@@ -270,10 +286,16 @@ class MidstreamPolicy:
         *,
         max_resumes: int,
         report: Callable[[RequestContext, str], None],
+        count_prompt: Callable[[RequestContext, bool], int | None] | None = None,
     ) -> None:
         self.mode = mode
         self.max_resumes = max_resumes
         self.report = report
+        # The router's count of a request's prompt tokens (the limiter's: the model's own
+        # tokenizer when [tokenizers] has it, else an estimate; asked for an exact one, None
+        # without it), for the usage of a continued answer when the first region reported
+        # none before it broke.
+        self.count_prompt = count_prompt
 
     def retune(self, routing: RoutingConfig) -> None:
         """A reloaded [routing] section."""
@@ -328,6 +350,13 @@ class MidstreamPolicy:
             kind = streamed.config.kind if streamed is not None else "generic"
             tracker.first = first_stream(kind, ctx.endpoint, ctx.request.body)
         first = tracker.first
+        # The request's prompt tokens: the first region's own count, else the router's exact
+        # one; and, for a usage block made from nothing, the router's estimate at worst.
+        prompt = counted = tracker.prompt
+        if prompt is None and self.count_prompt is not None:
+            prompt = counted = self.count_prompt(ctx, True)
+            if counted is None:
+                counted = self.count_prompt(ctx, False)
         tried = 0
         for upstream in ctx.candidates:
             if tried >= self.max_resumes or upstream.name == ctx.region:
@@ -340,7 +369,8 @@ class MidstreamPolicy:
             prefill: str | None = None
             if mode == "continue" and isinstance(tracker, StreamTracker) and tracker.completions:
                 # The prompt carries on with the text: whatever the region says is new.
-                body, prefill = completion_body(body, tracker.text, tracker.events), ""
+                body = completion_body(body, tracker.text, tracker.events, first)
+                prefill = ""
             elif mode == "continue":
                 made = (
                     event_continuation.continuation_body(
@@ -368,10 +398,17 @@ class MidstreamPolicy:
             stitch: Stitch
             if isinstance(tracker, EventTracker):
                 state = EventState(ctx.dialect.terminal)
-                stitch = event_continuation.Stitcher(tracker, prefill=prefill)
+                stitch = event_continuation.Stitcher(tracker, prefill=prefill, prompt=prompt)
             else:
                 assert isinstance(tracker, StreamTracker)
-                state, stitch = StreamState(), ChatStitch(tracker, prefill=prefill)
+                state = StreamState()
+                stitch = ChatStitch(
+                    tracker,
+                    prefill=prefill,
+                    prompt=prompt,
+                    counted=counted,
+                    usage=ctx.request.include_usage,
+                )
             ok = await carry_on(
                 ctx, upstream, body, open_one, write, tracker, idle_s, state, stitch, max_bytes
             )
@@ -421,11 +458,24 @@ class _Catchup(Catchup):
 class ChatStitch:
     """A chat (or completions) continuation's events as the first stream's (seam.Stitch): held
     back until past the text the client has, usage covering the whole answer, the first
-    stream's identity, its role preamble dropped."""
+    stream's identity, its role preamble dropped.
 
-    __slots__ = ("catchup", "sent", "tracker")
+    A client that asked for the usage chunk (`usage`: stream_options.include_usage) gets one
+    even when the region that finished sends none (llama-cpp-python never does): made before
+    `[DONE]` from the request's prompt tokens (`prompt`, else the router's estimate `counted`)
+    and the text chunks the client got, one token each as these servers stream."""
 
-    def __init__(self, tracker: StreamTracker, *, prefill: str | None) -> None:
+    __slots__ = ("catchup", "chunks", "counted", "prompt", "reported", "sent", "tracker", "usage")
+
+    def __init__(
+        self,
+        tracker: StreamTracker,
+        *,
+        prefill: str | None,
+        prompt: int | None = None,
+        counted: int | None = None,
+        usage: bool = False,
+    ) -> None:
         self.tracker = tracker
         # Regenerated (no prefill): must repeat what the client has; continued: may answer
         # its prefill back first.
@@ -436,6 +486,12 @@ class ChatStitch:
             completions=tracker.completions,
         )
         self.sent = 0 if regenerate else tracker.events
+        self.prompt = prompt
+        self.counted = prompt if prompt is not None else counted
+        self.usage = usage
+        # Text chunks the client has had, this continuation's included; a usage event seen.
+        self.chunks = tracker.events
+        self.reported = False
 
     @property
     def through(self) -> bool:
@@ -447,7 +503,48 @@ class ChatStitch:
         kept = self.catchup.event(event)
         if kept is None:
             return None
-        if self.sent:
-            kept = whole_usage(kept, self.sent)
+        payload = sse.data_of(kept)
+        if payload == _DONE:
+            return self._owed_usage() + kept
+        if payload is not None and b'"usage"' in payload:
+            if self.sent:
+                kept = whole_usage(kept, self.sent, self.prompt)
+            self.reported = self.reported or _has_usage(payload)
+        if self.usage and not self.reported and payload is not None:
+            self.chunks += _text_chunks(payload, self.tracker.completions)
         stamped = restamp(kept.rstrip(b"\n"), self.tracker.ident)
         return None if stamped is None else stamped + b"\n\n"
+
+    def _owed_usage(self) -> bytes:
+        """The usage event the client asked for and the region did not send (b"": none owed,
+        or the prompt's tokens unknown)."""
+        prompt = self.counted
+        if not self.usage or self.reported or prompt is None:
+            return b""
+        self.reported = True
+        usage = {
+            "prompt_tokens": prompt,
+            "completion_tokens": self.chunks,
+            "total_tokens": prompt + self.chunks,
+        }
+        kind = "text_completion" if self.tracker.completions else "chat.completion.chunk"
+        obj = {**self.tracker.ident, "object": kind, "choices": [], "usage": usage}
+        return b"data: " + _ENCODE.encode(obj) + b"\n\n"
+
+
+def _has_usage(payload: bytes) -> bool:
+    """Whether a chunk reports usage (an object, not vLLM's `"usage": null`)."""
+    obj = json_object(payload)
+    return obj is not None and isinstance(obj.get("usage"), dict)
+
+
+def _text_chunks(payload: bytes, completions: bool) -> int:
+    """1 for a chunk carrying text (a token, as StreamTracker counts them), else 0."""
+    obj = json_object(payload)
+    choices = obj.get("choices") if obj is not None else None
+    for choice in choices if isinstance(choices, list) else ():
+        holder, key = _piece_of(choice, completions)
+        piece = holder.get(key) if holder is not None else None
+        if isinstance(piece, str) and piece:
+            return 1
+    return 0

@@ -20,6 +20,7 @@ from typing import Any
 
 import msgspec
 
+from router.core.request import MESSAGES, RESPONSES
 from router.core.stream import json_object
 from router.net import sse
 from router.routing.seam import (
@@ -29,6 +30,7 @@ from router.routing.seam import (
     FirstStream,
     SentEvents,
     cap_cached,
+    lower_limits,
     with_prefill,
 )
 
@@ -73,8 +75,13 @@ class EventTracker(SentEvents):
         sequence = obj.get("sequence_number")
         if isinstance(sequence, int):
             self.sequence = sequence
+        response = obj.get("response")
+        if isinstance(response, dict):
+            usage = response.get("usage")
+            inputs = usage.get("input_tokens") if isinstance(usage, dict) else None
+            if isinstance(inputs, int) and not isinstance(inputs, bool):
+                self.prompt = inputs
         if kind == "response.created":
-            response = obj.get("response")
             if isinstance(response, dict) and isinstance(response.get("id"), str):
                 self.response_id = response["id"]
         elif kind == "response.output_item.added":
@@ -112,15 +119,16 @@ def continuation_body(
     body: bytes, sent: str, tokens_sent: int, anthropic: bool, first: FirstStream = NEW_TURN
 ) -> tuple[bytes, str] | None:
     """The request again ending in an assistant message with the text the client has (`sent`,
-    after the client's own prefill if any: seam.with_prefill), its limit lowered by the tokens
-    the client already has; and that message's text. None if it cannot be continued."""
+    after the client's own prefill if any: seam.with_prefill), its length limits lowered by the
+    tokens the client already has (seam.lower_limits); and that message's text. None if it
+    cannot be continued."""
     fields = _DECODE.decode(body)
     shape: dict[str, Any] | None = None
     if anthropic:
-        key, limit_key = "messages", "max_tokens"
+        key, endpoint = "messages", MESSAGES
         items = fields[key]
     else:
-        key, limit_key, shape = "input", "max_output_tokens", {"type": "message"}
+        key, endpoint, shape = "input", RESPONSES, {"type": "message"}
         items = fields.get(key)
         if isinstance(items, str):
             items = [{"role": "user", "content": items}]
@@ -128,9 +136,7 @@ def continuation_body(
     if prefilled is None:
         return None
     fields[key], prefill = prefilled
-    limit = fields.get(limit_key)
-    if isinstance(limit, int):
-        fields[limit_key] = max(1, limit - tokens_sent)
+    lower_limits(fields, body, endpoint, first, tokens_sent)
     return _ENCODE.encode(fields), prefill
 
 
@@ -156,9 +162,11 @@ def _encode(obj: dict[str, Any]) -> bytes:
 class Stitcher:
     """Rewrites a continuation's events into the first stream's (see the module docstring)."""
 
-    __slots__ = ("catchup", "emitted", "had", "sent", "tracker")
+    __slots__ = ("catchup", "emitted", "had", "prompt", "sent", "tracker")
 
-    def __init__(self, tracker: EventTracker, *, prefill: str | None) -> None:
+    def __init__(
+        self, tracker: EventTracker, *, prefill: str | None, prompt: int | None = None
+    ) -> None:
         self.tracker = tracker
         # Regenerated (no prefill): must repeat what the client has; continued: may answer
         # its prefill back first.
@@ -168,6 +176,8 @@ class Stitcher:
         self.emitted = ""
         # Tokens the client had that the continuation counted as prompt, not completion.
         self.sent = 0 if regenerate else tracker.events
+        # The request's input tokens (the first region's report, else the router's exact count).
+        self.prompt = prompt
 
     @property
     def through(self) -> bool:
@@ -260,6 +270,9 @@ class Stitcher:
         if isinstance(usage, dict) and self.sent:
             inputs, outputs = usage.get("input_tokens"), usage.get("output_tokens")
             if isinstance(inputs, int) and isinstance(outputs, int):
-                usage["input_tokens"] = max(0, inputs - self.sent)
+                asked = self.prompt
+                usage["input_tokens"] = asked if asked is not None else max(0, inputs - self.sent)
                 usage["output_tokens"] = outputs + self.sent
+                if isinstance(usage.get("total_tokens"), int):
+                    usage["total_tokens"] = usage["input_tokens"] + usage["output_tokens"]
                 cap_cached(usage, "input_tokens", "input_tokens_details")

@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from router.access.usage import length_bound
 from router.core.context import RequestContext, UsageMeter
 from router.core.failure import AttemptError
 from router.core.stream import (
@@ -22,6 +23,7 @@ from router.core.stream import (
     passable,
 )
 from router.core.upstream import Opened, Upstream
+from router.errors import InvalidRequest
 from router.net import http1, sse
 from router.net.idle import IdleWatch
 
@@ -42,7 +44,7 @@ def cap_cached(usage: dict[str, Any], tokens: str, details: str) -> None:
 class SentEvents:
     """Passes on whole SSE events only, and notes (`_note`) what each carried once sent."""
 
-    __slots__ = ("_decoder", "_sent", "done", "events", "first", "pieces", "tail")
+    __slots__ = ("_decoder", "_sent", "done", "events", "first", "pieces", "prompt", "tail")
 
     def __init__(self) -> None:
         self.tail = b""
@@ -53,6 +55,9 @@ class SentEvents:
         # How the region that streamed treated the client's own prefill; decided at the first
         # break.
         self.first: FirstStream | None = None
+        # The prompt tokens a region reported in the stream (the first region's own count,
+        # when it gave one before it broke).
+        self.prompt: int | None = None
         self._decoder = sse.Decoder()
         self._sent = b""
 
@@ -121,10 +126,12 @@ def _text_of(content: object) -> str | None:
 class FirstStream:
     """How the region that streamed treated the request's trailing assistant message (the
     client's own prefill), if there was one: continued it (`extends`), or answered it with a
-    turn of its own; and whether it may have sent it back first (`echoed`, llama-server)."""
+    turn of its own; whether it may have sent it back first (`echoed`, llama-server); and
+    whether it read llama.cpp's `n_predict` before the API's length fields (`n_predict`)."""
 
     extends: bool = False
     echoed: bool = False
+    n_predict: bool = False
 
 
 # A region that answers a trailing assistant message with a turn of its own.
@@ -161,6 +168,31 @@ def with_prefill(
     else:
         whole = prior + sent
     return [*messages[:-1], {**last, "content": whole}], whole
+
+
+# Every field some region reads as the answer's length (llama.cpp's server reads `n_predict`
+# first, then the others as aliases of it).
+_LENGTH_FIELDS = ("n_predict", "max_completion_tokens", "max_tokens", "max_output_tokens")
+
+
+def lower_limits(
+    fields: dict[str, Any], body: bytes, endpoint: str, first: FirstStream, sent: int
+) -> None:
+    """Lower the length fields of a continuation's request (`fields`, decoded from `body`) to
+    what the client's request allowed, as the region that streamed read it, less the `sent`
+    tokens the client has: every length field the request carried gets that number, so the
+    next region stops where the first would have, whichever field it reads. Unbounded (no
+    field, or llama.cpp's negative `n_predict`): left as they are."""
+    try:
+        bound = length_bound(body, endpoint, first.n_predict)
+    except InvalidRequest:
+        return  # a field no region would read: the continuation fails as the request did
+    if bound is None:
+        return
+    left = max(1, bound - sent)
+    for key in _LENGTH_FIELDS:
+        if fields.get(key) is not None:
+            fields[key] = left
 
 
 class Diverged(Exception):
@@ -296,7 +328,10 @@ async def carry_on(
         # Bytes left after a finished stream (a stray newline) cut nothing.
         complete = state.complete and stitch.through
         if complete and state.owes_done:
-            await _write(write, DONE_EVENT, tracker, ctx.meter)
+            # Through the stitch: what it owes before the end (a usage event) goes first.
+            done = stitch.event(DONE_EVENT) or DONE_EVENT
+            _note_usage(ctx, done)
+            await _write(write, done, tracker, ctx.meter)
         return complete
     except http1.TotalDeadline:
         # The router's own bound on one exchange (a slow client holds it): not the region's.
@@ -312,17 +347,21 @@ async def carry_on(
             resp.close()
 
 
-def _note_usage(ctx: RequestContext, event: bytes) -> None:
-    """A usage event the client got from a continuation: what the request reported (chat and
-    Messages events carry `usage`, Responses ones `response.usage`; a null one is none)."""
-    payload = sse.data_of(event.rstrip(b"\n"))
-    obj = json_object(payload) if payload is not None else None
-    if obj is None or payload is None:
-        return
-    response = obj.get("response")
-    usage = obj.get("usage") or (response.get("usage") if isinstance(response, dict) else None)
-    if isinstance(usage, dict):
-        kept_usage(ctx.reported, payload)
+def _note_usage(ctx: RequestContext, events: bytes) -> None:
+    """Usage events the client got from a continuation (`events`: whole events, a stitch may
+    make two of one): what the request reported (chat and Messages events carry `usage`,
+    Responses ones `response.usage`; a null one is none)."""
+    for event in sse.split_events(events):
+        if b'"usage"' not in event:
+            continue
+        payload = sse.data_of(event)
+        obj = json_object(payload) if payload is not None else None
+        if obj is None or payload is None:
+            continue
+        response = obj.get("response")
+        usage = obj.get("usage") or (response.get("usage") if isinstance(response, dict) else None)
+        if isinstance(usage, dict):
+            kept_usage(ctx.reported, payload)
 
 
 async def _write(

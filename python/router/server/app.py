@@ -231,7 +231,10 @@ def build_app(
     # How each stream ended: into region health, and into the regions' attempt counts.
     streams: StreamObserver = passive if observer is None else _Streams(passive, observer)
     midstream = MidstreamPolicy(
-        config.routing.midstream, max_resumes=config.routing.max_resumes, report=streams.broke
+        config.routing.midstream,
+        max_resumes=config.routing.max_resumes,
+        report=streams.broke,
+        count_prompt=lambda ctx, exact: limiter.prompt_tokens(ctx.request, exact=exact),
     )
     routing.on_change.append(midstream.retune)
     # Traces (optional): a span per request and per attempt.

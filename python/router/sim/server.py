@@ -41,8 +41,9 @@ ERROR_KINDS = ("server", "overloaded", "rate_limit", "invalid_request")
 # vllm      continues a trailing assistant message (chat: only with continue_final_message, else
 #           it opens a new turn after it); honours stream_options.include_usage.
 # llama-server  the same, but answers the prefill back first, in one event with the first new
-#           token; without a vision model (`multimodal`) an image or audio part is a 500
-#           server_error, as its request errors are.
+#           token; reads its own `n_predict` before max_completion_tokens / max_tokens (a
+#           negative one: no limit); without a vision model (`multimodal`) an image or audio
+#           part is a 500 server_error, as its request errors are.
 # llama-cpp-python  refuses a non-UUID X-Request-Id with an empty 400; opens a new turn after a
 #           trailing assistant message; ignores include_usage; a new request interrupts a running
 #           stream (ended with [DONE] and no finish_reason); request errors (a role or
@@ -440,6 +441,11 @@ class SimRegion:
             else "max_completion_tokens",
             body.get("max_tokens"),
         )
+        n_predict = body.get("n_predict")
+        if kind == "llama-server" and isinstance(n_predict, int):
+            # llama-server reads its own n_predict first (the others are its aliases); a
+            # negative one is no limit at all.
+            limit = n_predict if n_predict >= 0 else None
         finish = "stop"
         if isinstance(limit, int) and 0 <= limit < len(tokens):
             tokens = tokens[:limit]

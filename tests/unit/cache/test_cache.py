@@ -185,6 +185,16 @@ def test_parse_cache_control(value: str | None, expected: CacheControl) -> None:
         ({"temperature": 0, "dynatemp_range": 0.5}, Rule(), "temperature"),
         ({"temperature": 0, "dynatemp_range": "wide"}, Rule(), "temperature"),
         ({"temperature": 0, "dynatemp_range": 0}, Rule(), ""),
+        # A sampler chain without the temperature sampler draws at random at temperature 0;
+        # one with it (by any of its names, or 't' in the string form) is greedy.
+        ({"temperature": 0, "samplers": ["top_k", "top_p", "min_p"]}, Rule(), "temperature"),
+        ({"temperature": 0, "samplers": "kpx"}, Rule(), "temperature"),
+        ({"temperature": 0, "samplers": []}, Rule(), "temperature"),
+        ({"temperature": 0, "samplers": ["top_k", 7]}, Rule(), "temperature"),
+        ({"temperature": 0, "samplers": ["top_k", "Temperature"]}, Rule(), ""),
+        ({"temperature": 0, "samplers": ["temp"]}, Rule(), ""),
+        ({"temperature": 0, "samplers": "kt"}, Rule(), ""),
+        ({"temperature": 0, "samplers": None}, Rule(), ""),
         ({"temperature": 0, "n_cmpl": 3}, Rule(), "n"),
         ({"temperature": 0, "n_cmpl": 1}, Rule(), ""),
     ],

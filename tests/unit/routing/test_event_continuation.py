@@ -77,6 +77,17 @@ def test_a_responses_continuation_becomes_the_first_stream() -> None:
     # The 2 tokens the client had were the continuation's prompt; they are the answer's.
     assert final["usage"] == {"input_tokens": 10, "output_tokens": 5, "total_tokens": 15}
     assert tracker.done
+    # Events are not tokens: with the request's own input count (the first region's report,
+    # else the router's), that is the input, not the continuation's less the events sent.
+    counted = Stitcher(tracked(*FIRST), prefill="Hello", prompt=8)
+    stitched = [counted.event(e) for e in continuation]
+    last = stitched[-1]
+    assert last is not None
+    assert data(last)["response"]["usage"] == {
+        "input_tokens": 8,
+        "output_tokens": 5,
+        "total_tokens": 13,
+    }
 
 
 def test_a_continuation_that_opens_a_tool_call_is_not_stitched() -> None:
@@ -123,6 +134,14 @@ def test_continuation_bodies() -> None:
         {"type": "message", "role": "assistant", "content": "Hello"},
     ]
     assert (responses["max_output_tokens"], prefill) == (1, "Hello")
+    # llama-server reads n_predict first: every length field gets what it allowed, less sent.
+    asked = {"model": "m", "input": "x", "max_output_tokens": 500, "n_predict": 10}
+    made = continuation_body(
+        json.dumps(asked).encode(), "Hello", 2, False, FirstStream(n_predict=True)
+    )
+    assert made is not None
+    lowered = json.loads(made[0])
+    assert (lowered["max_output_tokens"], lowered["n_predict"]) == (8, 8)
 
 
 @pytest.mark.parametrize("anthropic", [True, False])

@@ -104,7 +104,10 @@ def test_how_each_kind_treats_a_trailing_assistant_message(
     kind: str, endpoint: str, fields: dict[str, Any], extends: bool, echoed: bool
 ) -> None:
     body = json.dumps({"model": "m", **fields}).encode()
-    assert first_stream(kind, endpoint, body) == FirstStream(extends, echoed)
+    found = first_stream(kind, endpoint, body)
+    assert (found.extends, found.echoed) == (extends, echoed)
+    # llama-server (and the sim, standing for it) reads n_predict before the API's fields.
+    assert found.n_predict == (kind in ("llama-server", "sim"))
 
 
 def test_restamp_drops_the_role_preamble_and_keeps_the_first_identity() -> None:
@@ -136,6 +139,57 @@ def test_a_continuations_usage_covers_the_whole_answer() -> None:
     }
     plain = delta("no usage here")
     assert whole_usage(plain, sent=40) == plain
+    # Events are not tokens: the prefill re-tokenised need not be `sent` tokens long, so the
+    # request's own prompt count (the first region's report, else the router's) is used.
+    usage = {"prompt_tokens": 49, "completion_tokens": 20, "total_tokens": 69}
+    fixed = whole_usage(ev({"id": "x", "choices": [], "usage": usage}), sent=40, prompt=7)
+    assert json.loads(fixed[6:])["usage"] == {
+        "prompt_tokens": 7,
+        "completion_tokens": 60,
+        "total_tokens": 67,
+    }
+
+
+def _body(**fields: Any) -> bytes:
+    return json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields})
+
+
+@pytest.mark.parametrize(
+    ("fields", "n_predict", "expected"),
+    [
+        # llama-server reads n_predict first: 100 allowed, 40 sent, 60 left, in every field.
+        ({"n_predict": 100}, True, {"n_predict": 60}),
+        ({"max_tokens": 500, "n_predict": 100}, True, {"max_tokens": 60, "n_predict": 60}),
+        (
+            {"max_completion_tokens": 80, "max_tokens": 500},
+            True,
+            {"max_completion_tokens": 40, "max_tokens": 40},
+        ),
+        # A negative n_predict is no bound there: nothing is lowered.
+        ({"max_tokens": 500, "n_predict": -1}, True, {"max_tokens": 500, "n_predict": -1}),
+        # A region that never reads n_predict stopped at max_tokens: so does the next.
+        ({"max_tokens": 100, "n_predict": -1}, False, {"max_tokens": 60, "n_predict": 60}),
+        ({"n_predict": 100}, False, {"n_predict": 100}),
+        ({}, True, {}),
+        ({"max_tokens": 30}, True, {"max_tokens": 1}),
+    ],
+)
+def test_a_continuation_is_allowed_what_the_first_region_read_less_what_was_sent(
+    fields: dict[str, Any], n_predict: bool, expected: dict[str, Any]
+) -> None:
+    from router.routing.continuation import completion_body
+
+    first = FirstStream(n_predict=n_predict)
+    made = continuation_body(_body(**fields).encode(), "x", 40, "llama-server", first)
+    assert made is not None
+    out = json.loads(made[0])
+    assert {k: out[k] for k in fields} == expected
+    if "max_completion_tokens" in fields:
+        return  # a chat field
+    prompt = json.dumps({"model": "m", "prompt": "The sea", **fields}).encode()
+    out = json.loads(completion_body(prompt, " is", 40, first))
+    assert {k: out[k] for k in fields} == expected
+    assert out["prompt"] == "The sea is"
 
 
 def test_continuation_modes_follow_the_server_kind() -> None:
@@ -160,6 +214,12 @@ def test_continuation_modes_follow_the_server_kind() -> None:
     assert deterministic(b'{"temperature": 0, "dynatemp_range": 0.5, "seed": 1}')
     assert deterministic(b'{"temperature": 0, "dynatemp_range": 0}')
     assert not deterministic(b"{}")
+    # ... and with a sampler chain that leaves the temperature sampler out.
+    assert not deterministic(b'{"temperature": 0, "samplers": "kpx"}')
+    assert not deterministic(b'{"temperature": 0, "samplers": ["top_k", "min_p"]}')
+    assert deterministic(b'{"temperature": 0, "samplers": ["top_k", "temperature"]}')
+    assert deterministic(b'{"temperature": 0, "samplers": "kt"}')
+    assert deterministic(b'{"temperature": 0, "samplers": "kpx", "seed": 1}')
 
 
 def test_a_prefill_with_parts_of_any_type_is_not_text() -> None:
@@ -168,3 +228,39 @@ def test_a_prefill_with_parts_of_any_type_is_not_text() -> None:
     assert _text_of([{"type": []}, {"type": "text", "text": "a"}]) is None
     assert _text_of([{"type": {"a": 1}}]) is None
     assert _text_of([{"type": "text", "text": "a"}, {"type": "input_text", "text": "b"}]) == "ab"
+
+
+def _stitched(stitch: Any, events: list[bytes]) -> list[Any]:
+    out = b"".join(filter(None, (stitch.event(e) for e in events)))
+    return [
+        json.loads(line[6:]) if line != b"data: [DONE]" else "[DONE]"
+        for line in out.split(b"\n")
+        if line.startswith(b"data: ")
+    ]
+
+
+def test_a_continuation_without_usage_gets_the_usage_chunk_the_client_asked_for() -> None:
+    """llama-cpp-python sends no usage event: the client that asked for one still gets the
+    usage of the whole answer, before [DONE], with the first stream's identity."""
+    from router.routing.continuation import ChatStitch
+
+    tracker = StreamTracker()
+    tracker.feed(delta("Hel", ident="chatcmpl-first") + delta("lo"))
+    tracker.settle()
+    finish = {"index": 0, "delta": {}, "finish_reason": "stop"}
+    rest = [delta("Hello", ident="b"), delta(" there", ident="b"), delta("!", ident="b")]
+    rest += [ev({"id": "b", "choices": [finish]}), b"data: [DONE]\n\n"]
+    # Regenerated: it repeats "Hello" (held back), then 2 new chunks: 4 in all.
+    got = _stitched(ChatStitch(tracker, prefill=None, prompt=7, usage=True), rest)
+    assert got[-1] == "[DONE]"
+    assert got[-2]["usage"] == {"prompt_tokens": 7, "completion_tokens": 4, "total_tokens": 11}
+    assert got[-2]["id"] == "chatcmpl-first"
+    assert got[-2]["choices"] == []
+    assert got[-2]["object"] == "chat.completion.chunk"
+    # Not asked for: none made; reported by the region: not made twice.
+    got = _stitched(ChatStitch(tracker, prefill=None, prompt=7), rest)
+    assert not [e for e in got if e != "[DONE]" and "usage" in e]
+    usage = {"prompt_tokens": 7, "completion_tokens": 4, "total_tokens": 11}
+    reported = [*rest[:-1], ev({"id": "b", "choices": [], "usage": usage}), rest[-1]]
+    got = _stitched(ChatStitch(tracker, prefill=None, prompt=7, usage=True), reported)
+    assert [e["usage"] for e in got if e != "[DONE]" and "usage" in e] == [usage]
