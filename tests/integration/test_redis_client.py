@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import gc
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
+from redis.asyncio.cluster import RedisCluster
 
-from router.net.redis_client import OUTAGE, open_redis
+from router.net.redis_client import OUTAGE, Client, open_redis
 from tests.support import Proc, cluster_port, start_redis
 
 pytestmark = pytest.mark.redis
@@ -22,16 +25,31 @@ class Relay:
     def __init__(self, target: int) -> None:
         self.target = target
         self._server: asyncio.Server | None = None
+        self._relays: set[asyncio.Task[None]] = set()
         self.port = 0
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def close(self) -> None:
+        """Stop listening and end the relays still going (a delayed chunk may be in flight)."""
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
+        for task in self._relays:
+            task.cancel()
+        await asyncio.gather(*self._relays, return_exceptions=True)
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._relays.add(task)
+        try:
+            await self._handle(reader, writer)
+        finally:
+            self._relays.discard(task)
+            writer.close()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         raise NotImplementedError
@@ -61,10 +79,13 @@ class TurnProxy(Relay):
                 await dst.drain()
             dst.close()
 
-        with contextlib.suppress(OSError):
-            await asyncio.gather(
-                pump(reader, up_writer, "client"), pump(up_reader, writer, "server")
-            )
+        try:
+            with contextlib.suppress(OSError):
+                await asyncio.gather(
+                    pump(reader, up_writer, "client"), pump(up_reader, writer, "server")
+                )
+        finally:
+            up_writer.close()
 
 
 @pytest.fixture
@@ -108,8 +129,11 @@ class DelayProxy(Relay):
                 await dst.drain()
             dst.close()
 
-        with contextlib.suppress(OSError):
-            await asyncio.gather(pump(reader, up_writer), pump(up_reader, writer))
+        try:
+            with contextlib.suppress(OSError):
+                await asyncio.gather(pump(reader, up_writer), pump(up_reader, writer))
+        finally:
+            up_writer.close()
 
 
 async def test_a_handshake_outlives_a_caller_that_gave_up(tmp_path: Path) -> None:
@@ -137,9 +161,10 @@ async def test_a_handshake_outlives_a_caller_that_gave_up(tmp_path: Path) -> Non
         server.kill()
 
 
-async def test_a_cluster_nodes_handshake_outlives_a_caller_that_gave_up(tmp_path: Path) -> None:
-    """The same for a Redis Cluster's node (its client connects on another path): a one-node
-    cluster with a password, announced at a delaying proxy's port."""
+@contextlib.asynccontextmanager
+async def far_cluster(tmp_path: Path) -> AsyncIterator[tuple[DelayProxy, RedisCluster]]:
+    """A one-node Redis Cluster with a password, announced at a delaying proxy's port (0.2 s a
+    round trip), and a client that has learnt its slot map."""
     proxy = DelayProxy(0, delay_s=0.1)  # bound first: its port is the one the node announces
     await proxy.start()
     announced = proxy.port
@@ -161,14 +186,25 @@ async def test_a_cluster_nodes_handshake_outlives_a_caller_that_gave_up(tmp_path
     direct.close()
     proxy.target = server.port
     client = open_redis(
-        f"redis://:pw-far-away@127.0.0.1:{announced}/0", timeout_s=1.0, cluster=True
+        f"redis://:pw-far-away@127.0.0.1:{announced}/0", timeout_s=2.0, cluster=True
     )
+    assert isinstance(client, RedisCluster)
     try:
         for _ in range(100):  # the slot map, learnt without a caller's limit
             with contextlib.suppress(*OUTAGE):
                 await client.initialize()
                 break
             await asyncio.sleep(0.1)
+        yield proxy, client
+    finally:
+        await client.aclose()
+        await proxy.close()
+        server.kill()
+
+
+async def test_a_cluster_nodes_handshake_outlives_a_caller_that_gave_up(tmp_path: Path) -> None:
+    """The same for a Redis Cluster's node (its client connects on another path)."""
+    async with far_cluster(tmp_path) as (proxy, client):
         node = client.get_default_node()
         await node.disconnect()  # the next call opens a connection
         opened = proxy.connections
@@ -180,7 +216,147 @@ async def test_a_cluster_nodes_handshake_outlives_a_caller_that_gave_up(tmp_path
             async with asyncio.timeout(0.3):
                 await client.get("k")
         assert proxy.connections == opened + 1
+
+
+# A caller's bound shorter than the far Redis's round trip (0.2 s), which the socket timeout
+# (2 s, the client's own bound on a reply) is not.
+GIVE_UP_S = 0.05
+
+
+async def idle(client: Client) -> None:
+    """Until every connection of `client` is back in its pool (a call the caller gave up on
+    holds its connection until its reply; a closed one comes back at once)."""
+    for _ in range(500):
+        if isinstance(client, RedisCluster):
+            nodes = client.get_nodes()
+            if all(len(node._free) == len(node._connections) for node in nodes):
+                return
+        elif not client.connection_pool._in_use_connections:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("a connection is still in use")
+
+
+async def given_up(call: Awaitable[object]) -> None:
+    """`call` under a caller's bound it cannot meet: the caller gets its TimeoutError."""
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(GIVE_UP_S):
+            await call
+
+
+@pytest.fixture
+async def far(tmp_path: Path) -> AsyncIterator[tuple[DelayProxy, Client]]:
+    """A Redis with a password 0.2 s a round trip away, and a client with one warm connection."""
+    server = start_redis(tmp_path, password="pw-far-away")
+    proxy = DelayProxy(server.port, delay_s=0.1)
+    await proxy.start()
+    client = open_redis(f"redis://:pw-far-away@127.0.0.1:{proxy.port}/0", timeout_s=2.0)
+    try:
+        assert await client.ping()  # the connection made (AUTH) before the callers give up
+        assert proxy.connections == 1
+        yield proxy, client
     finally:
         await client.aclose()
         await proxy.close()
         server.kill()
+
+
+async def test_a_sent_command_outlives_a_caller_that_gave_up(
+    far: tuple[DelayProxy, Client],
+) -> None:
+    """Issue: a command cancelled after it was sent (the caller's timeout, shorter than a far
+    Redis's round trip) made redis-py close its connection, so each next call paid a new
+    connect (TCP, TLS, AUTH) and the pool churned. Now the command goes on to its reply, read
+    and dropped, and the connection goes back to the pool: one connection for all the calls."""
+    proxy, client = far
+    for _ in range(3):
+        await given_up(client.incr("n"))
+        await idle(client)
+    assert proxy.connections == 1
+    # Each command ran once, and its reply was read off the connection: no reply is left over
+    # on the stream for the next call to take for its own.
+    assert await client.get("n") == b"3"
+
+
+async def test_pipelines_scripts_and_transactions_outlive_a_caller_that_gave_up(
+    far: tuple[DelayProxy, Client],
+) -> None:
+    """The same for what the router sends besides single commands: the global limits' pipeline
+    of EVALs, a MULTI/EXEC transaction, a script by EVALSHA (NOSCRIPT, then SCRIPT LOAD)."""
+    proxy, client = far
+    incr = "return redis.call('INCRBY', KEYS[1], ARGV[1])"
+
+    pipe = client.pipeline(transaction=False)
+    pipe.eval(incr, 1, "n", 1)
+    pipe.eval(incr, 1, "n", 2)
+    await given_up(pipe.execute(raise_on_error=False))
+    await idle(client)
+
+    async with client.pipeline(transaction=True) as tx:
+        tx.incrby("n", 4)
+        tx.incrby("n", 8)
+        await given_up(tx.execute())
+    await idle(client)
+
+    assert await client.script_flush()  # EVAL cached the script: it is unknown again
+    script = client.register_script(incr)
+    await given_up(script(keys=["n"], args=[16]))  # EVALSHA: NOSCRIPT, read and dropped
+    await idle(client)
+    assert proxy.connections == 1
+    assert await script(keys=["n"], args=[32]) == 1 + 2 + 4 + 8 + 32  # SCRIPT LOAD, EVALSHA
+    await given_up(script(keys=["n"], args=[64]))  # EVALSHA of the loaded script
+    await idle(client)
+
+    assert proxy.connections == 1
+    assert await client.get("n") == b"%d" % (1 + 2 + 4 + 8 + 32 + 64)
+
+
+async def test_a_command_not_sent_when_its_caller_gave_up_is_never_sent(tmp_path: Path) -> None:
+    """A caller that gives up inside the connection's handshake leaves the handshake going,
+    not its command: nothing it asked for reaches Redis later behind its back."""
+    server = start_redis(tmp_path, password="pw-far-away")
+    proxy = DelayProxy(server.port, delay_s=0.1)
+    await proxy.start()
+    client = open_redis(f"redis://:pw-far-away@127.0.0.1:{proxy.port}/0", timeout_s=2.0)
+    try:
+        await given_up(client.incr("n"))  # inside AUTH (0.2 s)
+        await idle(client)
+        assert await client.get("n") is None
+        assert proxy.connections == 1
+    finally:
+        await client.aclose()
+        await proxy.close()
+        server.kill()
+
+
+async def test_a_cluster_command_outlives_a_caller_that_gave_up(tmp_path: Path) -> None:
+    """The same for a Redis Cluster's node: a command and a pipeline given up once sent."""
+    async with far_cluster(tmp_path) as (proxy, client):
+        assert await client.ping()  # the node's connection made (AUTH)
+        opened = proxy.connections
+        for _ in range(3):
+            await given_up(client.incr("{t}n"))
+            await idle(client)
+        pipe = client.pipeline()
+        pipe.incr("{t}n")
+        pipe.incr("{t}n")
+        await given_up(pipe.execute())
+        await idle(client)
+        assert proxy.connections == opened
+        assert await client.get("{t}n") == b"5"
+
+
+async def test_calls_left_going_end_with_the_client(far: tuple[DelayProxy, Client]) -> None:
+    """A call left going when the client closes is stopped and its task ended, nothing left
+    pending or unretrieved."""
+    _, client = far
+    errors: list[dict[str, Any]] = []
+    asyncio.get_running_loop().set_exception_handler(lambda _, context: errors.append(context))
+    await given_up(client.get("k"))
+    left = [t for t in asyncio.all_tasks() if t.get_coro().__qualname__ == "_run"]
+    assert len(left) == 1
+    await client.aclose()
+    assert left[0].done()
+    del left
+    gc.collect()
+    assert errors == []

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any, TypeAlias
+from collections.abc import Coroutine, Iterable
+from contextvars import ContextVar
+from typing import Any, TypeAlias, TypeVar
 
 import redis.asyncio as aioredis
-from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.client import Pipeline
+from redis.asyncio.cluster import ClusterPipeline, RedisCluster
 from redis.asyncio.connection import (
     AbstractConnection,
     Connection,
@@ -27,8 +30,23 @@ TIMEOUTS: tuple[type[BaseException], ...] = (TimeoutError, RedisTimeout)
 
 Client: TypeAlias = "aioredis.Redis | RedisCluster"
 
+T = TypeVar("T")
+
 # Handshakes going on after their caller gave up (kept referenced until they end).
 _HANDSHAKES: set[asyncio.Task[None]] = set()
+
+
+class _Sent:
+    """Whether the call a command task runs has put a command on the wire yet."""
+
+    __slots__ = ("sent",)
+
+    def __init__(self) -> None:
+        self.sent = False
+
+
+# The command task the current code runs in (None outside one, and in a handshake).
+_CALL: ContextVar[_Sent | None] = ContextVar("redis_call", default=None)
 
 
 class _Handshake(AbstractConnection):
@@ -49,11 +67,28 @@ class _Handshake(AbstractConnection):
         if task is None or task.done():
             if self.is_connected:
                 return
-            connecting = super().connect_check_health(check_health, retry_socket_connect)
+            connecting = self._handshake(check_health, retry_socket_connect)
             task = self._connecting = asyncio.ensure_future(connecting)
             _HANDSHAKES.add(task)
             task.add_done_callback(_handshake_ended)
         await asyncio.shield(task)
+
+    async def _handshake(self, check_health: bool, retry_socket_connect: bool) -> None:
+        # Its AUTH and SELECT are not the command of the call that started it (_Sent).
+        _CALL.set(None)
+        await super().connect_check_health(check_health, retry_socket_connect)
+
+    async def send_packed_command(
+        self, command: bytes | str | Iterable[bytes], check_health: bool = True
+    ) -> None:
+        # Every command goes out here (a cluster node's, a pipeline's batch alike); from the
+        # write on, the call's reply is owed on this connection (_Calls).
+        if not self.is_connected:
+            await self.connect_check_health(check_health=False)
+        call = _CALL.get()
+        if call is not None:
+            call.sent = True
+        await super().send_packed_command(command, check_health)
 
     async def disconnect(self, *args: Any, **kwargs: Any) -> None:
         task = self._connecting
@@ -80,6 +115,147 @@ class _UnixConnection(_Handshake, UnixDomainSocketConnection):
     pass
 
 
+class _Calls:
+    """The calls of one client (a command, a pipeline, a transaction) whose callers gave up
+    once the command was sent (the caller's timeout, shorter than a far Redis's round trip):
+    each goes on in its task to its reply, read and dropped (bounded by the socket timeout),
+    and its connection goes back to the pool ready. Cancelled mid-reply, redis-py closes the
+    connection (the reply stream's place is lost), and the next call pays a new connect. A call
+    given up before its command went out is cancelled, as before: nothing is sent for it."""
+
+    def __init__(self) -> None:
+        self._left: set[asyncio.Task[Any]] = set()
+
+    async def run(self, call: Coroutine[Any, Any, T]) -> T:
+        """`call`'s answer; the caller's cancellation reaches it only before its command is sent."""
+        if _CALL.get() is not None:
+            return await call  # inside a call already (a Cluster's multi-slot command)
+        sent = _Sent()
+        task = asyncio.ensure_future(_run(sent, call))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not sent.sent:
+                task.cancel()
+            self._left.add(task)
+            task.add_done_callback(self._ended)
+            raise
+
+    def _ended(self, task: asyncio.Task[Any]) -> None:
+        self._left.discard(task)
+        if not task.cancelled():
+            task.exception()  # the caller is gone: a late error is nobody's
+
+    async def settle(self) -> None:
+        """Wait for the calls left going to end."""
+        while self._left:
+            await asyncio.wait(tuple(self._left))
+
+    async def aclose(self) -> None:
+        """Stop the calls left going (their connections close with the client)."""
+        for task in self._left:
+            task.cancel()
+        await self.settle()
+
+
+async def _run(sent: _Sent, call: Coroutine[Any, Any, T]) -> T:
+    _CALL.set(sent)  # this task's own context: what it sends marks `sent`
+    return await call
+
+
+class _Redis(aioredis.Redis):
+    """A single server's client whose calls outlive callers that gave up once sent (_Calls)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.calls = _Calls()
+
+    async def execute_command(self, *args: Any, **options: Any) -> Any:
+        call = super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
+        return await self.calls.run(call)
+
+    def pipeline(self, transaction: bool = True, shard_hint: str | None = None) -> Pipeline:
+        pipe = _Pipeline(self.connection_pool, self.response_callbacks, transaction, shard_hint)
+        pipe.calls = self.calls
+        return pipe
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        await self.calls.aclose()
+        await super().aclose(close_connection_pool)
+
+
+class _Pipeline(Pipeline):
+    """A pipeline (or MULTI/EXEC transaction) whose execute() is one call of _Calls."""
+
+    calls: _Calls
+    _owner: _Sent | None = None
+
+    async def execute(self, raise_on_error: bool = True) -> list[Any]:
+        return await self.calls.run(self._execute(raise_on_error))
+
+    async def _execute(self, raise_on_error: bool) -> list[Any]:
+        self._owner = _CALL.get()
+        try:
+            return await super().execute(raise_on_error)
+        finally:
+            self._owner = None
+
+    async def reset(self) -> None:  # type: ignore[override]
+        # A caller that gave up (leaving `async with`) must not give the connection back while
+        # the execute it left reads the replies; that execute resets the pipeline at its end.
+        if self._owner is None or _CALL.get() is self._owner:
+            await super().reset()  # type: ignore[no-untyped-call]
+
+
+class _Cluster(RedisCluster):
+    """A Cluster's client whose calls outlive callers that gave up once sent (_Calls)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.calls = _Calls()
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        return await self.calls.run(super().execute_command(*args, **kwargs))
+
+    def pipeline(
+        self, transaction: Any | None = None, shard_hint: Any | None = None
+    ) -> ClusterPipeline:
+        if shard_hint:
+            return super().pipeline(transaction, shard_hint)  # raises: not in a Cluster
+        # mypy takes a slot redis-py's ClusterPipeline never fills for an abstract attribute.
+        pipe = _ClusterPipeline(self, transaction)  # type: ignore[abstract]
+        pipe.calls = self.calls
+        return pipe
+
+    async def aclose(self) -> None:
+        await self.calls.aclose()
+        await super().aclose()
+
+
+class _ClusterPipeline(ClusterPipeline):
+    """A Cluster's pipeline whose execute() is one call of _Calls."""
+
+    calls: _Calls
+    _owner: _Sent | None = None
+
+    async def execute(
+        self, raise_on_error: bool = True, allow_redirections: bool = True
+    ) -> list[Any]:
+        return await self.calls.run(self._execute(raise_on_error, allow_redirections))
+
+    async def _execute(self, raise_on_error: bool, allow_redirections: bool) -> list[Any]:
+        self._owner = _CALL.get()
+        try:
+            return await super().execute(raise_on_error, allow_redirections)
+        finally:
+            self._owner = None
+
+    async def reset(self) -> None:  # type: ignore[override]
+        # As _Pipeline.reset: the execute a caller left goes on with the commands it holds.
+        if self._owner is None or _CALL.get() is self._owner:
+            await super().reset()  # type: ignore[no-untyped-call]
+
+
 def _connection_class(url: str) -> type[Connection]:
     """The connection class for a redis:// or rediss:// URL (unix:// has its own)."""
     return _TlsConnection if url.partition("://")[0].lower() == "rediss" else _TcpConnection
@@ -92,7 +268,8 @@ def open_redis(url: str, *, timeout_s: float, cluster: bool = False) -> Client:
     With `cluster`, `url` names any one node; the client learns the others and follows failovers.
     A new connection sends nothing before the first command (db 0, no password: a password
     adds AUTH, a database other than 0 adds SELECT, one round trip each), and its handshake
-    outlives a caller that gives up on it (`_Handshake`).
+    outlives a caller that gives up on it (`_Handshake`); so does a call whose command was sent
+    (`_Calls`).
     """
     common: dict[str, Any] = {
         "socket_timeout": timeout_s,
@@ -112,7 +289,7 @@ def open_redis(url: str, *, timeout_s: float, cluster: bool = False) -> Client:
     if cluster:
         # A master killed: its slots answer MOVED/connection errors until the replica takes
         # over; the cluster client refreshes its slot map, the caller sees an outage meanwhile.
-        client = RedisCluster.from_url(url, **common)
+        client = _Cluster.from_url(url, **common)
         # Its nodes (those known now, and those it learns) connect the same way.
         manager = client.nodes_manager
         manager.connection_kwargs["connection_class"] = connection_class
@@ -120,7 +297,7 @@ def open_redis(url: str, *, timeout_s: float, cluster: bool = False) -> Client:
             node.connection_class = connection_class
         return client
     unix = url.partition("://")[0].lower() == "unix"
-    return aioredis.Redis.from_url(
+    return _Redis.from_url(
         url,
         retry_on_timeout=False,
         connection_class=_UnixConnection if unix else connection_class,
@@ -156,6 +333,9 @@ async def ping(client: Client) -> None:
 async def refresh(client: Client) -> None:
     """A Cluster client re-reads the slot map (a master failed, its replica took over); without
     client-side retries it would keep asking the dead master. No-op for a single server."""
-    if isinstance(client, RedisCluster):
+    if isinstance(client, _Cluster):
+        with contextlib.suppress(*OUTAGE):
+            await client.calls.run(client.nodes_manager.initialize())
+    elif isinstance(client, RedisCluster):
         with contextlib.suppress(*OUTAGE):
             await client.nodes_manager.initialize()
