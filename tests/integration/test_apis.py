@@ -752,6 +752,18 @@ def test_stored_responses_are_read_and_deleted_at_their_region_by_their_tenant(
             model=MODEL, input=[{"type": "item_reference", "id": item}], store=False
         )
     assert referred.value.code == "item_not_found"
+    # Not behind 32 references to items of its own either (every reference is checked).
+    own = [
+        two.responses.create(model=MODEL, input=f"mine {n}", extra_headers={"x-sim-only": "a"})
+        for n in range(33)
+    ]
+    refs = [{"type": "item_reference", "id": r.output[0].id} for r in own]
+    asked = [sim_stats(p)["by_path"]["/v1/responses"] for p in (a, b)]
+    with pytest.raises(openai.NotFoundError) as padded:
+        two.responses.create(
+            model=MODEL, input=[*refs, {"type": "item_reference", "id": item}], store=False
+        )
+    assert padded.value.code == "item_not_found"
     assert [sim_stats(p)["by_path"]["/v1/responses"] for p in (a, b)] == asked
     one.responses.delete(made.id)
     with pytest.raises(openai.NotFoundError):

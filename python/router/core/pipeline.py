@@ -26,6 +26,7 @@ from router.core.dialect import stored_ids
 from router.core.failure import AttemptError
 from router.core.relay import relay_stream, whole
 from router.core.request import (
+    MAX_ITEM_LOOKUPS,
     RESPONSES,
     ParsedRequest,
     check_content_type,
@@ -445,9 +446,16 @@ async def _pinned(
     if ref is not None:
         home = await homes.home(ref, owner)
     if asked.state_items:
-        # Every item is checked for its tenant, at once (each may be a Redis round trip).
+        # Every item is checked for its tenant, MAX_ITEM_LOOKUPS at once (each may be a Redis
+        # round trip).
+        gate = asyncio.Semaphore(MAX_ITEM_LOOKUPS)
+
+        async def home_of(item: str) -> str | None:
+            async with gate:
+                return await homes.home(item, owner)
+
         found = await asyncio.gather(
-            *(homes.home(item, owner) for item in asked.state_items), return_exceptions=True
+            *(home_of(item) for item in asked.state_items), return_exceptions=True
         )
         for item, held in zip(asked.state_items, found, strict=True):
             if isinstance(held, NotFound):

@@ -161,8 +161,8 @@ class ParsedRequest(msgspec.Struct, frozen=True, kw_only=True):
     stateful: bool = False
     # The stored response it continues from (previous_response_id): it goes to that region.
     state_ref: str | None = None
-    # Stored items its input refers to (`item_reference`), the first MAX_ITEM_LOOKUPS distinct
-    # ids: it goes to the region holding them (after state_ref's).
+    # Stored items its input refers to (`item_reference`), each distinct id once (at most
+    # MAX_ITEM_REFERENCES): it goes to the region holding them (after state_ref's).
     state_items: tuple[str, ...] = ()
 
     def with_model(self, upstream_model: str) -> ParsedRequest:
@@ -523,17 +523,18 @@ def parse_body(endpoint: str, body: bytes, *, max_items: int = 2048) -> ParsedRe
     )
 
 
-# How many distinct item ids of one request are looked up (each may cost a Redis round trip,
-# made at once): a conversation's items live where its responses were made, so the first
-# few find the region.
+# How many distinct stored items one request may refer to. Each is checked for its tenant (a
+# local note, else one Redis lookup, MAX_ITEM_LOOKUPS at once): a request past it is a 400,
+# never a request with its later references unchecked.
+MAX_ITEM_REFERENCES = 256
 MAX_ITEM_LOOKUPS = 32
 
 
 def item_references(items: object) -> tuple[str, ...] | None:
-    """The ids of the stored items a Responses input list refers to, the first MAX_ITEM_LOOKUPS
-    distinct ones; None when it refers to none. A reference is an item of type
-    `item_reference`, or one with neither a type nor a role (the API's ItemReference may leave
-    its type out; every other item without a type is a message, which has a role)."""
+    """The distinct ids of the stored items a Responses input list refers to; None when it
+    refers to none. A reference is an item of type `item_reference`, or one with neither a type
+    nor a role (the API's ItemReference may leave its type out; every other item without a
+    type is a message, which has a role). More than MAX_ITEM_REFERENCES is a 400."""
     if not isinstance(items, list):
         return None
     found: dict[str, None] | None = None
@@ -545,8 +546,14 @@ def item_references(items: object) -> tuple[str, ...] | None:
             if found is None:
                 found = {}
             ref = item.get("id")
-            if isinstance(ref, str) and len(found) < MAX_ITEM_LOOKUPS:
+            if isinstance(ref, str):
                 found[ref] = None
+                if len(found) > MAX_ITEM_REFERENCES:
+                    raise InvalidRequest(
+                        f"`input` refers to more than {MAX_ITEM_REFERENCES} distinct stored "
+                        "items; send the items themselves instead.",
+                        param="input",
+                    )
     return None if found is None else tuple(found)
 
 

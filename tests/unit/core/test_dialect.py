@@ -15,7 +15,7 @@ from router.core.dialect import (
     response_id,
     stored_ids,
 )
-from router.core.request import MAX_ITEM_LOOKUPS, MESSAGES, RESPONSES, ParsedRequest, parse_body
+from router.core.request import MAX_ITEM_REFERENCES, MESSAGES, RESPONSES, ParsedRequest, parse_body
 from router.core.responses import anthropic_relayed
 from router.core.stream import EventState, passable
 from router.errors import InvalidRequest, NotFound, anthropic_error_body
@@ -183,11 +183,17 @@ def test_item_references_make_a_responses_request_stateful() -> None:
             assert isinstance(asked, ParsedRequest)
             assert asked.stateful
             assert asked.state_items == ("msg_1",)
-    # Distinct ids, in order, at most MAX_ITEM_LOOKUPS of them; one without an id still counts.
+    # Distinct ids, in order, every one of them (each is checked for its tenant: none may be
+    # left unchecked past a cap), at most MAX_ITEM_REFERENCES, else a 400; one without an id
+    # still counts.
     many = [{"type": "item_reference", "id": f"i{n % 40}"} for n in range(80)]
     asked = _parse(RESPONSES, {"model": "m", "input": many, "store": False})
     assert isinstance(asked, ParsedRequest)
-    assert asked.state_items == tuple(f"i{n}" for n in range(MAX_ITEM_LOOKUPS))
+    assert asked.state_items == tuple(f"i{n}" for n in range(40))
+    most = [{"type": "item_reference", "id": f"i{n}"} for n in range(MAX_ITEM_REFERENCES + 1)]
+    assert len(_parse(RESPONSES, {"model": "m", "input": most[:-1]}).state_items) == 256  # type: ignore[attr-defined]
+    with pytest.raises(InvalidRequest, match="more than 256 distinct stored items"):
+        _parse(RESPONSES, {"model": "m", "input": most})
     odd = _parse(RESPONSES, {"model": "m", "input": [{"type": "item_reference"}], "store": False})
     assert isinstance(odd, ParsedRequest)
     assert odd.stateful
