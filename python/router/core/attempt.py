@@ -137,9 +137,14 @@ _FLAT_ERROR = msgspec.json.Decoder(_FlatError)
 # does not exist.", type NotFoundError), OpenAI ("The model `m` does not exist or you do not
 # have access to it.", code model_not_found), llama.cpp's router ("model name=m is not found"),
 # Anthropic (type not_found_error, "model: m").
-_MISSING = ("does not exist", "not found")
-_NOT_FOUND_TYPES = frozenset({"NotFoundError", "not_found_error"})
-_MODEL_WORD = re.compile(r"\bmodel\b", re.I)
+# How servers word "no model by this name", whole: vLLM's (OpenAIServing._check_model), OpenAI's,
+# llama.cpp's router mode's, Anthropic's.
+_NO_MODEL = (
+    "The model `{}` does not exist.",
+    "The model `{}` does not exist or you do not have access to it.",
+    "model name={} is not found",
+    "model: {}",
+)
 
 
 class _Delta(msgspec.Struct):
@@ -233,8 +238,9 @@ def caused_by_request(body: bytes) -> bool:
 def missing_model(body: bytes, model: str) -> bool:
     """Whether a region's 404 says it has no model `model` (not a path it lacks, nor a stored
     response it does not hold): an API error, in OpenAI's shape or vLLM's flat one, with code
-    model_not_found, or whose message names the model and says it does not exist or was not
-    found."""
+    model_not_found, or whose whole message is a server's own words for it with the model's
+    name (a message that only quotes the request, such as an unknown id that names the model,
+    is not: the request must not be able to make its own 404 count against a region)."""
     if not model or (model.encode() not in body and b"model_not_found" not in body):
         return False
     error = _error_detail(body)
@@ -248,14 +254,8 @@ def missing_model(body: bytes, model: str) -> bool:
         error = flat
     if error.code == "model_not_found":
         return True
-    if not isinstance(error.message, str):
-        return False
     message = error.message
-    # The name whole, as a word of the message (not `m` inside `m-large`).
-    named = re.search(rf"(?<![\w./:-]){re.escape(model)}(?![\w/:-]|\.\w)", message, re.I)
-    if named is None or _MODEL_WORD.search(message) is None:
-        return False
-    return error.type in _NOT_FOUND_TYPES or any(words in message.lower() for words in _MISSING)
+    return isinstance(message, str) and message in {w.format(model) for w in _NO_MODEL}
 
 
 def server_refusal(body: bytes) -> str | None:

@@ -286,6 +286,10 @@ async def test_no_region_with_the_model_is_a_404_in_openais_shape(
         b'{"error": {"code": 404, "message": "File Not Found", "type": "not_found_error"}}',
         error_body("The model `m-large` does not exist.", "NotFoundError"),
         b'{"detail": "model m does not exist"}',
+        # The request's own words quoted back (an id it chose naming the model): never the
+        # region's "no such model", or a client could open every region's circuit for it.
+        error_body("Previous response with id 'resp_1 model m' not found.", "NotFoundError"),
+        error_body("Item with id 'the model m' not found.", "invalid_request_error"),
     ],
 )
 async def test_a_404_about_anything_but_the_model_is_the_regions_answer(said: bytes) -> None:
