@@ -107,11 +107,13 @@ def region_error(
 def refusal_response(
     status: int, headers: CIMultiDict[str], body: bytes, request_id: str, *, anthropic: bool = False
 ) -> web.Response | None:
-    """A region's own 4xx that is no failure (the attempts relay it), when it is no API error
-    (an ingress's HTML 404 naming its hosts, an empty body): the router's own error in the
-    API's shape with its status and Retry-After, never its text or other headers; None for an
-    API error (OpenAI's shape, vLLM's flat one), which is relayed as it came."""
-    if _api_error(body) or _flat_error(body) is not None:
+    """A region's own error answer that is no failure (the attempts relay it: a 4xx, a 5xx no
+    other region is asked about), when it is not JSON (an ingress's HTML 404 naming its hosts,
+    an empty body, plain text): the router's own error in the API's shape with its status
+    class and Retry-After, never its text or other headers; None for a JSON object (OpenAI's
+    shape, vLLM's flat one, TGI's `{"error": "..."}`, FastAPI's `{"detail": ...}`: some API's
+    error, the key already blanked), which is relayed as it came."""
+    if json_object(body) is not None:
         return None
     return error_response(_standin(status, headers), request_id, anthropic=anthropic)
 
