@@ -493,12 +493,13 @@ async def open_attempt(
                     payload = payload_of(at)
                     failure = region_failure(upstream.scrub(payload)) if payload else None
                     if failure is not None:
-                        answer = msgspec.json.encode({"error": failure})
+                        blamed, fault = failure
+                        answer = msgspec.json.encode({"error": fault})
                         raise AttemptError(
                             name,
                             FailureKind.STATUS,
                             f"{error_message(answer)} before any token",
-                            status=502,
+                            status=blamed,
                             headers=CIMultiDict({"Content-Type": "application/json"}),
                             body=answer,
                         )

@@ -92,6 +92,7 @@ def error_message(payload: bytes) -> str:
 # request's: its server's error, overload or timeout, its rate limit (OpenAI's error types and
 # codes, Anthropic's error types). Any other (invalid_request_error, invalid_prompt, ...)
 # blames the request: another region would say the same.
+_RATE_LIMITS = frozenset({"rate_limit_error", "rate_limit_exceeded"})
 _REGION_FAULTS = frozenset(
     {
         "server_error",
@@ -104,9 +105,10 @@ _REGION_FAULTS = frozenset(
 )
 
 
-def region_failure(payload: bytes) -> dict[str, object] | None:
-    """The error of a typed-event API's failure event when it is the region's fault, in
-    OpenAI's error object shape (`message`, `type`, `code`), else None. Its `error` event
+def region_failure(payload: bytes) -> tuple[int, dict[str, object]] | None:
+    """The error of a typed-event API's failure event when it is the region's fault: the HTTP
+    status it stands for (429 for a rate limit, else 502) and the error in OpenAI's error
+    object shape (`message`, `type`, `code`); else None. Its `error` event
     holds the error's fields (OpenAI's Responses API) or an `error` object (Anthropic's, and
     servers that nest it); `response.failed` holds it in the failed response's `error`."""
     event = json_object(payload)
@@ -126,7 +128,9 @@ def region_failure(payload: bytes) -> dict[str, object] | None:
     if what not in _REGION_FAULTS and code not in _REGION_FAULTS:
         return None
     message = error.get("message")
-    return {
+    # Busy, as a 429 says (no failure of the region's health), or failing.
+    status = 429 if what in _RATE_LIMITS or code in _RATE_LIMITS else 502
+    return status, {
         "message": message if isinstance(message, str) else f"{code or what}",
         "type": "server_error" if what in (None, "error") else what,
         "code": code,
