@@ -10,6 +10,7 @@ stream, and the event that ends a stream the router had to cut.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import msgspec
 
@@ -23,7 +24,7 @@ from router.core.request import (
     RESPONSES,
 )
 from router.core.responses import stream_error_event
-from router.core.stream import EventState, StreamState, payload_of
+from router.core.stream import EventState, StreamState, output_ids, payload_of
 from router.errors import anthropic_error_body
 from router.net import sse
 
@@ -53,14 +54,11 @@ def _typed_has_token(preamble: frozenset[str]) -> Callable[[bytes], bool]:
     return has_token
 
 
-class _Id(msgspec.Struct):
-    id: str | None = None
-
-
 class _Made(msgspec.Struct):
     id: str | None = None
     object: str | None = None
-    output: list[_Id] | None = None
+    # Read leniently (output_ids): one odd item must not hide the response's own id.
+    output: list[Any] | None = None
 
 
 _MADE = msgspec.json.Decoder(_Made)
@@ -86,7 +84,7 @@ def stored_ids(body: bytes) -> list[str]:
     made = _made(body)
     if made is None or made.id is None:
         return []
-    return [made.id, *(item.id for item in made.output or () if item.id)]
+    return [made.id, *output_ids(made.output)]
 
 
 class Dialect:

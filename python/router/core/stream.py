@@ -285,14 +285,25 @@ class StreamState:
         )
 
 
-class _ItemId(msgspec.Struct):
-    id: str | None = None
+# The most output items of one response noted for later references (each is one more note,
+# and one Redis write when shared); the API makes a few per response.
+MAX_NOTED_ITEMS = 256
+
+
+def output_ids(output: object) -> list[str]:
+    """The ids of a response's output items (objects with a string `id`; anything else in the
+    list is skipped), at most MAX_NOTED_ITEMS."""
+    if not isinstance(output, list):
+        return []
+    ids = [i for item in output if isinstance(item, dict) and isinstance(i := item.get("id"), str)]
+    return [i for i in ids if i][:MAX_NOTED_ITEMS]
 
 
 class _Ref(msgspec.Struct):
     id: str | None = None
-    # A Responses API response's output items (whole in its terminal event).
-    output: list[_ItemId] | None = None
+    # A Responses API response's output items (whole in its terminal event), read leniently
+    # (output_ids): one odd item must not hide the event's end.
+    output: list[object] | None = None
 
 
 class _Event(msgspec.Struct):
@@ -366,7 +377,7 @@ class EventState:
             self.ended = True
             self.failed = event.type in _FAILURE_ENDS
             if event.response is not None and event.response.output:
-                self.items = [item.id for item in event.response.output if item.id]
+                self.items = output_ids(event.response.output)
         if b'"usage"' in payload:
             kept_usage(self.usage, payload)
         return True

@@ -232,6 +232,13 @@ def test_what_a_response_leaves_stored_is_noted_whole_and_streamed() -> None:
     passable([done], state, False)
     assert state.response_id == "resp_1"
     assert state.items == ["rs_1", "msg_1"]
+    # An odd output item (an id that is no string, an item that is no object) is skipped; it
+    # hides neither the response's id nor its stream's end.
+    odd = {**body, "output": [{"id": 5}, "text", None, {"type": "message", "id": "msg_2"}]}
+    assert stored_ids(msgspec.json.encode(odd)) == ["resp_1", "msg_2"]
+    state = EventState(RESPONSES_API.terminal)
+    passable([_ev("response.completed", response={**odd, "status": "completed"})], state, False)
+    assert (state.ended, state.response_id, state.items) == (True, "resp_1", ["msg_2"])
 
 
 @pytest.mark.parametrize(
