@@ -135,6 +135,7 @@ class RequestContext:
         "model_base",
         "more_models",
         "open_streams",
+        "outcomes",
         "parsed",
         "queue_depth",
         "region",
@@ -199,6 +200,9 @@ class RequestContext:
         # The same streams' regions, for the per-region attempt counts: each is counted when it
         # ended or broke (observability.telemetry.Observer).
         self.open_streams: list[str] = []
+        # Other attempts' (region, outcome), counted once the answer left (None: from then on,
+        # at once), so the count costs the answer nothing.
+        self.outcomes: list[tuple[str, str]] | None = []
         self.queue_depth: int | None = None
         # Stage durations fixed when the headers went out, so the header and the log agree.
         self.at_headers: dict[str, int] | None = None

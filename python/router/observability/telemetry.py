@@ -177,7 +177,9 @@ class Observer:
         status: int,
         answer: web.StreamResponse | None,
     ) -> None:
-        """One access record (metrics, SLO, log line) for the finished request."""
+        """One access record (metrics, SLO, log line) for the finished request, and the counts
+        of its attempts (`count_attempts`)."""
+        self.count_attempts(ctx)
         at_headers = ctx.at_headers or {}
         if TOTAL in at_headers:
             # A whole body: everything was fixed with its headers, which showed the same.
@@ -195,6 +197,16 @@ class Observer:
             # Observability must never cost a client its answer (e.g. stdout closed).
             self._failures.note()
 
+    def count_attempts(self, ctx: RequestContext) -> None:
+        """Count the request's attempts noted so far, once its answer left; later ones (a
+        hedge's loser let go of) are counted at once."""
+        outcomes = ctx.outcomes
+        ctx.outcomes = None
+        if outcomes:
+            metrics = self.telemetry.metrics
+            for region, outcome in outcomes:
+                metrics.attempt(region, outcome)
+
     def attempt(
         self, ctx: RequestContext, upstream: Upstream, error: AttemptError | None, seconds: float
     ) -> None:
@@ -202,17 +214,23 @@ class Observer:
         the region's attempt counts."""
         name = upstream.name
         ctx.tried.append(name)
-        metrics = self.telemetry.metrics
         if error is None:
             # Connect + request + the region's first byte (the first SSE chunk for a stream).
             ctx.timer.record(REGION_TTFT, int(seconds * 1e9))
             if ctx.request.stream:
                 # A first byte is not yet a success: counted when the stream broke or ended.
                 ctx.open_streams.append(name)
+                outcome = None
             else:
-                metrics.attempt(name, OK)
+                outcome = OK
         else:
-            metrics.attempt(name, outcome_of(error))
+            outcome = outcome_of(error)
+        if outcome is not None:
+            outcomes = ctx.outcomes
+            if outcomes is not None:
+                outcomes.append((name, outcome))  # counted by `finish`, after the answer left
+            else:
+                self.telemetry.metrics.attempt(name, outcome)
         self.passive.saw(name, error is None or not unreachable(error.kind))
 
     def broke(self, ctx: RequestContext, region: str) -> None:

@@ -163,7 +163,11 @@ def test_the_observer_counts_a_stream_once_it_ended_or_broke() -> None:
     observer.attempt(ctx, a, _error(FailureKind.TIMEOUT), 1.0)
     observer.attempt(ctx, b, None, 0.1)
     observer.ended(ctx)
+    assert t.metrics.attempts.counts == {}  # counted once the answer left (off its path)
+    observer.count_attempts(ctx)
     assert t.metrics.attempts.counts == {("a", "timeout"): 1, ("b", "ok"): 1}
+    observer.attempt(ctx, a, _error(FailureKind.CONNECT), 0.1)  # after it: at once
+    assert t.metrics.attempts.counts[("a", "connect")] == 1
     # A stream from a breaks after its first byte, b continues it to its end.
     ctx = _ctx(stream=True)
     observer.attempt(ctx, a, None, 0.1)
@@ -172,6 +176,7 @@ def test_the_observer_counts_a_stream_once_it_ended_or_broke() -> None:
     observer.attempt(ctx, b, None, 0.1)
     observer.ended(ctx)
     observer.ended(ctx)  # a second end counts nothing twice
+    observer.count_attempts(ctx)
     counts = t.metrics.attempts.counts
     assert (counts[("a", "broken")], counts[("b", "ok")]) == (1, 2)
     assert ("a", "ok") not in counts
