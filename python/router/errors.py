@@ -122,6 +122,21 @@ class NotFound(ApiError):
     code = "not_found"
 
 
+class StateNotFound(NotFound):
+    """404: stored state (a Responses API response or item) this tenant did not make, worded as
+    for an unknown id; `ref` is its id."""
+
+    def __init__(
+        self,
+        ref: str,
+        what: str = "Response",
+        code: str = "response_not_found",
+        param: str | None = None,
+    ) -> None:
+        super().__init__(f"{what} `{ref}` is not known to this router.", code=code, param=param)
+        self.ref = ref
+
+
 class PayloadTooLarge(ApiError):
     """413: body over the configured maximum."""
 

@@ -681,7 +681,7 @@ def test_a_regenerated_stream_without_usage_still_ends_with_the_usage_asked_for(
     fresh = sim_region("c", kind="llama-server")
     config = '[routing]\nmidstream = "resume"\n[auth]\nenabled = false\n'
     regions = region_toml(a, kind="llama-server")
-    survivor = region_toml(b, kind="llama-cpp-python", health_path="/health", bias_ms=500)
+    survivor = region_toml(b, kind="llama-cpp-python", bias_ms=500)
     router = router_proc(config + regions + survivor)
     asked: dict[str, Any] = {
         "model": MODEL,

@@ -26,7 +26,6 @@ from router.core.dialect import stored_ids
 from router.core.failure import AttemptError
 from router.core.relay import relay_stream, whole
 from router.core.request import (
-    MAX_ITEM_LOOKUPS,
     RESPONSES,
     ParsedRequest,
     check_content_type,
@@ -55,7 +54,7 @@ from router.core.stages import (
 from router.core.stored import forward_stored
 from router.core.timing import PARSE, STREAM, UPSTREAM
 from router.core.upstream import CURRENT, Upstream, Upstreams
-from router.errors import ApiError, NotFound, Unavailable
+from router.errors import ApiError, NotFound, StateNotFound, Unavailable
 from router.net.whole import send_whole
 
 log = logging.getLogger("router")
@@ -446,27 +445,13 @@ async def _pinned(
     if ref is not None:
         home = await homes.home(ref, owner)
     if asked.state_items:
-        # Every item is checked for its tenant, MAX_ITEM_LOOKUPS at once (each may be a Redis
-        # round trip).
-        gate = asyncio.Semaphore(MAX_ITEM_LOOKUPS)
-
-        async def home_of(item: str) -> str | None:
-            async with gate:
-                return await homes.home(item, owner)
-
-        found = await asyncio.gather(
-            *(home_of(item) for item in asked.state_items), return_exceptions=True
-        )
-        for item, held in zip(asked.state_items, found, strict=True):
-            if isinstance(held, NotFound):
-                # Worded as for an unknown id: another tenant's item does not exist for this one.
-                raise NotFound(
-                    f"Item `{item}` is not known to this router.",
-                    code="item_not_found",
-                    param="input",
-                )
-            if isinstance(held, BaseException):
-                raise held
+        # Every item is checked for its tenant (those not in memory in one Redis round trip).
+        try:
+            held_by = await homes.homes(asked.state_items, owner)
+        except StateNotFound as exc:
+            # Worded as for an unknown id: another tenant's item does not exist for this one.
+            raise StateNotFound(exc.ref, "Item", "item_not_found", param="input") from None
+        for item, held in zip(asked.state_items, held_by, strict=True):
             if home is None and held is not None:
                 ref, home, param = item, held, "input"
     if home is None:

@@ -9,8 +9,10 @@ such response it relays and of its output items, for the tenant that made it
 no tenant's notes push out another's smaller share), with workers in a table the machine's
 workers share (routing.shared_pins), and, with `[state] redis_url`, shares the notes with the
 other routers of the deployment: written in the background, read only when a follow-up's
-id is not in memory (one Redis round trip, bounded by `redis_timeout_s`; no answer, or a value
-that is not text, is "not known").
+ids are not in memory (one Redis round trip for all of a request's ids, bounded by
+`redis_timeout_s`; a value that is not text is "not known"). No answer from Redis is a 503,
+never "not known": a request whose state may be another tenant's is never sent to a region
+unchecked.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from router.config import StateConfig
-from router.errors import NotFound
+from router.errors import StateNotFound, Unavailable
 from router.net.redis_client import OUTAGE, Client, hash_tagged, open_redis
 from router.routing.shared_pins import SharedPins
 
@@ -35,11 +37,21 @@ _WRITES: set[asyncio.Task[None]] = set()
 _LOG_EVERY = 1000
 
 
-def _foreign(response_id: str) -> NotFound:
+def _note(raw: object) -> tuple[str, str] | None:
+    """A note as Redis holds it, `region\nowner`; None for anything else (not a router's)."""
+    if not isinstance(raw, bytes):
+        return None
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError:
+        return None
+    region, _, owner = text.partition("\n")
+    return region, owner
+
+
+def _foreign(response_id: str) -> StateNotFound:
     # Worded as for an unknown id: another tenant's response does not exist for this one.
-    return NotFound(
-        f"Response `{response_id}` is not known to this router.", code="response_not_found"
-    )
+    return StateNotFound(response_id)
 
 
 class ResponseHomes:
@@ -100,7 +112,34 @@ class ResponseHomes:
 
     async def home(self, response_id: str, owner: str) -> str | None:
         """The region holding `response_id`, if it was made through this router (or, sharing,
-        through any); NotFound when another tenant made it."""
+        through any); NotFound when another tenant made it; Unavailable when Redis, which may
+        know, did not answer."""
+        (region,) = await self.homes((response_id,), owner)
+        return region
+
+    async def homes(self, ids: tuple[str, ...], owner: str) -> list[str | None]:
+        """`home` of each of `ids`, those not in memory read from Redis in one round trip."""
+        found = [self._local(i, owner) for i in ids]
+        missing = [n for n, f in enumerate(found) if f is None]
+        if missing and self._redis is not None:
+            read = await self._read(self._redis, [ids[n] for n in missing])
+            for n, note in zip(missing, read, strict=True):
+                if note is not None:
+                    self._remember(ids[n], *note)
+                    found[n] = note
+        regions: list[str | None] = []
+        for response_id, note in zip(ids, found, strict=True):
+            if note is None:
+                regions.append(None)
+                continue
+            if note[1] != owner:
+                raise _foreign(response_id)
+            self._by_owner[owner].move_to_end(response_id)
+            regions.append(note[0])
+        return regions
+
+    def _local(self, response_id: str, owner: str) -> tuple[str, str] | None:
+        """The note of `response_id` in memory or the machine's table, if any."""
         found = self._homes.get(response_id)
         if found is None and self.shared is not None:
             noted = self.shared.home(response_id, owner)
@@ -110,16 +149,7 @@ class ResponseHomes:
                     raise _foreign(response_id)
                 found = (region, owner)
                 self._remember(response_id, region, owner)
-        if found is None and self._redis is not None:
-            found = await self._read(self._redis, response_id)
-            if found is not None:
-                self._remember(response_id, *found)
-        if found is None:
-            return None
-        if found[1] != owner:
-            raise _foreign(response_id)
-        self._by_owner[owner].move_to_end(response_id)
-        return found[0]
+        return found
 
     def __len__(self) -> int:
         return len(self._homes)
@@ -176,27 +206,33 @@ class ResponseHomes:
         except OUTAGE as exc:
             self._failed("write", exc)
 
-    async def _read(self, redis: Client, response_id: str) -> tuple[str, str] | None:
+    async def _read(self, redis: Client, ids: list[str]) -> list[tuple[str, str] | None]:
+        """The notes of `ids` (None: not noted), in one round trip; Unavailable when Redis
+        does not answer in time."""
         try:
             async with asyncio.timeout(self.config.redis_timeout_s):
-                raw = await redis.get(self._key(response_id))
+                if len(ids) == 1:
+                    raws = [await redis.get(self._key(ids[0]))]
+                else:
+                    pipe = redis.pipeline(transaction=False)
+                    for response_id in ids:
+                        pipe.get(self._key(response_id))
+                    raws = await pipe.execute()
         except OUTAGE as exc:
             self._failed("read", exc)
-            return None
-        if not isinstance(raw, bytes):
-            return None
-        try:
-            text = raw.decode()
-        except UnicodeDecodeError:
-            return None  # not a note a router wrote: not known, like an unanswered lookup
-        region, _, owner = text.partition("\n")
-        return region, owner
+            raise Unavailable(
+                "Where this request's stored state lives cannot be looked up now ([state] "
+                "Redis did not answer); retry shortly.",
+                code="state_unavailable",
+                headers={"Retry-After": "1"},
+            ) from None
+        return [_note(raw) for raw in raws]
 
     def _failed(self, what: str, exc: BaseException) -> None:
         self._failures += 1
         if self._failures % _LOG_EVERY == 1:
             log.warning(
-                "[state] Redis did not answer a %s (%d failed so far): %r; pins are per router",
+                "[state] Redis did not answer a %s (%d failed so far): %r",
                 what,
                 self._failures,
                 exc,
