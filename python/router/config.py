@@ -496,7 +496,8 @@ class StateConfig(_Section, frozen=True):
     redis_url: str | None = None
     # redis_url names one node of a Redis Cluster.
     redis_cluster: bool = False
-    # A lookup Redis does not answer in this long is treated as not found (routed as usual).
+    # A lookup Redis does not answer in this long is a 503 state_unavailable (never routed
+    # unchecked): set it above the round trip to Redis (a far one's too).
     redis_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 0.25
     # Prefix of the keys, one per response.
     redis_prefix: str = "router:resp:"

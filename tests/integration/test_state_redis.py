@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import signal
 from collections.abc import AsyncIterator
 
 import pytest
 from aiohttp import web
 
 from router.config import StateConfig
+from router.errors import StateNotFound, Unavailable
 from router.routing.affinity import ResponseHomes
 from tests.support import Proc
 
@@ -35,3 +37,39 @@ async def test_a_note_that_is_not_utf8_is_not_known(homes: ResponseHomes) -> Non
     assert homes._redis is not None
     await homes._redis.set(homes._key("resp_bad"), b"\xff\xfe\x00garbage")
     assert await homes.home("resp_bad", "tenant") is None
+
+
+async def test_a_request_s_ids_are_read_in_one_round_trip(homes: ResponseHomes) -> None:
+    assert homes._redis is not None
+    await homes._redis.set(homes._key("item_b"), "region-b\ntenant")
+    await homes._redis.set(homes._key("item_c"), "region-c\ntenant")
+    before = (await homes._redis.info("stats"))["total_commands_processed"]
+    found = await homes.homes(("item_b", "item_x", "item_c"), "tenant")
+    after = (await homes._redis.info("stats"))["total_commands_processed"]
+    assert found == ["region-b", None, "region-c"]
+    assert after - before == 3 + 1  # three GETs (one pipeline) and the first INFO
+    # Another tenant's among them: not found, whichever it is.
+    with pytest.raises(StateNotFound) as foreign:
+        await homes.homes(("item_x", "item_c"), "other")
+    assert foreign.value.ref == "item_c"
+
+
+async def test_no_answer_from_redis_is_a_503_never_not_known(
+    homes: ResponseHomes, redis_proc: Proc
+) -> None:
+    """Issue: a lookup Redis did not answer (stopped, or farther than redis_timeout_s) was
+    "not known", so a request continuing another tenant's response was routed as usual and
+    answered by the region holding it."""
+    assert homes._redis is not None
+    await homes._redis.set(homes._key("resp_b"), "region-b\nowner")
+    redis_proc.popen.send_signal(signal.SIGSTOP)
+    try:
+        for ids in (("resp_b",), ("resp_b", "item_y")):
+            with pytest.raises(Unavailable) as down:
+                await homes.homes(ids, "intruder")
+            assert (down.value.status, down.value.code) == (503, "state_unavailable")
+            assert down.value.headers["Retry-After"] == "1"
+    finally:
+        redis_proc.popen.send_signal(signal.SIGCONT)
+    with pytest.raises(StateNotFound):
+        await homes.home("resp_b", "intruder")
