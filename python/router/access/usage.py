@@ -45,11 +45,13 @@ _LLAMA_BOUNDS = {**_BOUNDS, RESPONSES: ("max_output_tokens", "max_completion_tok
 
 
 def _first_set(budget: _Budget, names: tuple[str, ...]) -> int:
-    """The first of `names` set to a positive length (0: none; llama.cpp's server reads a
-    negative one as no bound, so it is taken as unset: the default)."""
+    """The first of `names` set to a positive length (0: none). A negative one is llama.cpp's
+    server's "no bound", and it reads no later field then: 0 (the default)."""
     for name in names:
         most = whole_number(getattr(budget, name), name, minimum=-MAX_WHOLE)
-        if most is not None and most > 0:
+        if most is not None and most < 0:
+            return 0
+        if most:
             return most
     return 0
 

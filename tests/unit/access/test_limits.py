@@ -296,7 +296,8 @@ async def test_unlimited_tenant_is_always_admitted() -> None:
         # And so is a negative max_tokens (llama.cpp reads it; others refuse it themselves).
         ("/v1/chat/completions", {"max_tokens": -1}, 256),
         ("/v1/completions", {"max_tokens": -1, "n": 2}, 512),
-        ("/v1/chat/completions", {"max_completion_tokens": -1, "max_tokens": 30}, 30),
+        # The first field set decides: -1 there is no bound (the default), whatever follows.
+        ("/v1/chat/completions", {"max_completion_tokens": -1, "max_tokens": 30}, 256),
         ("/v1/completions", {"max_tokens": 10, "n_cmpl": 16}, 160),
         ("/v1/completions", {"max_tokens": 10, "n_cmpl": 2, "n": 3}, 30),
         ("/v1/responses", {"max_tokens": 100000}, 100000),
