@@ -229,6 +229,9 @@ class _Sampling(msgspec.Struct):
     # without the temperature sampler, it samples at temperature 0 too (core.sampling).
     dynatemp_range: Any = None
     samplers: Any = None
+    # Its XTC sampler, which draws before the temperature sampler.
+    xtc_probability: Any = None
+    xtc_threshold: Any = None
 
 
 _SAMPLING = msgspec.json.Decoder(_Sampling)
@@ -236,13 +239,17 @@ _SAMPLING = msgspec.json.Decoder(_Sampling)
 
 def deterministic(body: bytes) -> bool:
     """Whether the same request gives the same text again: temperature 0 (that llama.cpp's
-    server applies: no dynamic temperature range, no sampler chain without it), or a seed."""
+    server applies: no dynamic temperature range, no sampler chain without it, no XTC before
+    it), or a seed."""
     try:
         sampling = _SAMPLING.decode(body)
     except msgspec.MsgspecError:
         return False
     greedy = sampling.temperature == 0 and not sampled_anyway(
-        sampling.dynatemp_range, sampling.samplers
+        sampling.dynatemp_range,
+        sampling.samplers,
+        sampling.xtc_probability,
+        sampling.xtc_threshold,
     )
     return greedy or sampling.seed is not None
 

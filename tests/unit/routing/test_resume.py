@@ -220,6 +220,12 @@ def test_continuation_modes_follow_the_server_kind() -> None:
     assert deterministic(b'{"temperature": 0, "samplers": ["top_k", "temperature"]}')
     assert deterministic(b'{"temperature": 0, "samplers": "kt"}')
     assert deterministic(b'{"temperature": 0, "samplers": "kpx", "seed": 1}')
+    # ... and with XTC on before the temperature sampler (it draws whether to drop the top).
+    assert not deterministic(b'{"temperature": 0, "xtc_probability": 0.3}')
+    assert not deterministic(b'{"temperature": 0, "xtc_probability": 0.3, "xtc_threshold": 0.2}')
+    assert deterministic(b'{"temperature": 0, "xtc_probability": 0.3, "xtc_threshold": 0.7}')
+    assert deterministic(b'{"temperature": 0, "xtc_probability": 0.3, "samplers": "ktx"}')
+    assert deterministic(b'{"temperature": 0, "xtc_probability": 0.3, "seed": 1}')
 
 
 def test_a_prefill_with_parts_of_any_type_is_not_text() -> None:
