@@ -259,7 +259,12 @@ def _uncacheable(request: Mapping[str, Any], rule: Rule, sampled: bool) -> str:
         reason = _temperature(request.get("temperature"), rule)
         if reason:
             return reason
-        if sampled_anyway(request.get("dynatemp_range"), request.get("samplers")):
+        if sampled_anyway(
+            request.get("dynatemp_range"),
+            request.get("samplers"),
+            request.get("xtc_probability"),
+            request.get("xtc_threshold"),
+        ):
             return "temperature"
     # llama.cpp's server reads its own `n_cmpl` before `n`.
     for choices in (request.get("n"), request.get("n_cmpl")):

@@ -78,10 +78,12 @@ class _Knobs(msgspec.Struct):
     n: Any = None
     tools: Any = None
     functions: Any = None
-    # llama.cpp's server's own: a dynamic temperature range, its sampler chain, and its `n`
-    # (cache.policy).
+    # llama.cpp's server's own: a dynamic temperature range, its sampler chain, its XTC
+    # sampler, and its `n` (cache.policy).
     dynatemp_range: Any = None
     samplers: Any = None
+    xtc_probability: Any = None
+    xtc_threshold: Any = None
     n_cmpl: Any = None
     # Transport fields, left out of the fingerprint, that an answer still shows (_ECHOED).
     metadata: Any = None
@@ -117,6 +119,8 @@ def _policy(k: _Knobs) -> dict[str, Any]:
         "functions": k.functions,
         "dynatemp_range": k.dynatemp_range,
         "samplers": k.samplers,
+        "xtc_probability": k.xtc_probability,
+        "xtc_threshold": k.xtc_threshold,
         "n_cmpl": k.n_cmpl,
     }
 

@@ -59,6 +59,8 @@ class _Chat(msgspec.Struct):
     max_completion_tokens: Any = None
     n: Any = None
     best_of: Any = None
+    # llama.cpp's server's own `n`, read before it.
+    n_cmpl: Any = None
     # Decoded here so a number no float holds (1e999) is a 400 now, not a 500 later.
     temperature: Any = None
 
@@ -73,6 +75,7 @@ class _Completion(msgspec.Struct):
     max_tokens: Any = None
     n: Any = None
     best_of: Any = None
+    n_cmpl: Any = None
     echo: Any = None
     temperature: Any = None
 

@@ -17,12 +17,14 @@ from typing import Any
 
 import msgspec
 
+from router.access.usage import length_bound
 from router.config import RegionConfig, RoutingConfig
 from router.core.context import RequestContext
-from router.core.request import CHAT, COMPLETIONS, MESSAGES
+from router.core.request import CHAT, COMPLETIONS, MESSAGES, whole_number
 from router.core.sampling import sampled_anyway
 from router.core.stream import EventState, StreamState, json_object
 from router.core.upstream import Opened, Upstream
+from router.errors import InvalidRequest
 from router.net import sse
 from router.routing import event_continuation
 from router.routing.event_continuation import EventTracker
@@ -36,6 +38,7 @@ from router.routing.seam import (
     carry_on,
     lower_limits,
     with_prefill,
+    written,
 )
 
 log = logging.getLogger("router")
@@ -53,6 +56,10 @@ _MAY_ECHO = frozenset({"llama-server", "sim", "generic"})
 # Kinds that read llama.cpp's `n_predict` before the API's length fields (the sim stands for
 # llama-server).
 _READS_N_PREDICT = frozenset({"llama-server", "sim"})
+# Chat delta fields a prefill (an assistant message's text) cannot carry on: a tool call (or
+# the legacy function call), reasoning (`reasoning_content`: llama-server's and vLLM's;
+# `reasoning`: vLLM's newer name), audio, a refusal. A stream that sent any is not continued.
+_NOT_TEXT = ("tool_calls", "function_call", "reasoning_content", "reasoning", "audio", "refusal")
 
 
 def _piece_of(choice: object, completions: bool) -> tuple[dict[str, Any] | None, str]:
@@ -68,7 +75,7 @@ def _piece_of(choice: object, completions: bool) -> tuple[dict[str, Any] | None,
 
 class StreamTracker(SentEvents):
     """SentEvents of a chat (or `completions`) stream: its text, and the id / created / model
-    of its chunks."""
+    of its chunks; `unsupported` once a chunk carried anything but text (_NOT_TEXT)."""
 
     __slots__ = ("completions", "ident")
 
@@ -100,6 +107,8 @@ class StreamTracker(SentEvents):
                 if isinstance(piece, str) and piece:
                     self.pieces.append(piece)
                     self.events += 1
+                if not self.completions and any(holder.get(k) for k in _NOT_TEXT):
+                    self.unsupported = True
 
 
 def continuation_body(
@@ -112,25 +121,35 @@ def continuation_body(
     """The chat request again, ending in an assistant message with the text the client has
     (`sent`, after the client's own prefill if any: seam.with_prefill), its length limits
     lowered by the `tokens_sent` (seam.lower_limits); and that message's text. None if it
-    cannot be continued."""
+    cannot be continued (a prefill of more than text, a length field that cannot be read)."""
     fields = _DECODE.decode(body)
     prefilled = with_prefill(list(fields.get("messages") or []), sent, first)
     if prefilled is None:
         return None
     fields["messages"], prefill = prefilled
+    if not lower_limits(fields, body, CHAT, first, tokens_sent):
+        return None
     if kind != "llama-server":
         # vLLM continues the last assistant message instead of opening a new turn with these;
         # llama-server continues a trailing assistant message by itself.
         fields["continue_final_message"] = True
         fields["add_generation_prompt"] = False
-    lower_limits(fields, body, CHAT, first, tokens_sent)
     return _ENCODE.encode(fields), prefill
 
 
+def _one(value: object, param: str) -> bool:
+    """Whether a choices field asks for one (unset, or 1 as a server reads a whole number:
+    core.request.whole_number); one it cannot read is not taken for one."""
+    try:
+        return whole_number(value, param, minimum=1) in (None, 1)
+    except InvalidRequest:
+        return False
+
+
 def _one_choice(decoded: Any) -> bool:
-    """Whether a request asks for one answer (no `n` or `best_of` above 1)."""
-    one = (None, 1)
-    return getattr(decoded, "n", None) in one and getattr(decoded, "best_of", None) in one
+    """Whether a request asks for one answer: no `n`, `best_of` or llama.cpp's `n_cmpl` (read
+    before `n` there) other than 1; several choices' text is no one prefill."""
+    return all(_one(getattr(decoded, name, None), name) for name in ("n", "best_of", "n_cmpl"))
 
 
 def resumable_chat(decoded: Any) -> bool:
@@ -150,13 +169,15 @@ def resumable_completion(decoded: Any) -> bool:
 
 def completion_body(
     body: bytes, sent: str, tokens_sent: int, first: FirstStream = NEW_TURN
-) -> bytes:
+) -> bytes | None:
     """The completions request again, its prompt followed by the text the client has (which the
     region carries on, as it would its own), its length limits less what was sent
-    (seam.lower_limits: as the region that streamed read them)."""
+    (seam.lower_limits: as the region that streamed read them); None if a length field cannot
+    be read."""
     fields = _DECODE.decode(body)
     fields["prompt"] = fields["prompt"] + sent
-    lower_limits(fields, body, COMPLETIONS, first, tokens_sent)
+    if not lower_limits(fields, body, COMPLETIONS, first, tokens_sent):
+        return None
     return _ENCODE.encode(fields)
 
 
@@ -229,6 +250,9 @@ class _Sampling(msgspec.Struct):
     # without the temperature sampler, it samples at temperature 0 too (core.sampling).
     dynatemp_range: Any = None
     samplers: Any = None
+    # Its XTC sampler, which draws before the temperature sampler.
+    xtc_probability: Any = None
+    xtc_threshold: Any = None
 
 
 _SAMPLING = msgspec.json.Decoder(_Sampling)
@@ -236,13 +260,17 @@ _SAMPLING = msgspec.json.Decoder(_Sampling)
 
 def deterministic(body: bytes) -> bool:
     """Whether the same request gives the same text again: temperature 0 (that llama.cpp's
-    server applies: no dynamic temperature range, no sampler chain without it), or a seed."""
+    server applies: no dynamic temperature range, no sampler chain without it, no XTC before
+    it), or a seed."""
     try:
         sampling = _SAMPLING.decode(body)
     except msgspec.MsgspecError:
         return False
     greedy = sampling.temperature == 0 and not sampled_anyway(
-        sampling.dynatemp_range, sampling.samplers
+        sampling.dynatemp_range,
+        sampling.samplers,
+        sampling.xtc_probability,
+        sampling.xtc_threshold,
     )
     return greedy or sampling.seed is not None
 
@@ -340,9 +368,7 @@ class MidstreamPolicy:
         if ctx.region is not None:
             # Its first byte did not count as a success yet: the break counts as a failure.
             self.report(ctx, ctx.region)
-        if not isinstance(tracker, SentEvents):
-            return False
-        if isinstance(tracker, EventTracker) and tracker.unsupported:
+        if not isinstance(tracker, SentEvents) or tracker.unsupported:
             return False
         again = deterministic(ctx.request.body)
         if tracker.first is None:
@@ -350,6 +376,13 @@ class MidstreamPolicy:
             kind = streamed.config.kind if streamed is not None else "generic"
             tracker.first = first_stream(kind, ctx.endpoint, ctx.request.body)
         first = tracker.first
+        try:
+            bound = length_bound(ctx.request.body, ctx.endpoint, first.n_predict)
+        except InvalidRequest:
+            # How far the first region would have gone is unknown (a length the router
+            # cannot read as a whole number, `n_predict: 7.5`): a continuation might pass it.
+            log.warning("request %s: not resumed: its length cannot be read", ctx.request_id)
+            return False
         # The request's prompt tokens: the first region's own count, else the router's exact
         # one; and, for a usage block made from nothing, the router's estimate at worst.
         prompt = counted = tracker.prompt
@@ -357,6 +390,16 @@ class MidstreamPolicy:
             prompt = counted = self.count_prompt(ctx, True)
             if counted is None:
                 counted = self.count_prompt(ctx, False)
+        if bound is not None and tracker.events >= bound:
+            # Cut after the last token allowed, before the region said so: nothing is left to
+            # ask for. A chat stream ends as the region's would have; a typed-event stream
+            # with the failure event (its whole end is not made up here).
+            if not isinstance(tracker, StreamTracker):
+                log.warning("request %s: not resumed: no tokens left", ctx.request_id)
+                return False
+            end = length_end(tracker, ctx.request.include_usage, counted)
+            await written(ctx, write, tracker, end)
+            return True
         tried = 0
         for upstream in ctx.candidates:
             if tried >= self.max_resumes or upstream.name == ctx.region:
@@ -369,8 +412,10 @@ class MidstreamPolicy:
             prefill: str | None = None
             if mode == "continue" and isinstance(tracker, StreamTracker) and tracker.completions:
                 # The prompt carries on with the text: whatever the region says is new.
-                body = completion_body(body, tracker.text, tracker.events, first)
-                prefill = ""
+                extended = completion_body(body, tracker.text, tracker.events, first)
+                if extended is None:
+                    continue
+                body, prefill = extended, ""
             elif mode == "continue":
                 made = (
                     event_continuation.continuation_body(
@@ -455,6 +500,36 @@ class _Catchup(Catchup):
         return b"data: " + _ENCODE.encode(obj) + b"\n\n"
 
 
+def _usage_event(tracker: StreamTracker, prompt: int, chunks: int) -> bytes:
+    """A usage chunk of the first stream's: `prompt` tokens, a completion of `chunks`."""
+    usage = {
+        "prompt_tokens": prompt,
+        "completion_tokens": chunks,
+        "total_tokens": prompt + chunks,
+    }
+    kind = "text_completion" if tracker.completions else "chat.completion.chunk"
+    obj = {**tracker.ident, "object": kind, "choices": [], "usage": usage}
+    return b"data: " + _ENCODE.encode(obj) + b"\n\n"
+
+
+def length_end(tracker: StreamTracker, usage: bool, prompt: int | None) -> bytes:
+    """The end of a stream that reached its length limit, as the region sends it: the choice
+    finished for "length", the usage chunk if asked for (`usage`; the request's `prompt`
+    tokens, one completion token per text chunk; none if the prompt is unknown), [DONE]."""
+    if tracker.completions:
+        kind = "text_completion"
+        choice: dict[str, Any] = {"index": 0, "text": "", "logprobs": None}
+    else:
+        kind = "chat.completion.chunk"
+        choice = {"index": 0, "delta": {}, "logprobs": None}
+    choice["finish_reason"] = "length"
+    obj = {**tracker.ident, "object": kind, "choices": [choice]}
+    end = b"data: " + _ENCODE.encode(obj) + b"\n\n"
+    if usage and prompt is not None:
+        end += _usage_event(tracker, prompt, tracker.events)
+    return end + b"data: [DONE]\n\n"
+
+
 class ChatStitch:
     """A chat (or completions) continuation's events as the first stream's (seam.Stitch): held
     back until past the text the client has, usage covering the whole answer, the first
@@ -522,14 +597,7 @@ class ChatStitch:
         if not self.usage or self.reported or prompt is None:
             return b""
         self.reported = True
-        usage = {
-            "prompt_tokens": prompt,
-            "completion_tokens": self.chunks,
-            "total_tokens": prompt + self.chunks,
-        }
-        kind = "text_completion" if self.tracker.completions else "chat.completion.chunk"
-        obj = {**self.tracker.ident, "object": kind, "choices": [], "usage": usage}
-        return b"data: " + _ENCODE.encode(obj) + b"\n\n"
+        return _usage_event(self.tracker, prompt, self.chunks)
 
 
 def _has_usage(payload: bytes) -> bool:

@@ -56,14 +56,13 @@ class EventTracker(SentEvents):
     """SentEvents of a typed-event stream: the text of the one message being written, the ids the
     client was given, the last sequence number; `unsupported` once anything but text came."""
 
-    __slots__ = ("item_id", "response_id", "sequence", "unsupported")
+    __slots__ = ("item_id", "response_id", "sequence")
 
     def __init__(self) -> None:
         super().__init__()
         self.response_id: str | None = None
         self.item_id: str | None = None
         self.sequence: int | None = None
-        self.unsupported = False
 
     def _note(self, payload: bytes) -> None:
         obj = json_object(payload)
@@ -121,7 +120,7 @@ def continuation_body(
     """The request again ending in an assistant message with the text the client has (`sent`,
     after the client's own prefill if any: seam.with_prefill), its length limits lowered by the
     tokens the client already has (seam.lower_limits); and that message's text. None if it
-    cannot be continued."""
+    cannot be continued (a prefill of more than text, a length field that cannot be read)."""
     fields = _DECODE.decode(body)
     shape: dict[str, Any] | None = None
     if anthropic:
@@ -136,7 +135,8 @@ def continuation_body(
     if prefilled is None:
         return None
     fields[key], prefill = prefilled
-    lower_limits(fields, body, endpoint, first, tokens_sent)
+    if not lower_limits(fields, body, endpoint, first, tokens_sent):
+        return None
     return _ENCODE.encode(fields), prefill
 
 

@@ -44,7 +44,17 @@ def cap_cached(usage: dict[str, Any], tokens: str, details: str) -> None:
 class SentEvents:
     """Passes on whole SSE events only, and notes (`_note`) what each carried once sent."""
 
-    __slots__ = ("_decoder", "_sent", "done", "events", "first", "pieces", "prompt", "tail")
+    __slots__ = (
+        "_decoder",
+        "_sent",
+        "done",
+        "events",
+        "first",
+        "pieces",
+        "prompt",
+        "tail",
+        "unsupported",
+    )
 
     def __init__(self) -> None:
         self.tail = b""
@@ -52,6 +62,9 @@ class SentEvents:
         # Content events seen: how many tokens the client already has.
         self.events = 0
         self.done = False
+        # The client got something a prefill cannot carry on (a tool call, reasoning): the
+        # stream is not continued.
+        self.unsupported = False
         # How the region that streamed treated the client's own prefill; decided at the first
         # break.
         self.first: FirstStream | None = None
@@ -177,22 +190,27 @@ _LENGTH_FIELDS = ("n_predict", "max_completion_tokens", "max_tokens", "max_outpu
 
 def lower_limits(
     fields: dict[str, Any], body: bytes, endpoint: str, first: FirstStream, sent: int
-) -> None:
+) -> bool:
     """Lower the length fields of a continuation's request (`fields`, decoded from `body`) to
     what the client's request allowed, as the region that streamed read it, less the `sent`
     tokens the client has: every length field the request carried gets that number, so the
     next region stops where the first would have, whichever field it reads. Unbounded (no
-    field, or llama.cpp's negative `n_predict`): left as they are."""
+    field, or llama.cpp's negative `n_predict`): left as they are. False when a length field
+    cannot be read as a whole number (access.usage.length_bound): how far the continuation may
+    go is unknown, so it must not be sent."""
     try:
         bound = length_bound(body, endpoint, first.n_predict)
     except InvalidRequest:
-        return  # a field no region would read: the continuation fails as the request did
+        return False
     if bound is None:
-        return
+        return True
+    # At least one: with nothing left the stream is ended, not continued
+    # (continuation.MidstreamPolicy.resume).
     left = max(1, bound - sent)
     for key in _LENGTH_FIELDS:
         if fields.get(key) is not None:
             fields[key] = left
+    return True
 
 
 class Diverged(Exception):
@@ -362,6 +380,18 @@ def _note_usage(ctx: RequestContext, events: bytes) -> None:
         usage = obj.get("usage") or (response.get("usage") if isinstance(response, dict) else None)
         if isinstance(usage, dict):
             kept_usage(ctx.reported, payload)
+
+
+async def written(
+    ctx: RequestContext,
+    write: Callable[[bytes], Awaitable[None]],
+    tracker: SentEvents,
+    events: bytes,
+) -> None:
+    """Send the router's own end of a stream (whole events) as a continuation's would go: its
+    usage the request's, through the tracker and the meter."""
+    _note_usage(ctx, events)
+    await _write(write, events, tracker, ctx.meter)
 
 
 async def _write(

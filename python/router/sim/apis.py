@@ -44,7 +44,9 @@ class Render(Protocol):
 
 
 class Chat:
-    """OpenAI chat completions and completions."""
+    """OpenAI chat completions and completions: `choices` answers to one prompt (each the same
+    text, their chunks interleaved, as llama-server's `n_cmpl` streams them); a chat answer that
+    is a call of the function `tool` (its arguments streamed as the tokens) when one is named."""
 
     def __init__(
         self,
@@ -54,10 +56,15 @@ class Chat:
         created: int,
         usage: dict[str, int],
         stream_usage: bool,
+        choices: int = 1,
+        tool: str | None = None,
     ) -> None:
         self.chat = chat
         self.usage = usage
         self.stream_usage = stream_usage
+        self.choices = choices
+        self.tool = tool if chat else None
+        self.call = {"id": "call_" + ident[-12:], "type": "function"}
         self.base: dict[str, Any] = {
             "id": ident,
             "object": "chat.completion.chunk" if chat else "text_completion",
@@ -67,45 +74,91 @@ class Chat:
         if stream_usage:
             self.base["usage"] = None
 
+    def _finish(self, finish: str) -> str:
+        return "tool_calls" if self.tool is not None and finish == "stop" else finish
+
     def body(self, content: str, finish: str) -> dict[str, Any]:
-        if self.chat:
-            choice: dict[str, Any] = {
-                "index": 0,
-                "message": {"role": "assistant", "content": content},
-                "logprobs": None,
-                "finish_reason": finish,
-            }
-        else:
-            choice = {"index": 0, "text": content, "logprobs": None, "finish_reason": finish}
+        choices: list[dict[str, Any]] = []
+        for index in range(self.choices):
+            if self.chat:
+                message: dict[str, Any] = {"role": "assistant", "content": content}
+                if self.tool is not None:
+                    function = {"name": self.tool, "arguments": content}
+                    message = {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [{**self.call, "function": function}],
+                    }
+                choice: dict[str, Any] = {
+                    "index": index,
+                    "message": message,
+                    "logprobs": None,
+                    "finish_reason": self._finish(finish),
+                }
+            else:
+                choice = {
+                    "index": index,
+                    "text": content,
+                    "logprobs": None,
+                    "finish_reason": finish,
+                }
+            choices.append(choice)
         base = {**self.base, "object": "chat.completion" if self.chat else "text_completion"}
         base.pop("usage", None)
-        return {**base, "choices": [choice], "usage": self.usage}
+        return {**base, "choices": choices, "usage": self.usage}
 
     def _choice(self, tok: str, finish_reason: str | None = None) -> bytes:
-        if self.chat:
-            delta = {"content": tok} if finish_reason is None else {}
-            choice: dict[str, Any] = {
-                "index": 0,
-                "delta": delta,
-                "logprobs": None,
-                "finish_reason": finish_reason,
-            }
-        else:
-            choice = {"index": 0, "text": tok, "logprobs": None, "finish_reason": finish_reason}
-        return _event(None, {**self.base, "choices": [choice]})
+        out = []
+        for index in range(self.choices):
+            if self.chat:
+                delta: dict[str, Any] = {"content": tok} if finish_reason is None else {}
+                if self.tool is not None and finish_reason is None:
+                    delta = {"tool_calls": [{"index": 0, "function": {"arguments": tok}}]}
+                choice: dict[str, Any] = {
+                    "index": index,
+                    "delta": delta,
+                    "logprobs": None,
+                    "finish_reason": finish_reason,
+                }
+            else:
+                choice = {
+                    "index": index,
+                    "text": tok,
+                    "logprobs": None,
+                    "finish_reason": finish_reason,
+                }
+            out.append(_event(None, {**self.base, "choices": [choice]}))
+        return b"".join(out)
 
     def start(self) -> list[bytes]:
         if not self.chat:
             return []
-        role = {"role": "assistant", "content": ""}
-        choice = {"index": 0, "delta": role, "logprobs": None, "finish_reason": None}
-        return [_event(None, {**self.base, "choices": [choice]})]
+        role: dict[str, Any] = {"role": "assistant", "content": ""}
+        if self.tool is not None:
+            function = {"name": self.tool, "arguments": ""}
+            role = {
+                **role,
+                "content": None,
+                "tool_calls": [{"index": 0, **self.call, "function": function}],
+            }
+        return [
+            _event(
+                None,
+                {
+                    **self.base,
+                    "choices": [
+                        {"index": index, "delta": role, "logprobs": None, "finish_reason": None}
+                    ],
+                },
+            )
+            for index in range(self.choices)
+        ]
 
     def token(self, text: str) -> bytes:
         return self._choice(text)
 
     def end(self, content: str, finish: str) -> list[bytes]:
-        out = [self._choice("", finish)]
+        out = [self._choice("", self._finish(finish))]
         if self.stream_usage:
             out.append(_event(None, {**self.base, "choices": [], "usage": self.usage}))
         out.append(b"data: [DONE]\n\n")

@@ -42,8 +42,13 @@ ERROR_KINDS = ("server", "overloaded", "rate_limit", "invalid_request")
 #           it opens a new turn after it); honours stream_options.include_usage.
 # llama-server  the same, but answers the prefill back first, in one event with the first new
 #           token; reads its own `n_predict` before max_completion_tokens / max_tokens (a
-#           negative one: no limit); without a vision model (`multimodal`) an image or audio
-#           part is a 500 server_error, as its request errors are.
+#           negative one: no limit); streams its own `n_cmpl` choices interleaved; without a
+#           vision model (`multimodal`) an image or audio part is a 500 server_error, as its
+#           request errors are.
+# Every kind answers a chat request with `tools` and a `tool_choice` of "required" (or naming a
+# function) with a call of that function, its arguments streamed as the tokens; and sends a
+# stream's finish_reason in a chunk of its own after the last token (die-mid-stream with
+# `after_tokens` equal to the answer's length cuts between them).
 # llama-cpp-python  refuses a non-UUID X-Request-Id with an empty 400; opens a new turn after a
 #           trailing assistant message; ignores include_usage; a new request interrupts a running
 #           stream (ended with [DONE] and no finish_reason); request errors (a role or
@@ -207,6 +212,35 @@ def _lcp_check(body: dict[str, Any]) -> web.Response | None:
         msg = "Input should be 'text' or 'json_object'"
         return _lcp_refusal(("literal_error", ("body", "response_format", "type"), msg, kind))
     return None
+
+
+def _tool_called(body: dict[str, Any]) -> str | None:
+    """The function a chat request makes the answer call: with `tools`, a `tool_choice` of
+    "required" (the first tool) or naming one; None: a text answer."""
+    tools = body.get("tools")
+    if not isinstance(tools, list) or not tools:
+        return None
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict):
+        named = (choice.get("function") or {}).get("name")
+        return named if isinstance(named, str) else None
+    if choice != "required":
+        return None
+    first = tools[0].get("function") if isinstance(tools[0], dict) else None
+    name = first.get("name") if isinstance(first, dict) else None
+    return name if isinstance(name, str) else "tool"
+
+
+def _split(text: str, pieces: int) -> list[str]:
+    """`text` in `pieces` pieces (at least one), as even as can be."""
+    pieces = max(1, min(pieces, len(text)))
+    size, extra = divmod(len(text), pieces)
+    out, at = [], 0
+    for i in range(pieces):
+        step = size + (1 if i < extra else 0)
+        out.append(text[at : at + step])
+        at += step
+    return out
 
 
 def _llama_server_error(message: str) -> web.Response:
@@ -451,14 +485,21 @@ class SimRegion:
             tokens = tokens[:limit]
             finish = "length"
         generated = len(tokens)
+        tool = _tool_called(body) if api == "chat" else None
+        if tool is not None:
+            # The call's arguments, a JSON object holding the text, streamed in as many pieces.
+            tokens = _split(_ENCODE.encode({"text": "".join(tokens)}).decode(), generated)
+        # llama-server's own `n_cmpl`: that many answers (the same text here), interleaved.
+        n_cmpl = body.get("n_cmpl")
+        choices = n_cmpl if kind == "llama-server" and type(n_cmpl) is int and n_cmpl > 1 else 1
         if echo:
             # As llama-server does: the echo and the first new token in one event.
             tokens = [echo + tokens[0], *tokens[1:]] if tokens else [echo]
         seed = hashlib.sha256(raw).hexdigest()[:24]
         usage = {
             "prompt_tokens": prompt_tokens,
-            "completion_tokens": generated,
-            "total_tokens": prompt_tokens + generated,
+            "completion_tokens": generated * choices,
+            "total_tokens": prompt_tokens + generated * choices,
         }
         render: apis.Render
         if api == "responses":
@@ -470,7 +511,14 @@ class SimRegion:
             include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
             ident = ("chatcmpl-" if api == "chat" else "cmpl-") + seed
             render = apis.Chat(
-                api == "chat", ident, model, self.created, usage, include_usage and not lcp
+                api == "chat",
+                ident,
+                model,
+                self.created,
+                usage,
+                include_usage and not lcp,
+                choices,
+                tool,
             )
         if (
             isinstance(render, apis.Responses)
@@ -554,6 +602,13 @@ class SimRegion:
                 return resp
             await resp.write(render.token(tok + " " * plan.pad if plan.pad else tok))
             self.stats.tokens_sent += 1
+        if plan.after_tokens == len(tokens) and fail == "die-mid-stream":
+            # Cut after the last token, before the chunk that says why it ended (llama-server
+            # sends its finish_reason in one of its own).
+            self.stats.injected_failures += 1
+            assert request.transport is not None
+            request.transport.abort()
+            return resp
         if fail in ("error-event", "failed-event"):
             return await self._error_end(resp, plan, render)  # fewer tokens than after_tokens
         await resp.write(b"".join(render.end("".join(tokens), finish)))

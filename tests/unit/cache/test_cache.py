@@ -195,6 +195,22 @@ def test_parse_cache_control(value: str | None, expected: CacheControl) -> None:
         ({"temperature": 0, "samplers": ["temp"]}, Rule(), ""),
         ({"temperature": 0, "samplers": "kt"}, Rule(), ""),
         ({"temperature": 0, "samplers": None}, Rule(), ""),
+        # XTC draws before the temperature sampler (the default chain, or a custom one that
+        # runs it first) when on: a probability above 0, a threshold of 0.5 at most.
+        ({"temperature": 0, "xtc_probability": 0.5}, Rule(), "temperature"),
+        ({"temperature": 0, "xtc_probability": 1, "xtc_threshold": 0.5}, Rule(), "temperature"),
+        ({"temperature": 0, "xtc_probability": 0.5, "xtc_threshold": "x"}, Rule(), "temperature"),
+        ({"temperature": 0, "xtc_probability": "often"}, Rule(), "temperature"),
+        ({"temperature": 0, "xtc_probability": 0.5, "samplers": "kxt"}, Rule(), "temperature"),
+        (
+            {"temperature": 0, "xtc_probability": 0.5, "samplers": ["XTC", "temp"]},
+            Rule(),
+            "temperature",
+        ),
+        ({"temperature": 0, "xtc_probability": 0}, Rule(), ""),
+        ({"temperature": 0, "xtc_probability": 0.5, "xtc_threshold": 0.51}, Rule(), ""),
+        ({"temperature": 0, "xtc_probability": 0.5, "samplers": "ktx"}, Rule(), ""),
+        ({"temperature": 0, "xtc_probability": 0.5, "samplers": ["top_k", "temp"]}, Rule(), ""),
         ({"temperature": 0, "n_cmpl": 3}, Rule(), "n"),
         ({"temperature": 0, "n_cmpl": 1}, Rule(), ""),
     ],

@@ -113,6 +113,8 @@ def test_rules_are_memoized_but_bounded() -> None:
                 "functions": None,
                 "dynatemp_range": None,
                 "samplers": None,
+                "xtc_probability": None,
+                "xtc_threshold": None,
                 "n_cmpl": None,
             },
         ),
@@ -125,6 +127,8 @@ def test_rules_are_memoized_but_bounded() -> None:
                 "functions": None,
                 "dynatemp_range": None,
                 "samplers": None,
+                "xtc_probability": None,
+                "xtc_threshold": None,
                 "n_cmpl": 2,
             },
         ),
@@ -305,6 +309,8 @@ async def test_tier_two_is_raced_only_when_it_can_answer_first() -> None:
         (b'"dynatemp_range":1.5', "temperature"),
         (b'"n_cmpl":2', "n"),
         (b'"n_cmpl":1', ""),
+        (b'"xtc_probability":0.5', "temperature"),
+        (b'"xtc_probability":0.5,"xtc_threshold":0.6', ""),
     ],
 )
 def test_llama_cpps_sampling_fields_reach_the_policy(extra: bytes, reason: str) -> None:

@@ -220,6 +220,12 @@ def test_continuation_modes_follow_the_server_kind() -> None:
     assert deterministic(b'{"temperature": 0, "samplers": ["top_k", "temperature"]}')
     assert deterministic(b'{"temperature": 0, "samplers": "kt"}')
     assert deterministic(b'{"temperature": 0, "samplers": "kpx", "seed": 1}')
+    # ... and with XTC on before the temperature sampler (it draws whether to drop the top).
+    assert not deterministic(b'{"temperature": 0, "xtc_probability": 0.3}')
+    assert not deterministic(b'{"temperature": 0, "xtc_probability": 0.3, "xtc_threshold": 0.2}')
+    assert deterministic(b'{"temperature": 0, "xtc_probability": 0.3, "xtc_threshold": 0.7}')
+    assert deterministic(b'{"temperature": 0, "xtc_probability": 0.3, "samplers": "ktx"}')
+    assert deterministic(b'{"temperature": 0, "xtc_probability": 0.3, "seed": 1}')
 
 
 def test_a_prefill_with_parts_of_any_type_is_not_text() -> None:
@@ -264,3 +270,48 @@ def test_a_continuation_without_usage_gets_the_usage_chunk_the_client_asked_for(
     reported = [*rest[:-1], ev({"id": "b", "choices": [], "usage": usage}), rest[-1]]
     got = _stitched(ChatStitch(tracker, prefill=None, prompt=7, usage=True), reported)
     assert [e["usage"] for e in got if e != "[DONE]" and "usage" in e] == [usage]
+
+
+def test_a_stream_cut_at_its_limit_ends_as_the_region_would() -> None:
+    from router.routing.continuation import length_end
+
+    tracker = StreamTracker()
+    tracker.feed(delta("Hel") + delta("lo"))
+    tracker.settle()
+    chunks = [json.loads(p[6:]) for p in length_end(tracker, True, 9).split(b"\n\n")[:2]]
+    assert chunks[0]["choices"] == [
+        {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "length"}
+    ]
+    assert chunks[1]["usage"] == {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11}
+    assert {c["id"] for c in chunks} == {"chatcmpl-1"}
+    assert length_end(tracker, True, None).endswith(b"}\n\ndata: [DONE]\n\n")
+    assert length_end(tracker, True, None).count(b"data: ") == 2  # no prompt count: no usage
+
+
+def test_a_length_field_that_cannot_be_read_stops_the_continuation() -> None:
+    from router.routing.continuation import completion_body
+    from router.routing.seam import lower_limits
+
+    llama = FirstStream(n_predict=True)
+    for value in (7.5, "x", True):
+        raw = _body(n_predict=value).encode()
+        assert not lower_limits(json.loads(raw), raw, "/v1/chat/completions", llama, 3)
+        assert continuation_body(raw, "x", 3, "llama-server", llama) is None
+        prompt = json.dumps({"model": "m", "prompt": "a", "n_predict": value}).encode()
+        assert completion_body(prompt, "b", 3, llama) is None
+    # A region that never reads n_predict is not held back by it (it gets the lowered bound).
+    made = continuation_body(_body(n_predict=7.5, max_tokens=9).encode(), "x", 3, "vllm")
+    assert made is not None
+    assert json.loads(made[0])["n_predict"] == 6
+
+
+def test_a_tracker_notes_a_chunk_a_prefill_cannot_carry() -> None:
+    tracker = StreamTracker()
+    call = {"index": 0, "delta": {"tool_calls": [{"index": 0}]}, "finish_reason": None}
+    tracker.feed(delta("Hi") + ev({"id": "c", "choices": [call]}))
+    tracker.settle()
+    assert tracker.unsupported
+    text_only = StreamTracker(completions=True)
+    text_only.feed(ev({"id": "c", "choices": [{"index": 0, "text": "a", "tool_calls": [1]}]}))
+    text_only.settle()
+    assert not text_only.unsupported  # completions have no such fields
