@@ -19,9 +19,9 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.conftest import MODEL, RouterFactory, SimFactory, region_toml
+from tests.integration.test_metrics import samples
 from tests.support import Proc
 
 # Failed attempts at a must not open its circuit or eject it: a stays first in line, so every
@@ -71,16 +71,6 @@ def status(router: Proc) -> dict[str, Any]:
 
 def regions(router: Proc) -> dict[str, dict[str, Any]]:
     return {r["name"]: r for r in status(router)["regions"]}
-
-
-def samples(router: Proc) -> Samples:
-    with urllib.request.urlopen(router.url + "/metrics", timeout=5) as resp:
-        text = resp.read().decode()
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out[(s.name, frozenset(s.labels.items()))] = s.value
-    return out
 
 
 def value(metrics: Samples, name: str, **labels: str) -> float | None:
