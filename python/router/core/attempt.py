@@ -133,12 +133,8 @@ class _FlatError(_ErrorDetail):
 
 
 _FLAT_ERROR = msgspec.json.Decoder(_FlatError)
-# How servers say they have no model by the name asked for, in a 404: vLLM ("The model `m`
-# does not exist.", type NotFoundError), OpenAI ("The model `m` does not exist or you do not
-# have access to it.", code model_not_found), llama.cpp's router ("model name=m is not found"),
-# Anthropic (type not_found_error, "model: m").
-# How servers word "no model by this name", whole: vLLM's (OpenAIServing._check_model), OpenAI's,
-# llama.cpp's router mode's, Anthropic's.
+# How servers word "no model by this name" in a 404, whole: vLLM's (OpenAIServing._check_model),
+# OpenAI's (which also says code model_not_found), llama.cpp's router mode's, Anthropic's.
 _NO_MODEL = (
     "The model `{}` does not exist.",
     "The model `{}` does not exist or you do not have access to it.",

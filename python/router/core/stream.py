@@ -80,10 +80,10 @@ def is_error_event(payload: bytes) -> bool:
 
 def error_message(payload: bytes) -> str:
     """What an error event's payload says, for the log and the event ending the stream."""
-    try:
-        error = msgspec.json.decode(payload).get("error")
-    except (msgspec.DecodeError, RecursionError, AttributeError):
+    doc = json_object(payload)
+    if doc is None:
         return "error event"
+    error = doc.get("error")
     message = error.get("message") if isinstance(error, dict) else error
     return f"error event: {str(message)[:200]}"
 
@@ -93,16 +93,7 @@ def error_message(payload: bytes) -> str:
 # codes, Anthropic's error types). Any other (invalid_request_error, invalid_prompt, ...)
 # blames the request: another region would say the same.
 _RATE_LIMITS = frozenset({"rate_limit_error", "rate_limit_exceeded"})
-_REGION_FAULTS = frozenset(
-    {
-        "server_error",
-        "api_error",
-        "overloaded_error",
-        "timeout_error",
-        "rate_limit_error",
-        "rate_limit_exceeded",
-    }
-)
+_REGION_FAULTS = _RATE_LIMITS | {"server_error", "api_error", "overloaded_error", "timeout_error"}
 
 
 def region_failure(payload: bytes) -> tuple[int, dict[str, object]] | None:

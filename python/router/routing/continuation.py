@@ -288,11 +288,10 @@ def whole_usage(event: bytes, sent: int, prompt: int | None = None) -> bytes:
     usage = obj.get("usage") if obj is not None else None
     if obj is None or not isinstance(usage, dict):
         return event
-    asked = prompt
-    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    if not isinstance(prompt, int) or not isinstance(completion, int):
+    said, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if not isinstance(said, int) or not isinstance(completion, int):
         return event
-    usage["prompt_tokens"] = asked if asked is not None else max(0, prompt - sent)
+    usage["prompt_tokens"] = prompt if prompt is not None else max(0, said - sent)
     usage["completion_tokens"] = completion + sent
     usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
     cap_cached(usage, "prompt_tokens", "prompt_tokens_details")
