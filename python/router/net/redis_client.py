@@ -184,27 +184,32 @@ class _Redis(aioredis.Redis):
         await super().aclose(close_connection_pool)
 
 
-class _Pipeline(Pipeline):
-    """A pipeline (or MULTI/EXEC transaction) whose execute() is one call of _Calls."""
+class _OwnedPipeline:
+    """A pipeline (or MULTI/EXEC transaction) whose execute() is one call of _Calls; the
+    execute a caller left goes on with the commands it holds, so only it resets the pipeline."""
 
     calls: _Calls
     _owner: _Sent | None = None
 
-    async def execute(self, raise_on_error: bool = True) -> list[Any]:
-        return await self.calls.run(self._execute(raise_on_error))
-
-    async def _execute(self, raise_on_error: bool) -> list[Any]:
+    async def _owned(self, execute: Coroutine[Any, Any, list[Any]]) -> list[Any]:
         self._owner = _CALL.get()
         try:
-            return await super().execute(raise_on_error)
+            return await execute
         finally:
             self._owner = None
 
-    async def reset(self) -> None:  # type: ignore[override]
+    async def reset(self) -> None:
         # A caller that gave up (leaving `async with`) must not give the connection back while
         # the execute it left reads the replies; that execute resets the pipeline at its end.
         if self._owner is None or _CALL.get() is self._owner:
-            await super().reset()  # type: ignore[no-untyped-call]
+            await super().reset()  # type: ignore[misc]
+
+
+class _Pipeline(_OwnedPipeline, Pipeline):  # type: ignore[misc]
+    """A single server's pipeline (_OwnedPipeline)."""
+
+    async def execute(self, raise_on_error: bool = True) -> list[Any]:
+        return await self.calls.run(self._owned(super().execute(raise_on_error)))
 
 
 class _Cluster(RedisCluster):
@@ -232,28 +237,15 @@ class _Cluster(RedisCluster):
         await super().aclose()
 
 
-class _ClusterPipeline(ClusterPipeline):
-    """A Cluster's pipeline whose execute() is one call of _Calls."""
-
-    calls: _Calls
-    _owner: _Sent | None = None
+class _ClusterPipeline(_OwnedPipeline, ClusterPipeline):  # type: ignore[misc]
+    """A Cluster's pipeline (_OwnedPipeline)."""
 
     async def execute(
         self, raise_on_error: bool = True, allow_redirections: bool = True
     ) -> list[Any]:
-        return await self.calls.run(self._execute(raise_on_error, allow_redirections))
-
-    async def _execute(self, raise_on_error: bool, allow_redirections: bool) -> list[Any]:
-        self._owner = _CALL.get()
-        try:
-            return await super().execute(raise_on_error, allow_redirections)
-        finally:
-            self._owner = None
-
-    async def reset(self) -> None:  # type: ignore[override]
-        # As _Pipeline.reset: the execute a caller left goes on with the commands it holds.
-        if self._owner is None or _CALL.get() is self._owner:
-            await super().reset()  # type: ignore[no-untyped-call]
+        return await self.calls.run(
+            self._owned(super().execute(raise_on_error, allow_redirections))
+        )
 
 
 def _connection_class(url: str) -> type[Connection]:
