@@ -272,16 +272,21 @@ def test_item_17_a_region_error_page_becomes_the_routers_own_error(
     for word in ("vllm-node-7", "10.3.4.5", "nginx", "html"):
         assert word not in resp.text.lower(), word
     assert "X-Upstream-Host" not in resp.headers
-    anthropic = requests.post(
+    anthropic = _messages(router)
+    assert anthropic.status_code == 502
+    assert anthropic.json()["type"] == "error"
+    assert anthropic.json()["error"]["type"] == "api_error"
+    assert "nginx" not in anthropic.text
+
+
+def _messages(router: Proc) -> requests.Response:
+    """One Anthropic Messages request through the router."""
+    return requests.post(
         router.url + "/v1/messages",
         json={"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]},
         headers={"anthropic-version": "2023-06-01"},
         timeout=30,
     )
-    assert anthropic.status_code == 502
-    assert anthropic.json()["type"] == "error"
-    assert anthropic.json()["error"]["type"] == "api_error"
-    assert "nginx" not in anthropic.text
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -301,12 +306,7 @@ def test_item_17_a_regions_own_html_404_becomes_the_routers_own_error(
         assert word not in resp.text.lower(), word
     assert "X-Upstream-Host" not in resp.headers
     assert resp.headers["x-router-attempts"] == "1"
-    anthropic = requests.post(
-        router.url + "/v1/messages",
-        json={"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]},
-        headers={"anthropic-version": "2023-06-01"},
-        timeout=30,
-    )
+    anthropic = _messages(router)
     assert anthropic.status_code == 404
     assert anthropic.json()["type"] == "error"
     assert anthropic.json()["error"]["type"] == "not_found_error"

@@ -123,6 +123,15 @@ def test_a_reload_with_circuits_that_cannot_be_refuses_before_changing_anything(
     assert live.circuits.base_s == 5.0
 
 
+async def _never(path: str, raw: bytes, headers: CIMultiDict[str]) -> LocalReply:
+    raise AssertionError("no request is sent")
+
+
+def _idle_upstream(config: RegionConfig) -> Upstream:
+    """A region for the health and circuit bookkeeping alone: nothing is sent to it."""
+    return Upstream(config, LocalTransport(_never), None)
+
+
 def test_a_stream_counts_for_its_region_when_it_ends_and_once() -> None:
     """A stream's first byte is not yet a success: a region cutting every stream after it
     builds up failures (ejection, the model's circuit); one that goes through resets them and
@@ -132,10 +141,7 @@ def test_a_stream_counts_for_its_region_when_it_ends_and_once() -> None:
     circuits = Circuits(failures_to_open=2)
     passive = PassiveHealth(health, circuits)
 
-    async def never(path: str, raw: bytes, headers: CIMultiDict[str]) -> LocalReply:
-        raise AssertionError("no request is sent")
-
-    a = Upstream(region, LocalTransport(never), None)
+    a = _idle_upstream(region)
     body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": true}'
 
     def stream(broken: bool) -> None:
@@ -171,11 +177,8 @@ def _trial_setup() -> tuple[Health, Circuits, PassiveHealth, Upstream, Upstream,
     circuits = Circuits(failures_to_open=1, base_s=5.0, max_s=30.0)
     assert circuits.record("a", "m", False, time.monotonic() - 100.0)  # open, and long due
 
-    async def never(path: str, raw: bytes, headers: CIMultiDict[str]) -> LocalReply:
-        raise AssertionError("no request is sent")
-
-    a = Upstream(a_config, LocalTransport(never), None)
-    b = Upstream(b_config, LocalTransport(never), None)
+    a = _idle_upstream(a_config)
+    b = _idle_upstream(b_config)
     return health, circuits, PassiveHealth(health, circuits), a, b, Upstreams((a, b))
 
 
@@ -273,10 +276,7 @@ def test_a_region_shedding_load_is_held_and_counts_no_failure() -> None:
     circuits = Circuits(failures_to_open=2, base_s=5.0, max_s=30.0)
     passive = PassiveHealth(health, circuits)
 
-    async def never(path: str, raw: bytes, headers: CIMultiDict[str]) -> LocalReply:
-        raise AssertionError("no request is sent")
-
-    a = Upstream(region, LocalTransport(never), None)
+    a = _idle_upstream(region)
     shed = AttemptError("a", FailureKind.STATUS, "503", status=503, retry_after_s=0.001)
     for _ in range(3):
         passive(_request(), a, shed, 0.1)
@@ -300,10 +300,7 @@ def test_a_region_without_the_model_counts_against_that_circuit_never_the_region
     circuits = Circuits(failures_to_open=3)
     passive = PassiveHealth(health, circuits)
 
-    async def never(path: str, raw: bytes, headers: CIMultiDict[str]) -> LocalReply:
-        raise AssertionError("no request is sent")
-
-    a = Upstream(region, LocalTransport(never), None)
+    a = _idle_upstream(region)
     ctx = RequestContext("r", CHAT)
     ctx.parsed = parse_body(CHAT, b'{"model": "m", "messages": [{"role": "user", "content": "x"}]}')
     unserved = AttemptError("a", FailureKind.UNSERVED, "HTTP 404", status=404)
