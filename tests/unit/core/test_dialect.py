@@ -17,7 +17,7 @@ from router.core.dialect import (
 )
 from router.core.request import MAX_ITEM_REFERENCES, MESSAGES, RESPONSES, ParsedRequest, parse_body
 from router.core.responses import anthropic_relayed
-from router.core.stream import EventState, passable
+from router.core.stream import MAX_NOTED_ITEMS, EventState, passable
 from router.errors import InvalidRequest, NotFound, anthropic_error_body
 from router.net import sse
 
@@ -239,6 +239,10 @@ def test_what_a_response_leaves_stored_is_noted_whole_and_streamed() -> None:
     state = EventState(RESPONSES_API.terminal)
     passable([_ev("response.completed", response={**odd, "status": "completed"})], state, False)
     assert (state.ended, state.response_id, state.items) == (True, "resp_1", ["msg_2"])
+    # At most MAX_NOTED_ITEMS items of one response are noted (each is a note, and a write).
+    many = {**body, "output": [{"type": "message", "id": f"m{n}"} for n in range(300)]}
+    noted = stored_ids(msgspec.json.encode(many))
+    assert noted == ["resp_1", *(f"m{n}" for n in range(MAX_NOTED_ITEMS))]
 
 
 @pytest.mark.parametrize(
