@@ -233,14 +233,16 @@ class _Connection(asyncio.Protocol):
 
 class Body:
     """The body as it arrives: `readany()` waits for bytes, b"" at the end (which also gives the
-    connection back to the pool, as aiohttp does once a body was read to its end)."""
+    connection back to the pool, as aiohttp does once a body was read to its end).
 
-    __slots__ = ("_buffer", "_conn", "_on_end", "_paused", "_size", "_waiter", "complete", "error")
+    It holds no reference to its Response (which holds it): an exchange is freed by refcounting
+    alone, never left to the cycle collector.
+    """
 
-    def __init__(self, conn: _Connection, on_end: Callable[[], None]) -> None:
+    __slots__ = ("_buffer", "_conn", "_paused", "_size", "_waiter", "complete", "error")
+
+    def __init__(self, conn: _Connection) -> None:
         self._conn = conn
-        # Called once the reader has seen the end: the connection can serve the next request.
-        self._on_end = on_end
         self._buffer: collections.deque[bytes] = collections.deque()
         self._size = 0
         self._paused = False
@@ -292,7 +294,10 @@ class Body:
             if self.error is not None:
                 raise self.error
             if self.complete:
-                self._on_end()
+                # The reader has seen the end: the connection can serve the next request.
+                response = self._conn.response
+                if response is not None and response.content is self:
+                    response.release()
                 return b""
             self._waiter = self._conn.loop.create_future()
             try:
@@ -322,7 +327,7 @@ class Response:
         self._keep_alive = False
         self.status = 0
         self.headers: CIMultiDictProxy[str] = _NO_HEADERS
-        self.content = Body(conn, self.release)
+        self.content = Body(conn)
         loop = conn.loop
         self._head: asyncio.Future[None] = loop.create_future()
         self._deadline = None if deadline is None else loop.call_at(deadline, self._expire)
