@@ -400,7 +400,7 @@ async def open_attempt(
     name = upstream.name
     reading = False
     try:
-        async with Deadline(first_byte_s) as deadline:
+        async with Deadline(first_byte_s, ctx.loop) as deadline:
             resp = await upstream.pool.post(upstream.path(ctx.endpoint), body, headers.items())
             status = resp.status
             if stream and status == 200:

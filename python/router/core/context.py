@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 from typing import TYPE_CHECKING, Protocol
@@ -131,6 +132,7 @@ class RequestContext:
         "grant",
         "hedged",
         "last_failure",
+        "loop",
         "meter",
         "model_base",
         "more_models",
@@ -150,8 +152,12 @@ class RequestContext:
         "tried",
     )
 
-    def __init__(self, request_id: str, endpoint: str) -> None:
+    def __init__(
+        self, request_id: str, endpoint: str, loop: asyncio.AbstractEventLoop | None = None
+    ) -> None:
         self.request_id = request_id
+        # The loop serving it, when the driver knows it (asyncio finds it with a getpid()).
+        self.loop = loop
         # The upstream path, e.g. "/v1/chat/completions".
         self.endpoint = endpoint
         # The API the endpoint speaks: error shape, stream grammar.

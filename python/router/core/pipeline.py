@@ -140,6 +140,9 @@ class Pipeline:
         self._active: dict[asyncio.Task[object], RequestContext] = {}
         # Set when the last of them ends, once a drain waits for that.
         self._quiet: asyncio.Event | None = None
+        # The loop serving them, read once: asyncio.current_task() would find it with a
+        # getpid() call per request (Python 3.11).
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def settle(self, within_s: float) -> int:
         """Wait up to `within_s` for the proxied requests in flight to end; how many are left."""
@@ -165,10 +168,13 @@ class Pipeline:
 
     async def handle(self, request: web.Request, endpoint: str) -> web.StreamResponse:
         """One request, from its head to its access record."""
-        ctx = RequestContext(request_id(request.headers.get("X-Request-Id")), endpoint)
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        ctx = RequestContext(request_id(request.headers.get("X-Request-Id")), endpoint, loop)
         request[CONTEXT] = ctx
         token = CURRENT.set(ctx.timer)
-        task = asyncio.current_task()
+        task = asyncio.current_task(loop)
         assert task is not None
         self._active[task] = ctx
         per_ip = self.per_ip

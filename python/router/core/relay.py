@@ -222,7 +222,7 @@ async def relay_stream(
         content = upstream.content
         chunk = opened.first
         try:
-            async with IdleWatch(idle_timeout) as idle:
+            async with IdleWatch(idle_timeout, ctx.loop) as idle:
                 while chunk:
                     size += len(chunk)
                     if size > max_bytes:

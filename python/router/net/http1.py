@@ -441,6 +441,8 @@ class Pool:
         self.max_head_bytes = max_head_bytes
         self.max_headers = max_headers
         self._idle: list[_Connection] = []
+        # The loop its connections run on, known from the first request.
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._open = 0
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self.closed = False
@@ -457,7 +459,10 @@ class Pool:
         an answer: that request is sent once more on a fresh connection (what browsers do), so
         the race costs neither the request nor the region's health.
         """
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None:
+            # Read once: asyncio.get_running_loop() costs a getpid() call (Python 3.11).
+            loop = self._loop = asyncio.get_running_loop()
         deadline = None if self.total_timeout is None else loop.time() + self.total_timeout
         pairs = list(headers)
         fields = "".join([f"\r\n{name}: {value}" for name, value in pairs])

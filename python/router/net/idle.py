@@ -12,10 +12,14 @@ class _TaskTimer:
     """asyncio.timeout's rule without its Timeout object: the timer cancels the task, and the
     cancel it caused leaves the block as TimeoutError (other exceptions pass through)."""
 
-    __slots__ = ("_cancelling", "_expired", "_handle", "_loop", "_task")
+    __slots__ = ("_cancelling", "_expired", "_given", "_handle", "_loop", "_task")
+
+    # The running loop when the caller knows it (each subclass sets it first thing):
+    # asyncio.current_task() finds it itself at the cost of a getpid() call on Python 3.11.
+    _given: asyncio.AbstractEventLoop | None
 
     def _enter(self) -> asyncio.AbstractEventLoop:
-        task = asyncio.current_task()
+        task = asyncio.current_task(self._given)
         if task is None:
             raise RuntimeError(f"{type(self).__name__} must be used inside a task")
         self._task = task
@@ -50,7 +54,7 @@ class _TaskTimer:
 class Deadline(_TaskTimer):
     """Raises TimeoutError in the task once `delay` seconds passed, unless lifted first.
 
-    async with Deadline(5.0) as deadline:
+    async with Deadline(5.0) as deadline:  # or Deadline(5.0, loop), the running loop
         head = await send()
         deadline.lift()  # what follows has bounds of its own
         body = await read()
@@ -58,7 +62,8 @@ class Deadline(_TaskTimer):
 
     __slots__ = ("_delay",)
 
-    def __init__(self, delay: float) -> None:
+    def __init__(self, delay: float, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self._given = loop
         self._delay = delay
 
     async def __aenter__(self) -> Deadline:
@@ -97,7 +102,8 @@ class IdleWatch(_TaskTimer):
 
     __slots__ = ("_limit", "_since")
 
-    def __init__(self, limit: float) -> None:
+    def __init__(self, limit: float, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self._given = loop
         self._limit = limit
         self._since: float | None = None
 
