@@ -248,10 +248,12 @@ class Upstream:
         key = self._key
         if key is not None:
             folded = key.lower()
-            for name in [
-                name for name, value in out.items() if key in value or folded in name.lower()
-            ]:
-                out.popall(name, None)
+            # One look at all names and values at once; only a hit looks at each of them.
+            if key in "\n".join(out.values()) or folded in "\n".join(out.keys()).lower():
+                for name in [
+                    name for name, value in out.items() if key in value or folded in name.lower()
+                ]:
+                    out.popall(name, None)
         return out
 
 
