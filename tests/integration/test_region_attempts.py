@@ -211,3 +211,52 @@ def test_a_stream_that_broke_after_its_first_token_is_a_failed_attempt(
     assert value(m, "router_region_attempts_total", region="b", outcome="ok") == 1
     a = regions(router)["a"]
     assert (a["attempts"], a["errors"]) == (2, 2)
+
+
+def test_a_stream_read_on_for_the_cache_after_its_client_left_counts_how_it_ended(
+    sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    """A cache leader's client leaves mid-stream while a coalesced follower still reads: the
+    router reads on for the follower. The region then breaks the stream: one broken attempt,
+    not an ok one counted when the leader's handler ended (and never both)."""
+    a = sim_region("a")
+    router = router_proc(
+        HEADER + "[cache]\nenabled = true\nmax_temperature = 1.0\n" + region_toml(a)
+    )
+    until(lambda: probed(router, "a"), "region probed")
+    body = _body(stream=True, temperature=0)
+    headers = {
+        "Content-Type": "application/json",
+        "x-sim-fail": "die-mid-stream",
+        "x-sim-after-tokens": "12",
+        "x-sim-tokens-per-s": "20",
+    }
+
+    def open_stream() -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        conn = http.client.HTTPConnection("127.0.0.1", router.port, timeout=30)
+        conn.request("POST", "/v1/chat/completions", body, headers)
+        resp = conn.getresponse()
+        assert resp.status == 200
+        return conn, resp
+
+    leader_conn, leader = open_stream()
+    leader.read1(1)  # the leader's stream is under way
+    follower_conn, follower = open_stream()
+    try:
+        assert follower.getheader("x-cache") == "HIT"  # joined the leader's exchange
+        follower.read1(1)
+        leader_conn.sock.shutdown(2)  # type: ignore[union-attr]
+        leader_conn.close()  # the leader's client leaves mid-stream
+        raw = follower.read()
+    finally:
+        follower_conn.close()
+    assert b"data: [DONE]" not in raw  # the region broke it: no clean end for the follower
+
+    def counted() -> bool:
+        m = samples(router)
+        return value(m, "router_region_attempts_total", region="a", outcome="broken") == 1
+
+    until(counted, "the broken stream counted")
+    m = samples(router)
+    assert value(m, "router_region_attempts_total", region="a", outcome="ok") is None
+    assert regions(router)["a"]["errors"] == 1

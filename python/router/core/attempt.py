@@ -695,9 +695,13 @@ class Attempts:
             raise
 
     def observe(self, upstream: Upstream, error: AttemptError | None, seconds: float) -> None:
-        """Tell every attempt observer how one attempt went."""
+        """Tell every attempt observer how one attempt went; a stream that got its first byte
+        is noted open until it breaks or the request's attempts are over (OpenStreams)."""
+        ctx = self.ctx
+        if error is None and ctx.request.stream:
+            ctx.streaming.append((upstream.name, ctx.request.upstream_model, seconds))
         for observer in self.observers:
-            observer(self.ctx, upstream, error, seconds)
+            observer(ctx, upstream, error, seconds)
 
     async def first(self) -> Opened:
         """Try the candidates until one answers; raise the last AttemptError if none does.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from router.core.dialect import Dialect, dialect_of
 from router.core.failure import FailureKind
@@ -121,6 +121,7 @@ class RequestContext:
         "at_headers",
         "attempts",
         "auth_ns",
+        "background",
         "broken",
         "cache",
         "candidates",
@@ -136,7 +137,6 @@ class RequestContext:
         "meter",
         "model_base",
         "more_models",
-        "open_streams",
         "outcomes",
         "parsed",
         "queue_depth",
@@ -200,12 +200,12 @@ class RequestContext:
         # A stream that may be continued elsewhere: what was sent so far.
         self.tracker: StreamGuard | None = None
         # Streams whose first byte came and whose end is not known yet: (region, model,
-        # seconds to the first byte). A first byte is not yet a success: the stream may break
-        # after it (core.stages.StreamObserver).
+        # seconds to the first byte), noted by the attempt path. A first byte is not yet a
+        # success: the stream may break after it (core.open_streams.OpenStreams resolves them).
         self.streaming: list[tuple[str, str, float]] = []
-        # The same streams' regions, for the per-region attempt counts: each is counted when it
-        # ended or broke (observability.telemetry.Observer).
-        self.open_streams: list[str] = []
+        # What reads the stream on after the client left (for the cache's other readers): its
+        # streams end when it does.
+        self.background: asyncio.Future[Any] | None = None
         # Other attempts' (region, outcome), counted once the answer left (None: from then on,
         # at once), so the count costs the answer nothing.
         self.outcomes: list[tuple[str, str]] | None = []

@@ -24,6 +24,7 @@ from router.core.client_limit import InFlightPerIp
 from router.core.context import RequestContext, request_id
 from router.core.dialect import stored_ids
 from router.core.failure import AttemptError
+from router.core.open_streams import OpenStreams
 from router.core.relay import relay_stream, whole
 from router.core.request import (
     RESPONSES,
@@ -47,7 +48,6 @@ from router.core.stages import (
     Selector,
     SlotGate,
     StateHomes,
-    StreamObserver,
     Tap,
     VersionRouter,
 )
@@ -83,6 +83,11 @@ def _waits(ctx: RequestContext) -> bool:
     return ctx.deadline is None or time.monotonic() < ctx.deadline
 
 
+def _ended_later(streams: OpenStreams, ctx: RequestContext, _: object) -> None:
+    """A request's streams end once what read on after its client left is done."""
+    streams.ended(ctx)
+
+
 def config_order(ctx: RequestContext, upstreams: Upstreams) -> Sequence[Upstream]:
     """Default selection: regions serving the model, by bias_ms then weight then config order."""
     return upstreams.serving(ctx.request.upstream_model)
@@ -112,7 +117,7 @@ class Features:
     selector: Selector = config_order
     slots: SlotGate | None = None
     observers: tuple[AttemptObserver, ...] = ()
-    streams: StreamObserver | None = None
+    streams: OpenStreams | None = None
     hedger: Hedger | None = None
     continuer: Continuer | None = None
     cache: ResponseCache | None = None
@@ -360,14 +365,21 @@ class Pipeline:
                         on_id=None
                         if homes is None
                         else partial(homes.record, region=region, owner=owner),
+                        broke=None if features.streams is None else features.streams.broke,
                     )
                 finally:
                     timer.end(STREAM)
             finally:
                 attempts.release()
-                if features.streams is not None:
-                    # After the relay: a stream's success is known only once it ended.
-                    features.streams.ended(ctx)
+                streams = features.streams
+                if streams is not None:
+                    # After the relay: a stream's success is known only once it ended; one
+                    # read on for others after its client left, once that reader is done.
+                    later = ctx.background
+                    if later is None:
+                        streams.ended(ctx)
+                    else:
+                        later.add_done_callback(partial(_ended_later, streams, ctx))
         raise AssertionError("unreachable: the last model returns or raises")
 
     async def unknown(

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from aiohttp import web
@@ -51,10 +52,14 @@ async def _drain(
     idle_timeout: float,
     room: int,
     scrub: Callable[[bytes], bytes] | None,
+    broke: Callable[[], None] | None,
 ) -> None:
     """Read the rest of a stream into the tap alone while others still read this exchange;
-    once none does, stop (closing the connection tells the region to stop generating)."""
+    once none does, stop (closing the connection tells the region to stop generating). A
+    stream that breaks on the way is reported (`broke`) as the relay's own would be."""
     complete = False
+    # Whether reading stopped because nobody wants the rest (or it grew too large): no break.
+    stopped = False
     content = upstream.content
     try:
         async with IdleWatch(idle_timeout) as idle:
@@ -66,6 +71,7 @@ async def _drain(
                     break
                 room -= len(chunk)
                 if room < 0 or not tap.wanted():
+                    stopped = True
                     return
                 data = passable(splitter.feed(chunk), state, False)
                 if data:
@@ -87,9 +93,12 @@ async def _drain(
             upstream.release()
         else:
             upstream.close()
+            if not stopped and broke is not None:
+                broke()
 
 
 def _hand_off(
+    ctx: RequestContext,
     upstream: UpstreamResponse,
     splitter: sse.Splitter,
     state: StreamState | EventState,
@@ -97,16 +106,21 @@ def _hand_off(
     idle_timeout: float,
     room: int,
     scrub: Callable[[bytes], bytes] | None,
+    broke: Callable[[RequestContext, str], None] | None,
 ) -> None:
+    """The rest of the stream goes to a background reader (`ctx.background`)."""
     tap.detach()
+    region = ctx.region
+    on_broken = None if broke is None or region is None else partial(broke, ctx, region)
     task = asyncio.get_running_loop().create_task(
-        _drain(upstream, splitter, state, tap, idle_timeout, room, scrub)
+        _drain(upstream, splitter, state, tap, idle_timeout, room, scrub, on_broken)
     )
+    ctx.background = task
     _DRAINING.add(task)
     task.add_done_callback(_DRAINING.discard)
 
 
-def _finish_in_background(going: asyncio.Future[bool], tap: Tap) -> None:
+def _finish_in_background(ctx: RequestContext, going: asyncio.Future[bool], tap: Tap) -> None:
     """A continuation that outlived its client ends its tap when it ends."""
 
     def ended(task: asyncio.Future[bool]) -> None:
@@ -114,6 +128,7 @@ def _finish_in_background(going: asyncio.Future[bool], tap: Tap) -> None:
         tap.end(whole, storable=False)
 
     going.add_done_callback(ended)
+    ctx.background = going
     _DRAINING.add(going)
     going.add_done_callback(_DRAINING.discard)
 
@@ -153,6 +168,7 @@ async def relay_stream(
     attempts: Attempts | None = None,
     strip_usage: bool = False,
     on_id: Callable[[str], None] | None = None,
+    broke: Callable[[RequestContext, str], None] | None = None,
 ) -> web.StreamResponse:
     """Relay an upstream SSE stream event by event; write() waits for the client (backpressure).
 
@@ -162,7 +178,8 @@ async def relay_stream(
     is continued elsewhere or ends with an SSE error event. One that finished every choice is
     complete whatever follows; without `[DONE]` it gets it added. `on_id` hears the id a
     Responses API stream announces, as soon as it does, and its output items' ids once it
-    ended.
+    ended. `broke` hears of a break the background reader saw after the client left (the
+    continuer reports the others).
     """
     upstream = opened.response
     assert upstream is not None
@@ -285,7 +302,17 @@ async def relay_stream(
                 # A write to the client failed: it left, so there is nobody to tell; but the
                 # cache's coalesced readers of this exchange still get the whole answer.
                 if tap is not None and tap.wanted() and not isinstance(exc, _Truncated):
-                    _hand_off(upstream, splitter, state, tap, idle_timeout, max_bytes - size, scrub)
+                    _hand_off(
+                        ctx,
+                        upstream,
+                        splitter,
+                        state,
+                        tap,
+                        idle_timeout,
+                        max_bytes - size,
+                        scrub,
+                        broke,
+                    )
                     handed = True
                 return resp
             if state.complete and not isinstance(exc, _Truncated):
@@ -327,7 +354,7 @@ async def relay_stream(
                     if tap is not None and tap.wanted():
                         gone = handed = True
                         tap.detach()
-                        _finish_in_background(going, tap)
+                        _finish_in_background(ctx, going, tap)
                         upstream.close()
                     else:
                         going.cancel()
@@ -350,7 +377,17 @@ async def relay_stream(
         except asyncio.CancelledError:
             # The client left (aiohttp cancels its handler): others may still read this.
             if tap is not None and tap.wanted():
-                _hand_off(upstream, splitter, state, tap, idle_timeout, max_bytes - size, scrub)
+                _hand_off(
+                    ctx,
+                    upstream,
+                    splitter,
+                    state,
+                    tap,
+                    idle_timeout,
+                    max_bytes - size,
+                    scrub,
+                    broke,
+                )
                 handed = True
             raise
         if state.invalid:

@@ -131,16 +131,22 @@ class AttemptObserver(Protocol):
 
 
 class StreamObserver(Protocol):
-    """Hears how each stream that got its first byte ended. AttemptObservers hear of a stream
-    at its first byte, which is not yet a success: a region that cuts every stream after it
-    must still build up consecutive failures (ejection, circuits)."""
+    """Hears how each stream that got its first byte ended (core.open_streams.OpenStreams
+    tells it, once per stream). AttemptObservers hear of a stream at its first byte, which is
+    not yet a success: a region that cuts every stream after it must still build up
+    consecutive failures (ejection, circuits)."""
 
-    def broke(self, ctx: RequestContext, region: str) -> None:
-        """The stream from `region` broke after its first byte (the mid-stream policy says)."""
+    def broke(self, ctx: RequestContext, region: str, model: str) -> None:
+        """The stream from `region` (serving `model`) broke after its first byte."""
+        ...
+
+    def went_through(self, ctx: RequestContext, region: str, model: str, ttft_s: float) -> None:
+        """The stream from `region` did not break (or its client left), `ttft_s` to its first
+        byte."""
         ...
 
     def ended(self, ctx: RequestContext) -> None:
-        """The request's attempts are over: each stream that did not break went through."""
+        """The request's attempts are over (after every stream's own report)."""
         ...
 
 

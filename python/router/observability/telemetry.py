@@ -217,12 +217,8 @@ class Observer:
         if error is None:
             # Connect + request + the region's first byte (the first SSE chunk for a stream).
             ctx.timer.record(REGION_TTFT, int(seconds * 1e9))
-            if ctx.request.stream:
-                # A first byte is not yet a success: counted when the stream broke or ended.
-                ctx.open_streams.append(name)
-                outcome = None
-            else:
-                outcome = OK
+            # A stream's first byte is not yet a success: counted when it broke or went through.
+            outcome = None if ctx.request.stream else OK
         else:
             outcome = outcome_of(error)
         if outcome is not None:
@@ -233,23 +229,16 @@ class Observer:
                 self.telemetry.metrics.attempt(name, outcome)
         self.passive.saw(name, error is None or not unreachable(error.kind))
 
-    def broke(self, ctx: RequestContext, region: str) -> None:
+    def broke(self, ctx: RequestContext, region: str, model: str) -> None:
         """A StreamObserver: the stream from `region` broke after its first byte."""
-        streams = ctx.open_streams
-        if region in streams:
-            del streams[len(streams) - 1 - streams[::-1].index(region)]
         self.telemetry.metrics.attempt(region, BROKEN)
 
+    def went_through(self, ctx: RequestContext, region: str, model: str, ttft_s: float) -> None:
+        """A StreamObserver: the stream from `region` did not break (or its client left)."""
+        self.telemetry.metrics.attempt(region, OK)
+
     def ended(self, ctx: RequestContext) -> None:
-        """A StreamObserver: the request's attempts are over; each stream that did not break
-        went through (or its client left, which says nothing against the region)."""
-        streams = ctx.open_streams
-        if not streams:
-            return
-        ctx.open_streams = []
-        metrics = self.telemetry.metrics
-        for region in streams:
-            metrics.attempt(region, OK)
+        """A StreamObserver: the request's attempts are over (its streams are counted)."""
 
 
 class RegionHealthView(Protocol):

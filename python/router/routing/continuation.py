@@ -300,7 +300,7 @@ def whole_usage(event: bytes, sent: int, prompt: int | None = None) -> bytes:
 
 class MidstreamPolicy:
     """What the relay does when a stream breaks: report it (`report(ctx, region)`: a failure of
-    that region, core.stages.StreamObserver.broke), then continue elsewhere or give up.
+    that region, core.open_streams.OpenStreams.broke), then continue elsewhere or give up.
 
     A region continues only in the way it can (`mode_of`): "continue" sends the text so far as
     an assistant prefill; "regenerate" resends the request (deterministic requests only) and

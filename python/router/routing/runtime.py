@@ -163,11 +163,8 @@ class PassiveHealth:
         model = ctx.request.upstream_model
         circuits = self.circuits
         if error is None:
-            if ctx.request.stream:
-                # Known once it ends: `broke` or `ended` reports it, once.
-                ctx.streaming.append((name, model, s))
-                return
-            self._went_through(name, model, total_s=s)
+            if not ctx.request.stream:  # a stream is known once it ends: `broke`, `went_through`
+                self._went_through(name, model, total_s=s)
             return
         retry_after = error.retry_after_s
         if circuits is not None and retry_after is not None:
@@ -195,29 +192,21 @@ class PassiveHealth:
                 log.warning("region %s: circuit for model %s open after %s", name, model, outcome)
         self.health.report(name, outcome)
 
-    def broke(self, ctx: RequestContext, region: str) -> None:
+    def broke(self, ctx: RequestContext, region: str, model: str) -> None:
         """The stream from `region` broke after its first byte: a failure of the region (it
-        may be gone) and of the model there (it may be failing), counted once."""
-        model = ctx.request.upstream_model
-        streaming = ctx.streaming
-        for i in range(len(streaming) - 1, -1, -1):
-            if streaming[i][0] == region:
-                model = streaming.pop(i)[1]
-                break
+        may be gone) and of the model there (it may be failing)."""
         self.health.report(region, "server_error")
         circuits = self.circuits
         if circuits is not None and circuits.record(region, model, False, time.monotonic()):
             log.warning("region %s: circuit for model %s open after broken streams", region, model)
 
+    def went_through(self, ctx: RequestContext, region: str, model: str, ttft_s: float) -> None:
+        """The stream from `region` did not break (or its client left, which says nothing
+        against the region)."""
+        self._went_through(region, model, ttft_s=ttft_s)
+
     def ended(self, ctx: RequestContext) -> None:
-        """The request's attempts are over: each stream that did not break went through (or
-        its client left, which says nothing against the region); a trial it still holds is
-        given back."""
-        streaming = ctx.streaming
-        if streaming:
-            ctx.streaming = []
-            for name, model, s in streaming:
-                self._went_through(name, model, ttft_s=s)
+        """The request's attempts are over: a trial it still holds is given back."""
         if self.circuits is not None:
             # Trials it was given and never settled (never sent, the client left): the next
             # request's to try.

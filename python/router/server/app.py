@@ -18,12 +18,13 @@ from router.cache.serving import CacheLayer, cache_headers
 from router.config import Commit, Config, Preparer
 from router.core.admin import AdminRoutes
 from router.core.client_limit import InFlightPerIp
-from router.core.context import RequestContext, request_id
+from router.core.context import request_id
 from router.core.dialect import DIALECTS, dialect_of
+from router.core.open_streams import OpenStreams
 from router.core.pipeline import CONTEXT, Features, Pipeline
 from router.core.request import RESPONSES, unreadable_body
 from router.core.responses import error_response
-from router.core.stages import AttemptObserver, ResponseDecorator, StreamObserver
+from router.core.stages import AttemptObserver, ResponseDecorator
 from router.errors import ApiError, InvalidRequest, NotFound
 from router.observability import telemetry
 from router.observability.metrics import Metrics
@@ -229,7 +230,7 @@ def build_app(
         telemetry.add_routes(app, observer, config.observability, routes=ops)
     observers += [canary_hook(rollout), passive]
     # How each stream ended: into region health, and into the regions' attempt counts.
-    streams: StreamObserver = passive if observer is None else _Streams(passive, observer)
+    streams = OpenStreams(passive) if observer is None else OpenStreams(passive, observer)
     midstream = MidstreamPolicy(
         config.routing.midstream,
         max_resumes=config.routing.max_resumes,
@@ -349,23 +350,6 @@ def check(config: Config) -> None:
     # The native prober's own rules for [health] and each region's URL and probe path.
     Health(config.health, config.regions)
     tokenizers.load(config.tokenizers.models)
-
-
-class _Streams:
-    """Several StreamObservers as the one the pipeline and the mid-stream policy call."""
-
-    __slots__ = ("each",)
-
-    def __init__(self, *each: StreamObserver) -> None:
-        self.each = each
-
-    def broke(self, ctx: RequestContext, region: str) -> None:
-        for observer in self.each:
-            observer.broke(ctx, region)
-
-    def ended(self, ctx: RequestContext) -> None:
-        for observer in self.each:
-            observer.ended(ctx)
 
 
 def _known_models(metrics: Metrics) -> Preparer:

@@ -9,6 +9,7 @@ from multidict import CIMultiDict
 from router.config import RegionConfig
 from router.core.context import RequestContext
 from router.core.failure import AttemptError, FailureKind
+from router.core.open_streams import OpenStreams
 from router.core.request import CHAT, parse_body
 from router.core.transport import LocalReply, LocalTransport
 from router.core.upstream import Upstream
@@ -154,6 +155,12 @@ def _ctx(stream: bool) -> RequestContext:
     return ctx
 
 
+def _first_byte(observer: Observer, ctx: RequestContext, region: Upstream) -> None:
+    """A stream's first byte from `region`, as the attempt path tells it (Attempts.observe)."""
+    ctx.streaming.append((region.name, ctx.request.upstream_model, 0.1))
+    observer.attempt(ctx, region, None, 0.1)
+
+
 def test_the_observer_counts_a_stream_once_it_ended_or_broke() -> None:
     t = _telemetry()
     observer = Observer(t, PassiveHealth(["a", "b"]))
@@ -169,13 +176,14 @@ def test_the_observer_counts_a_stream_once_it_ended_or_broke() -> None:
     observer.attempt(ctx, a, _error(FailureKind.CONNECT), 0.1)  # after it: at once
     assert t.metrics.attempts.counts[("a", "connect")] == 1
     # A stream from a breaks after its first byte, b continues it to its end.
+    streams = OpenStreams(observer)
     ctx = _ctx(stream=True)
-    observer.attempt(ctx, a, None, 0.1)
+    _first_byte(observer, ctx, a)
     assert ("a", "ok") not in t.metrics.attempts.counts  # a first byte is no success yet
-    observer.broke(ctx, "a")
-    observer.attempt(ctx, b, None, 0.1)
-    observer.ended(ctx)
-    observer.ended(ctx)  # a second end counts nothing twice
+    streams.broke(ctx, "a")
+    _first_byte(observer, ctx, b)
+    streams.ended(ctx)
+    streams.ended(ctx)  # a second end counts nothing twice
     observer.count_attempts(ctx)
     counts = t.metrics.attempts.counts
     assert (counts[("a", "broken")], counts[("b", "ok")]) == (1, 2)

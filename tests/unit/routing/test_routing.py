@@ -12,6 +12,7 @@ from multidict import CIMultiDict
 from router.config import Config, HealthConfig, RegionConfig, RoutingConfig
 from router.core.context import RequestContext
 from router.core.failure import AttemptError, FailureKind, Origin, health_outcome
+from router.core.open_streams import OpenStreams
 from router.core.request import CHAT, parse_body
 from router.core.transport import LocalReply, LocalTransport
 from router.core.upstream import Upstream, Upstreams
@@ -24,6 +25,12 @@ from router.routing.runtime import (
     client_deadline,
     selector,
 )
+
+
+def _first_byte(passive: PassiveHealth, ctx: RequestContext, region: Upstream, s: float) -> None:
+    """A stream's first byte from `region`, as the attempt path tells it (Attempts.observe)."""
+    ctx.streaming.append((region.name, ctx.request.upstream_model, s))
+    passive(ctx, region, None, s)
 
 
 def test_client_deadline_from_headers() -> None:
@@ -144,13 +151,15 @@ def test_a_stream_counts_for_its_region_when_it_ends_and_once() -> None:
     a = _idle_upstream(region)
     body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": true}'
 
+    streams = OpenStreams(passive)
+
     def stream(broken: bool) -> None:
         ctx = RequestContext("r", CHAT)
         ctx.parsed = parse_body(CHAT, body)
-        passive(ctx, a, None, 0.05)  # its first byte
+        _first_byte(passive, ctx, a, 0.05)
         if broken:
-            passive.broke(ctx, "a")
-        passive.ended(ctx)
+            streams.broke(ctx, "a")
+        streams.ended(ctx)
 
     def state() -> tuple[int, int, int]:
         h = health.snapshot()["a"]
@@ -260,11 +269,12 @@ def test_a_streamed_trial_settles_when_the_stream_ends(broken: bool) -> None:
     select = selector(health, LiveRouting(RoutingConfig()), circuits)
     trial = _request(stream=True)
     assert _names(select(trial, upstreams)) == ["a", "b"]
-    passive(trial, a, None, 0.1)  # its first byte: not yet a success, the trial still held
+    streams = OpenStreams(passive)
+    _first_byte(passive, trial, a, 0.1)  # not yet a success, the trial still held
     assert _names(select(_request(), upstreams)) == ["b", "a"]
     if broken:
-        passive.broke(trial, "a")
-    passive.ended(trial)
+        streams.broke(trial, "a")
+    streams.ended(trial)
     assert _names(select(_request(), upstreams)) == (["b", "a"] if broken else ["a", "b"])
 
 
