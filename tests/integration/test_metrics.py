@@ -298,6 +298,7 @@ request_burst = 2
             assert measured is not None
             assert measured > 0, name
         assert value(m, "process_cpu_seconds_total") is not None
+        assert value(m, "python_gc_collections_total", generation="0") is not None
         (info,) = [labels for (name, labels) in m if name == "router_build_info"]
         assert dict(info)["version"]
         assert dict(info)["commit"]

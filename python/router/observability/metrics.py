@@ -16,6 +16,7 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.gc_collector import GCCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
@@ -190,6 +191,9 @@ class Metrics:
         self.registry.register(_StateCollector(regions, slo, clock))
         # process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds, ...
         ProcessCollector(registry=self.registry)
+        # python_gc_collections_total / _objects_collected_total / _objects_uncollectable_total
+        # {generation}: a request path that leaves reference cycles shows as collected objects.
+        GCCollector(registry=self.registry)
         self.registry.register(_BuildCollector(build, generation))
 
     def observe(self, rec: AccessRecord) -> None:
