@@ -229,6 +229,11 @@ async def relay_stream(
         elif tap is None or not tap.wanted():
             raise ConnectionResetError("nobody reads this stream any more")
 
+    def hand_off(tap: Tap) -> bool:
+        # The rest of the stream to a background reader, for the others reading it.
+        _hand_off(ctx, upstream, splitter, state, tap, idle_timeout, max_bytes - size, scrub, broke)
+        return True
+
     # on_id is let go once it heard the response's id; the items come at the end.
     on_items = on_id
     plain = guard is None and tap is None and meter is None
@@ -302,18 +307,7 @@ async def relay_stream(
                 # A write to the client failed: it left, so there is nobody to tell; but the
                 # cache's coalesced readers of this exchange still get the whole answer.
                 if tap is not None and tap.wanted() and not isinstance(exc, _Truncated):
-                    _hand_off(
-                        ctx,
-                        upstream,
-                        splitter,
-                        state,
-                        tap,
-                        idle_timeout,
-                        max_bytes - size,
-                        scrub,
-                        broke,
-                    )
-                    handed = True
+                    handed = hand_off(tap)
                 return resp
             if state.complete and not isinstance(exc, _Truncated):
                 # Every choice finished before the region's connection broke (a reset after
@@ -377,18 +371,7 @@ async def relay_stream(
         except asyncio.CancelledError:
             # The client left (aiohttp cancels its handler): others may still read this.
             if tap is not None and tap.wanted():
-                _hand_off(
-                    ctx,
-                    upstream,
-                    splitter,
-                    state,
-                    tap,
-                    idle_timeout,
-                    max_bytes - size,
-                    scrub,
-                    broke,
-                )
-                handed = True
+                handed = hand_off(tap)
             raise
         if state.invalid:
             log.warning(
