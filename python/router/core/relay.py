@@ -58,8 +58,9 @@ async def _drain(
     once none does, stop (closing the connection tells the region to stop generating). A
     stream that breaks on the way is reported (`broke`) as the relay's own would be."""
     complete = False
-    # Whether reading stopped because nobody wants the rest (or it grew too large): no break.
-    stopped = False
+    # Whether the region broke the stream (reading stopped because nobody wants the rest, it
+    # grew too large, the exchange's own deadline or a shutdown are none of its doing).
+    broken = False
     content = upstream.content
     try:
         async with IdleWatch(idle_timeout) as idle:
@@ -71,7 +72,6 @@ async def _drain(
                     break
                 room -= len(chunk)
                 if room < 0 or not tap.wanted():
-                    stopped = True
                     return
                 data = passable(splitter.feed(chunk), state, False)
                 if data:
@@ -83,18 +83,20 @@ async def _drain(
             if data:
                 tap.chunk(data if scrub is None else scrub(data))
         complete = state.complete
+        broken = not complete  # it ended before finishing, or with its error event
         if complete and state.owes_done:
             tap.chunk(DONE_EVENT)
     except (http1.ClientError, TimeoutError, sse.EventTooLarge) as exc:
         log.warning("stream kept for coalesced readers broke: %s", exc)
+        broken = not isinstance(exc, http1.TotalDeadline)
     finally:
         tap.end(complete)
         if complete:
             upstream.release()
         else:
             upstream.close()
-            if not stopped and broke is not None:
-                broke()
+        if broken and broke is not None:
+            broke()
 
 
 def _hand_off(
