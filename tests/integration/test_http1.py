@@ -559,3 +559,30 @@ async def test_an_exchange_leaves_no_reference_cycle(serve) -> None:  # type: ig
     finally:
         gc.enable()
     await pool.close()
+
+
+async def test_a_closed_connection_leaves_no_reference_cycle(serve) -> None:  # type: ignore[no-untyped-def]
+    """A region that closes every connection after its answer costs the collector nothing:
+    each connection and its parser are freed by refcounting once it closed."""
+
+    async def script(request: bytes, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nuntil the end")
+        await writer.drain()
+        writer.close()
+
+    _, url = await serve(script)
+    pool = _pool(url)
+    gc.collect()
+    gc.disable()
+    try:
+        before = _alive(http1._Connection)
+        for _ in range(3):
+            resp = await pool.post("/v1/x", b"{}", [])
+            assert await _read_all(resp) == b"until the end"
+            resp.release()
+        del resp
+        await asyncio.sleep(0.05)  # the transports' closing callbacks
+        assert _alive(http1._Connection) == before
+    finally:
+        gc.enable()
+    await pool.close()

@@ -152,6 +152,11 @@ class _Connection(asyncio.Protocol):
             else:
                 self._fail(ClientError(f"connection lost: {exc}" if exc else "connection lost"))
         self._pool.forget(self)
+        # Nothing more arrives: the parser (which holds this protocol's callbacks) and the last
+        # body (which holds this connection) go now, so a closed connection is freed by
+        # refcounting, not left to the cycle collector.
+        del self._parser
+        vars(self).pop("_body", None)
 
     # -- httptools callbacks
 
