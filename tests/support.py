@@ -176,6 +176,25 @@ def start_redis(
     return spawn(args, port, tmp / f"redis-{port}.log")
 
 
+def redis_clients(port: int) -> tuple[int, int]:
+    """The redis-server at `port`'s client connections open now (not a replica's link, not this
+    query's own) and the connections it has accepted since it started (this query's included)."""
+    done = subprocess.run(
+        ["redis-cli", "-p", str(port)],
+        input="CLIENT LIST\nINFO stats\n",
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=True,
+    )
+    lines = done.stdout.splitlines()
+    clients = [line for line in lines if line.startswith("id=")]
+    mine = [line for line in clients if " cmd=client|list " in line]
+    links = [line for line in clients if " flags=S " in line or " flags=M " in line]
+    received = next(line for line in lines if line.startswith("total_connections_received:"))
+    return len(clients) - len(mine) - len(links), int(received.partition(":")[2])
+
+
 @dataclass(frozen=True)
 class TlsFiles:
     """A self-signed certificate for 127.0.0.1 made with openssl at test time."""

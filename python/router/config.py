@@ -267,6 +267,10 @@ class LimitsConfig(_Section, frozen=True):
     redis_timeout_ms: Annotated[float, msgspec.Meta(gt=0)] = 1000.0
     # How often Redis is tried while it is out (or while one key's call fails).
     redis_retry_s: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+    # Most connections open to Redis (to each node of a Cluster) per router process. With all
+    # in use (a stalled Redis holds each until redis_timeout_ms), a call opens no more: it
+    # waits for one at most redis_timeout_ms (a Cluster's fails at once) and is an outage.
+    redis_max_connections: _POSITIVE = 64
     # Prefix of every Redis key the limiter writes.
     redis_key_prefix: str = "router:rl:"
     # redis_url names one node of a Redis Cluster (keys are hash-tagged, one slot per key).
@@ -385,6 +389,11 @@ class CacheConfig(_Section, frozen=True):
     shared_lookup_first_ms: Annotated[float, msgspec.Meta(ge=0)] = 1.0
     # After a Redis failure, skip it for this long before trying again.
     redis_retry_s: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+    # Most connections open to Redis (to each node of a Cluster) per router process. With all
+    # in use (a stalled Redis holds each until redis_timeout_s), a call opens no more: it
+    # waits for one at most redis_timeout_s (a Cluster's fails at once) and fails as a call
+    # Redis did not answer does (a miss, Redis skipped for redis_retry_s).
+    redis_max_connections: _POSITIVE = 64
     # redis_url names one node of a Redis Cluster (each entry is one key, so one slot).
     redis_cluster: bool = False
     models: dict[str, CacheModelConfig] = msgspec.field(default_factory=dict)
@@ -499,6 +508,10 @@ class StateConfig(_Section, frozen=True):
     # A lookup Redis does not answer in this long is a 503 state_unavailable (never routed
     # unchecked): set it above the round trip to Redis (a far one's too).
     redis_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 0.25
+    # Most connections open to Redis (to each node of a Cluster) per router process. With all
+    # in use (a stalled Redis holds each until redis_timeout_s), a call opens no more: a lookup
+    # waits for one at most redis_timeout_s (a Cluster's fails at once), then is the same 503.
+    redis_max_connections: _POSITIVE = 64
     # Prefix of the keys, one per response.
     redis_prefix: str = "router:resp:"
     # How long a note lives in Redis (OpenAI keeps stored responses for 30 days).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
@@ -14,7 +15,7 @@ import pytest
 
 from router.cache.policy import Entry, storage_key
 from router.cache.redis_tier import RedisTier, decode_entry, encode_entry, redis_key
-from tests.support import Proc, free_port, start_redis
+from tests.support import Proc, free_port, redis_clients, start_redis
 
 pytestmark = pytest.mark.redis
 
@@ -208,5 +209,43 @@ async def test_a_lookup_that_times_out_counts_as_slow(redis_proc: Proc) -> None:
             redis_proc.popen.send_signal(signal.SIGCONT)
         # Otherwise a frozen Redis kept its last fast estimate and stayed "near" for ever.
         assert tier.rtt_s >= 0.2
+    finally:
+        await tier.close()
+
+
+async def test_a_stalled_redis_is_a_miss_on_a_bounded_number_of_connections(
+    redis_proc: Proc,
+) -> None:
+    """Issue: every lookup made while Redis was stalled opened one more connection (the pool
+    was unbounded). Now the lookups beyond `max_connections` wait for one and, with no answer
+    in the tier's timeout, are what a lookup Redis did not answer is: a miss, the tier skipped
+    for redis_retry_s, its round trip counted slow. Afterwards the tier serves from as few."""
+    tier = RedisTier(
+        f"redis://127.0.0.1:{redis_proc.port}/0",
+        timeout_s=0.3,
+        retry_after_s=0.2,
+        max_connections=2,
+    )
+    try:
+        e = entry(body=b'{"answer": 42}')
+        assert await tier.put(BODY_KEY, e)
+        _, accepted = redis_clients(redis_proc.port)
+        redis_proc.popen.send_signal(signal.SIGSTOP)
+        try:
+            found = await asyncio.gather(*(tier.get(BODY_KEY, "t", "m") for _ in range(20)))
+        finally:
+            redis_proc.popen.send_signal(signal.SIGCONT)
+        assert found == [None] * 20
+        assert (tier.up, tier.errors) == (False, 20)
+        assert tier.rtt_s is not None
+        assert tier.rtt_s >= 0.3
+        await asyncio.sleep(0.2)  # redis_retry_s
+        found = await asyncio.gather(*(tier.get(BODY_KEY, "t", "m") for _ in range(20)))
+        assert found == [e] * 20
+        assert tier.up
+        open_now, now_accepted = redis_clients(redis_proc.port)
+        assert open_now <= 2
+        # Each of the two may have been closed by its socket timeout and opened once more.
+        assert now_accepted - (accepted + 1) <= 2 * 2
     finally:
         await tier.close()

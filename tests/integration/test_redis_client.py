@@ -5,16 +5,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-from collections.abc import AsyncIterator, Awaitable
+import signal
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
+import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import MaxConnectionsError
 
 from router.net.redis_client import OUTAGE, Client, open_redis
-from tests.support import Proc, cluster_port, start_redis
+from tests.support import (
+    Proc,
+    RedisClusterProcs,
+    cluster_port,
+    redis_clients,
+    start_redis,
+)
 
 pytestmark = pytest.mark.redis
 
@@ -360,3 +369,94 @@ async def test_calls_left_going_end_with_the_client(far: tuple[DelayProxy, Clien
     del left
     gc.collect()
     assert errors == []
+
+
+# A small bound on a client's connections, and ten times as many calls at once while Redis is
+# stalled (SIGSTOP: the kernel still accepts connections, nothing answers).
+CAP = 4
+CALLS = 40
+# The callers' bound: they give up long before the socket timeout (2 s), so no connection of
+# the stall is closed and reopened before Redis is let go.
+STALL_GIVE_UP_S = 0.3
+
+
+async def stalled_calls(call: Callable[[], Awaitable[object]]) -> list[BaseException | None]:
+    """CALLS calls at once, each given up after STALL_GIVE_UP_S: what each raised."""
+
+    async def one() -> BaseException | None:
+        try:
+            async with asyncio.timeout(STALL_GIVE_UP_S):
+                await call()
+        except OUTAGE as exc:
+            return exc
+        return None
+
+    return list(await asyncio.gather(*(one() for _ in range(CALLS))))
+
+
+async def test_a_stalled_redis_gets_at_most_max_connections(redis_proc: Proc) -> None:
+    """Issue: the pool was unbounded, so with Redis stalled every call opened one more
+    connection while the others waited for their replies (CALLS here; thousands under load,
+    up to Redis's maxclients or the router's file descriptors). Now the calls beyond the bound
+    wait for a connection and fail at their caller's bound like a call Redis did not answer,
+    and once Redis answers again the same connections serve everything."""
+    client = open_redis(
+        f"redis://127.0.0.1:{redis_proc.port}/0", timeout_s=2.0, max_connections=CAP
+    )
+    assert isinstance(client, aioredis.Redis)
+    try:
+        assert await client.set("k", b"v")
+        redis_proc.popen.send_signal(signal.SIGSTOP)
+        try:
+            failed = await stalled_calls(lambda: client.get("k"))
+            pool = client.connection_pool
+            opened = len(pool._available_connections) + len(pool._in_use_connections)
+        finally:
+            redis_proc.popen.send_signal(signal.SIGCONT)
+        assert all(isinstance(exc, TimeoutError) for exc in failed), failed
+        assert opened == CAP
+        # The calls sent before Redis stalled get their replies and give their connections back.
+        await client.calls.settle()  # type: ignore[attr-defined]
+        open_now, accepted = redis_clients(redis_proc.port)
+        assert open_now == CAP
+        assert await asyncio.gather(*(client.get("k") for _ in range(CALLS))) == [b"v"] * CALLS
+        assert redis_clients(redis_proc.port) == (CAP, accepted + 1)  # + the query's own
+    finally:
+        await client.aclose()
+
+
+async def test_a_stalled_cluster_node_gets_at_most_max_connections(
+    redis_cluster: RedisClusterProcs,
+) -> None:
+    """The same for a Redis Cluster's node: with its connections all held, a call to it opens
+    none and fails at once with redis-py's MaxConnectionsError (its cluster nodes have no
+    waiting pool), an OUTAGE; afterwards the same connections serve again."""
+    client = open_redis(redis_cluster.url, timeout_s=2.0, max_connections=CAP, cluster=True)
+    assert isinstance(client, RedisCluster)
+    try:
+        assert await client.set("{t}k", b"v")
+        master = redis_cluster.master_of("{t}k")
+        # Our client's connections there: the node's one, and any the slot map was read on.
+        before, _ = redis_clients(master.port)
+        # Stopped for well under the cluster's node timeout (1 s): no failover meanwhile.
+        master.popen.send_signal(signal.SIGSTOP)
+        try:
+            failed = await stalled_calls(lambda: client.get("{t}k"))
+            node = client.get_node("127.0.0.1", master.port)
+            assert node is not None
+            opened = len(node._connections)
+        finally:
+            master.popen.send_signal(signal.SIGCONT)
+        timed_out = [exc for exc in failed if isinstance(exc, TimeoutError)]
+        refused = [exc for exc in failed if isinstance(exc, MaxConnectionsError)]
+        assert (len(timed_out), len(refused)) == (CAP, CALLS - CAP)
+        assert opened == CAP
+        await client.calls.settle()  # type: ignore[attr-defined]
+        open_now, accepted = redis_clients(master.port)
+        assert open_now == before - 1 + CAP
+        for _ in range(3):  # at most CAP at once on one node
+            answers = await asyncio.gather(*(client.get("{t}k") for _ in range(CAP)))
+            assert answers == [b"v"] * CAP
+        assert redis_clients(master.port) == (open_now, accepted + 1)
+    finally:
+        await client.aclose()

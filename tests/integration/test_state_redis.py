@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 from collections.abc import AsyncIterator
 
@@ -11,7 +12,7 @@ from aiohttp import web
 from router.config import StateConfig
 from router.errors import StateNotFound, Unavailable
 from router.routing.affinity import ResponseHomes
-from tests.support import Proc
+from tests.support import Proc, redis_clients
 
 pytestmark = pytest.mark.redis
 
@@ -73,3 +74,42 @@ async def test_no_answer_from_redis_is_a_503_never_not_known(
         redis_proc.popen.send_signal(signal.SIGCONT)
     with pytest.raises(StateNotFound):
         await homes.home("resp_b", "intruder")
+
+
+async def test_a_stalled_redis_is_a_503_on_a_bounded_number_of_connections(
+    redis_proc: Proc,
+) -> None:
+    """Issue: every lookup made while Redis was stalled opened one more connection (the pool
+    was unbounded). Now the lookups beyond `redis_max_connections` wait for one and are the
+    same 503 at redis_timeout_s, never "not known"; afterwards lookups are answered again."""
+    config = StateConfig(
+        redis_url=f"redis://127.0.0.1:{redis_proc.port}/0",
+        redis_timeout_s=0.3,
+        redis_max_connections=2,
+    )
+    homes = ResponseHomes(config)
+    life = homes.lifetime(web.Application())
+    await anext(life)
+    try:
+        assert homes._redis is not None
+        await homes._redis.set(homes._key("resp_b"), "region-b\nowner")
+        _, accepted = redis_clients(redis_proc.port)
+        redis_proc.popen.send_signal(signal.SIGSTOP)
+        try:
+            lookups = (homes.homes(("resp_b",), "intruder") for _ in range(20))
+            failed = await asyncio.gather(*lookups, return_exceptions=True)
+        finally:
+            redis_proc.popen.send_signal(signal.SIGCONT)
+        assert all(isinstance(exc, Unavailable) for exc in failed), failed
+        assert {(exc.status, exc.code) for exc in failed} == {(503, "state_unavailable")}
+        lookups = (homes.homes(("resp_b",), "intruder") for _ in range(20))
+        found = await asyncio.gather(*lookups, return_exceptions=True)
+        assert all(isinstance(exc, StateNotFound) for exc in found), found
+        assert await homes.home("resp_b", "owner") == "region-b"
+        open_now, now_accepted = redis_clients(redis_proc.port)
+        assert open_now <= 2
+        # Each of the two may have been closed by its socket timeout and opened once more.
+        assert now_accepted - (accepted + 1) <= 2 * 2
+    finally:
+        with pytest.raises(StopAsyncIteration):
+            await anext(life)

@@ -22,7 +22,15 @@ from router.access.leasing import (
 )
 from router.native import BucketTable
 from router.net.redaction import display_url
-from router.net.redis_client import OUTAGE, Client, hash_tagged, key_fault, open_redis, ping
+from router.net.redis_client import (
+    MAX_CONNECTIONS,
+    OUTAGE,
+    Client,
+    hash_tagged,
+    key_fault,
+    open_redis,
+    ping,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -136,6 +144,7 @@ class GlobalLeases:
         policy: LeasePolicy | None = None,
         interval_s: float = 0.25,
         idle_s: float = 10.0,
+        max_connections: int = MAX_CONNECTIONS,
         cluster: bool = False,
         clock: Callable[[], float] = time.monotonic,
         fail_open: bool = True,
@@ -151,7 +160,9 @@ class GlobalLeases:
         self.interval_s = interval_s
         self.idle_s = idle_s
         self.clock = clock
-        self._client: Client = open_redis(url, timeout_s=timeout_s, cluster=cluster)
+        self._client: Client = open_redis(
+            url, timeout_s=timeout_s, max_connections=max_connections, cluster=cluster
+        )
         self.allowance = BucketTable()
         self.leases: dict[str, Lease] = {}
         self.available = True
@@ -184,6 +195,7 @@ class GlobalLeases:
             ),
             interval_s=config.lease_interval_s,
             idle_s=config.lease_idle_s,
+            max_connections=config.redis_max_connections,
             cluster=config.redis_cluster,
             fail_open=config.on_redis_error == "open",
         )

@@ -13,7 +13,7 @@ from urllib.parse import quote
 import msgspec
 
 from router.cache.policy import Entry, stored_stream
-from router.net.redis_client import OUTAGE, TIMEOUTS, open_redis, refresh
+from router.net.redis_client import MAX_CONNECTIONS, OUTAGE, TIMEOUTS, open_redis, refresh
 
 log = logging.getLogger("router")
 
@@ -84,6 +84,7 @@ class RedisTier:
         timeout_s: float = 1.0,
         retry_after_s: float = 1.0,
         max_entry_bytes: int = 1 << 20,
+        max_connections: int = MAX_CONNECTIONS,
         cluster: bool = False,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
@@ -94,7 +95,9 @@ class RedisTier:
         self.max_entry_bytes = max_entry_bytes
         self._clock = clock
         self._wall = wall
-        self._client = open_redis(url, timeout_s=timeout_s, cluster=cluster)
+        self._client = open_redis(
+            url, timeout_s=timeout_s, max_connections=max_connections, cluster=cluster
+        )
         # Round trip of the last lookups (EWMA, seconds; raised by one that timed out); None
         # until one answered.
         self.rtt_s: float | None = None

@@ -242,6 +242,7 @@ def open_cache(config: CacheConfig, key_fn: KeyFn) -> ResponseCache:
             prefix=config.redis_prefix,
             timeout_s=config.redis_timeout_s,
             retry_after_s=config.redis_retry_s,
+            max_connections=config.redis_max_connections,
             max_entry_bytes=config.max_entry_bytes,
             cluster=config.redis_cluster,
         )

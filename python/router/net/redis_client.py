@@ -13,6 +13,7 @@ from redis.asyncio.client import Pipeline
 from redis.asyncio.cluster import ClusterPipeline, RedisCluster
 from redis.asyncio.connection import (
     AbstractConnection,
+    BlockingConnectionPool,
     Connection,
     SSLConnection,
     UnixDomainSocketConnection,
@@ -29,6 +30,9 @@ OUTAGE: tuple[type[BaseException], ...] = (RedisError, OSError, TimeoutError)
 TIMEOUTS: tuple[type[BaseException], ...] = (TimeoutError, RedisTimeout)
 
 Client: TypeAlias = "aioredis.Redis | RedisCluster"
+
+# Connections one client keeps to a Redis (to each node of a Cluster) at most, unless told.
+MAX_CONNECTIONS = 64
 
 T = TypeVar("T")
 
@@ -253,7 +257,9 @@ def _connection_class(url: str) -> type[Connection]:
     return _TlsConnection if url.partition("://")[0].lower() == "rediss" else _TcpConnection
 
 
-def open_redis(url: str, *, timeout_s: float, cluster: bool = False) -> Client:
+def open_redis(
+    url: str, *, timeout_s: float, max_connections: int = MAX_CONNECTIONS, cluster: bool = False
+) -> Client:
     """A client for `url` (redis://, rediss://, unix://; password and TLS options in the URL).
 
     No client-side retries: a slow or absent Redis must cost one short timeout, not several.
@@ -262,6 +268,14 @@ def open_redis(url: str, *, timeout_s: float, cluster: bool = False) -> Client:
     adds AUTH, a database other than 0 adds SELECT, one round trip each), and its handshake
     outlives a caller that gives up on it (`_Handshake`); so does a call whose command was sent
     (`_Calls`).
+
+    At most `max_connections` connections are open (to each node of a Cluster). A stalled
+    Redis holds each until its reply or the socket timeout, so without a bound every call
+    meanwhile opened one more (thousands under load: Redis's maxclients, the router's file
+    descriptors). With all in use, a call opens none: a single server's waits for one to come
+    back, at most `timeout_s` (ConnectionError; its caller's own bound, as long, usually ends it
+    first with the TimeoutError of a call Redis did not answer); a Cluster node's fails at once
+    (redis-py's MaxConnectionsError: its nodes have no waiting pool). Either is an OUTAGE.
     """
     common: dict[str, Any] = {
         "socket_timeout": timeout_s,
@@ -276,6 +290,8 @@ def open_redis(url: str, *, timeout_s: float, cluster: bool = False) -> Client:
         "protocol": 2,
         "maint_notifications_config": MaintNotificationsConfig(enabled=False),
         "driver_info": None,
+        # Per node in a Cluster (ClusterNode.acquire_connection), per pool for a single server.
+        "max_connections": max_connections,
     }
     connection_class = _connection_class(url)
     if cluster:
@@ -289,12 +305,14 @@ def open_redis(url: str, *, timeout_s: float, cluster: bool = False) -> Client:
             node.connection_class = connection_class
         return client
     unix = url.partition("://")[0].lower() == "unix"
-    return _Redis.from_url(
+    pool = BlockingConnectionPool.from_url(
         url,
+        timeout=timeout_s,
         retry_on_timeout=False,
         connection_class=_UnixConnection if unix else connection_class,
         **common,
     )
+    return _Redis.from_pool(pool)
 
 
 def key_fault(exc: BaseException) -> bool:

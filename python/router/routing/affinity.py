@@ -89,7 +89,10 @@ class ResponseHomes:
         config = self.config
         if config.redis_url is not None:
             self._redis = open_redis(
-                config.redis_url, timeout_s=config.redis_timeout_s, cluster=config.redis_cluster
+                config.redis_url,
+                timeout_s=config.redis_timeout_s,
+                max_connections=config.redis_max_connections,
+                cluster=config.redis_cluster,
             )
         yield
         redis, self._redis = self._redis, None
