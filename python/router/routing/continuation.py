@@ -391,12 +391,12 @@ class MidstreamPolicy:
                 counted = self.count_prompt(ctx, False)
         if bound is not None and tracker.events >= bound:
             # Cut after the last token allowed, before the region said so: nothing is left to
-            # ask for. A chat stream ends as the region's would have; a typed-event stream
-            # with the failure event (its whole end is not made up here).
-            if not isinstance(tracker, StreamTracker):
-                log.warning("request %s: not resumed: no tokens left", ctx.request_id)
-                return False
-            end = length_end(tracker, ctx.request.include_usage, counted)
+            # ask for. The stream ends as the region's would have at its length limit.
+            if isinstance(tracker, EventTracker):
+                end = event_continuation.length_end(tracker, ctx.dialect.anthropic, counted)
+            else:
+                assert isinstance(tracker, StreamTracker)
+                end = length_end(tracker, ctx.request.include_usage, counted)
             await written(ctx, write, tracker, end)
             return True
         tried = 0

@@ -56,13 +56,19 @@ class EventTracker(SentEvents):
     """SentEvents of a typed-event stream: the text of the one message being written, the ids the
     client was given, the last sequence number; `unsupported` once anything but text came."""
 
-    __slots__ = ("item_id", "response_id", "sequence")
+    __slots__ = ("item", "item_id", "output_index", "part", "response", "response_id", "sequence")
 
     def __init__(self) -> None:
         super().__init__()
         self.response_id: str | None = None
         self.item_id: str | None = None
         self.sequence: int | None = None
+        # The response, message item and text part as the stream opened them, and the item's
+        # place: what the router's own end of the stream (length_end) is made of.
+        self.response: dict[str, Any] | None = None
+        self.item: dict[str, Any] | None = None
+        self.part: dict[str, Any] | None = None
+        self.output_index: object = 0
 
     def _note(self, payload: bytes) -> None:
         obj = json_object(payload)
@@ -83,12 +89,19 @@ class EventTracker(SentEvents):
         if kind == "response.created":
             if isinstance(response, dict) and isinstance(response.get("id"), str):
                 self.response_id = response["id"]
+                self.response = response
         elif kind == "response.output_item.added":
             item = obj.get("item")
             if not isinstance(item, dict) or item.get("type") != "message" or self.item_id:
                 self.unsupported = True
             elif isinstance(item.get("id"), str):
                 self.item_id = item["id"]
+                self.item = item
+                self.output_index = obj.get("output_index", 0)
+        elif kind == "response.content_part.added":
+            part = obj.get("part")
+            if isinstance(part, dict):
+                self.part = part
         elif kind == "response.output_text.delta":
             self._piece(obj.get("delta"))
         elif kind == "content_block_start":
@@ -276,3 +289,58 @@ class Stitcher:
                 if isinstance(usage.get("total_tokens"), int):
                     usage["total_tokens"] = usage["input_tokens"] + usage["output_tokens"]
                 cap_cached(usage, "input_tokens", "input_tokens_details")
+
+
+def length_end(tracker: EventTracker, anthropic: bool, prompt: int | None) -> bytes:
+    """The end of a stream that reached its length limit, as a region ends one (vLLM's; the
+    sim's): Responses' text, part and item done with the whole text, then `response.incomplete`
+    (max_output_tokens; usage of the request's `prompt` tokens, when known, and one output
+    token per text delta); Messages' block stopped, a message_delta saying max_tokens (one
+    output token per text delta), message_stop. Numbered on from the first stream's events."""
+    if anthropic:
+        delta = {"stop_reason": "max_tokens", "stop_sequence": None}
+        return b"".join(
+            _encode(obj)
+            for obj in (
+                {"type": "content_block_stop", "index": 0},
+                {
+                    "type": "message_delta",
+                    "delta": delta,
+                    "usage": {"output_tokens": tracker.events},
+                },
+                {"type": "message_stop"},
+            )
+        )
+    whole = tracker.text
+    where = {"item_id": tracker.item_id, "output_index": tracker.output_index, "content_index": 0}
+    part = {**(tracker.part or {"type": "output_text", "annotations": []}), "text": whole}
+    item = {
+        **(tracker.item or {"type": "message", "id": tracker.item_id, "role": "assistant"}),
+        "status": "completed",
+        "content": [part],
+    }
+    response: dict[str, Any] = {
+        **(tracker.response or {"id": tracker.response_id, "object": "response"}),
+        "status": "incomplete",
+        "incomplete_details": {"reason": "max_output_tokens"},
+        "output": [item],
+    }
+    if prompt is not None:
+        outputs = tracker.events
+        response["usage"] = {
+            "input_tokens": prompt,
+            "output_tokens": outputs,
+            "total_tokens": prompt + outputs,
+        }
+    events: tuple[dict[str, Any], ...] = (
+        {"type": "response.output_text.done", **where, "text": whole},
+        {"type": "response.content_part.done", **where, "part": part},
+        {"type": "response.output_item.done", "output_index": tracker.output_index, "item": item},
+        {"type": "response.incomplete", "response": response},
+    )
+    out = []
+    for number, obj in enumerate(events, 1):
+        if tracker.sequence is not None:
+            obj["sequence_number"] = tracker.sequence + number
+        out.append(_encode(obj))
+    return b"".join(out)
