@@ -198,6 +198,11 @@ class Stitcher:
         return self.catchup.through
 
     @property
+    def ended(self) -> bool:
+        """Never: the typed-event APIs' stop strings are not checked at the seam."""
+        return False
+
+    @property
     def whole(self) -> str:
         """The whole answer's text so far."""
         return self.had + self.emitted
