@@ -636,8 +636,8 @@ class ChatStitch:
         self.seam = None
         if stopped:
             self.ended = True
-            end = _finish_event(self.tracker, "stop") + self._owed_usage() + b"data: [DONE]\n\n"
-            return self._relayed(end)
+            # Made here as the client gets it: the first stream's identity, the usage owed.
+            return _finish_event(self.tracker, "stop") + self._owed_usage() + b"data: [DONE]\n\n"
         return self._joined([*self.held, event])
 
     def _joined(self, events: list[bytes]) -> bytes | None:
