@@ -43,10 +43,13 @@ def _stream(proc: Proc, path: str, body: dict[str, Any]) -> tuple[str, list[str]
 
 def _asked(api: str, i: int) -> tuple[str, dict[str, Any], list[str]]:
     """(path, request without `stop`, the tokens the sim answers it with)."""
-    if api == "chat":
+    if api in ("chat", "messages"):
         messages = [{"role": "user", "content": f"Tell me story {i}"}]
+        tokens = text.chat_tokens(MODEL, messages)[0]
+        if api == "messages":
+            return "/v1/messages", {"messages": messages, "max_tokens": 100}, tokens
         body = {"messages": messages, "stream_options": {"include_usage": True}}
-        return "/v1/chat/completions", body, text.chat_tokens(MODEL, messages)[0]
+        return "/v1/chat/completions", body, tokens
     prompt = f"Story number {i}:"
     return "/v1/completions", {"prompt": prompt}, text.completion_tokens(MODEL, prompt)
 
@@ -84,3 +87,40 @@ def test_a_continued_stream_stops_where_one_run_would_have(
     assert continued["stop"] == [stop]  # the region continuing stops at one in its own text
     if api == "chat":
         assert usage["completion_tokens"] == direct_usage["completion_tokens"]
+
+
+def _message_stream(proc: Proc, body: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+    """(text, events) of a Messages stream."""
+    request = urllib.request.Request(
+        proc.url + "/v1/messages",
+        data=json.dumps({"model": MODEL, "stream": True, **body}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=20) as resp:
+        assert resp.status == 200
+        raw = resp.read().decode()
+    events = [json.loads(line[6:]) for line in raw.splitlines() if line.startswith("data: ")]
+    said = "".join(e["delta"]["text"] for e in events if e["type"] == "content_block_delta")
+    return said, events
+
+
+@pytest.mark.parametrize("across", [True, False], ids=["across-the-seam", "after-the-seam"])
+def test_a_continued_message_stops_at_its_stop_sequence_where_one_run_would_have(
+    across: bool, sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    a = sim_region("a", fail_mode="die-mid-stream", after_tokens=CUT)
+    b = sim_region("b")
+    fresh = sim_region("c")
+    router = router_proc(RESUME + region_toml(a) + region_toml(b, bias_ms=500))
+    _, body, stop = _stop_at("messages", across)
+    asked = {**body, "stop_sequences": [stop], "temperature": 0}
+    direct, direct_events = _message_stream(fresh, asked)
+    said, events = _message_stream(router, asked)
+    assert stop not in direct
+    assert said == direct
+    assert [e["type"] for e in events] == [e["type"] for e in direct_events]
+    ended = next(e for e in events if e["type"] == "message_delta")
+    assert ended["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": stop}
+    direct_end = next(e for e in direct_events if e["type"] == "message_delta")
+    assert ended == direct_end
+    assert json.loads(sim_stats(b)["last_body"])["stop_sequences"] == [stop]

@@ -444,7 +444,14 @@ class MidstreamPolicy:
             stitch: Stitch
             if isinstance(tracker, EventTracker):
                 state = EventState(ctx.dialect.terminal)
-                stitch = event_continuation.Stitcher(tracker, prefill=prefill, prompt=prompt)
+                # Messages' stop sequences checked at the seam (the Responses API has none).
+                seam = ctx.dialect.anthropic and prefill is not None
+                stitch = event_continuation.Stitcher(
+                    tracker,
+                    prefill=prefill,
+                    prompt=prompt,
+                    seam=seam_stop(ctx.request.body, tracker.text, first) if seam else None,
+                )
             else:
                 assert isinstance(tracker, StreamTracker)
                 state = StreamState()

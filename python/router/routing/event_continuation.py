@@ -28,6 +28,7 @@ from router.routing.seam import (
     Catchup,
     Diverged,
     FirstStream,
+    SeamStop,
     SentEvents,
     cap_cached,
     lower_limits,
@@ -175,10 +176,27 @@ def _encode(obj: dict[str, Any]) -> bytes:
 class Stitcher:
     """Rewrites a continuation's events into the first stream's (see the module docstring)."""
 
-    __slots__ = ("catchup", "emitted", "had", "prompt", "sent", "tracker")
+    __slots__ = (
+        "catchup",
+        "deltas",
+        "emitted",
+        "ended",
+        "had",
+        "held",
+        "last",
+        "prompt",
+        "seam",
+        "sent",
+        "tracker",
+    )
 
     def __init__(
-        self, tracker: EventTracker, *, prefill: str | None, prompt: int | None = None
+        self,
+        tracker: EventTracker,
+        *,
+        prefill: str | None,
+        prompt: int | None = None,
+        seam: SeamStop | None = None,
     ) -> None:
         self.tracker = tracker
         # Regenerated (no prefill): must repeat what the client has; continued: may answer
@@ -191,16 +209,20 @@ class Stitcher:
         self.sent = 0 if regenerate else tracker.events
         # The request's input tokens (the first region's report, else the router's exact count).
         self.prompt = prompt
+        # Text deltas the client has had, this continuation's included.
+        self.deltas = tracker.events
+        # A Messages stop sequence the client's text began (seam.SeamStop), the events held
+        # back while the continuation's text may still complete it; the answer ended there.
+        self.seam = seam
+        self.held: list[bytes] = []
+        self.ended = False
+        # The new text of the event being rewritten, if it carried any.
+        self.last: str | None = None
 
     @property
     def through(self) -> bool:
         """The continuation passed the text the client had."""
         return self.catchup.through
-
-    @property
-    def ended(self) -> bool:
-        """Never: the typed-event APIs' stop strings are not checked at the seam."""
-        return False
 
     @property
     def whole(self) -> str:
@@ -209,6 +231,52 @@ class Stitcher:
 
     def event(self, event: bytes) -> bytes | None:
         """The event to relay, rewritten; None to drop it."""
+        if self.ended:
+            return None
+        self.last = None
+        kept = self._rewritten(event)
+        if self.seam is None or kept is None:
+            return kept
+        piece, self.last = self.last, None
+        if piece is None:
+            # Not text: the region's end came first, and what was held back was its last text.
+            self.seam = None
+            return self._joined(kept)
+        held = self.seam.held
+        stopped = self.seam.take(piece)
+        if stopped is None:
+            self.held.append(kept)
+            return None
+        if stopped:
+            # Neither the held text nor this goes out: it was the stop sequence's.
+            self.ended = True
+            self.emitted = self.emitted[: len(self.emitted) - len(held) - len(piece)]
+            self.deltas -= len(self.held) + 1
+            self.held = []
+            return self._stop_end(self.seam.matched)
+        self.seam = None
+        return self._joined(kept)
+
+    def _joined(self, kept: bytes) -> bytes:
+        held, self.held = self.held, []
+        return b"".join([*held, kept])
+
+    def _stop_end(self, stop: str) -> bytes:
+        """The end of a Messages answer at a stop sequence, as the region sends it: the block
+        stopped, a message_delta saying stop_sequence (one output token per text delta the
+        client got), message_stop."""
+        delta = {"stop_reason": "stop_sequence", "stop_sequence": stop}
+        usage = {"output_tokens": self.deltas}
+        return b"".join(
+            _encode(obj)
+            for obj in (
+                {"type": "content_block_stop", "index": 0},
+                {"type": "message_delta", "delta": delta, "usage": usage},
+                {"type": "message_stop"},
+            )
+        )
+
+    def _rewritten(self, event: bytes) -> bytes | None:
         payload = sse.data_of(event)
         obj = json_object(payload) if payload is not None else None
         if obj is None:
@@ -249,6 +317,8 @@ class Stitcher:
             return None
         holder[key] = new
         self.emitted += new
+        self.deltas += 1
+        self.last = new
         return self._numbered(obj)
 
     def _numbered(self, obj: dict[str, Any]) -> bytes:

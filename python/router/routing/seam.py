@@ -223,6 +223,7 @@ MAX_SEAM_STOP_CHARS = 1024
 
 class _Stops(msgspec.Struct):
     stop: Any = None
+    stop_sequences: Any = None
     messages: Any = None
 
 
@@ -237,23 +238,27 @@ class SeamStop:
     leaves that to the router.) The continuation's first text is held back while it may still
     complete one."""
 
-    __slots__ = ("held", "needs")
+    __slots__ = ("held", "matched", "needs")
 
-    def __init__(self, needs: list[str]) -> None:
-        # The rest of each stop string that the client's text ends with the start of, shortest
-        # (so completing first) first.
-        self.needs = sorted(needs, key=len)
+    def __init__(self, needs: list[tuple[str, str]]) -> None:
+        # (the rest, the stop string) of each stop string that the client's text ends with the
+        # start of, the shortest rest (so completing first) first.
+        self.needs = sorted(needs, key=lambda need: len(need[0]))
         self.held = ""
+        # The stop string that completed.
+        self.matched = ""
 
     def take(self, piece: str) -> bool | None:
         """True: `piece` completes a stop string begun before the seam (the answer ends there,
         none of it sent); None: hold it back, it still may; False: it cannot, send what was
         held and it (the seam is passed)."""
         seen = self.held + piece
-        if any(seen.startswith(need) for need in self.needs):
-            return True
+        for rest, stop in self.needs:
+            if seen.startswith(rest):
+                self.matched = stop
+                return True
         # Only those the text so far begins stay possible.
-        self.needs = [need for need in self.needs if need.startswith(seen)]
+        self.needs = [need for need in self.needs if need[0].startswith(seen)]
         if self.needs:
             self.held = seen
             return None
@@ -262,16 +267,17 @@ class SeamStop:
 
 def seam_stop(body: bytes, sent: str, first: FirstStream) -> SeamStop | None:
     """The SeamStop for a continuation of `sent`, the text the client has, under the request's
-    `stop` (a string or a list of them); None when the client's text ends in no stop string's
-    start. Only the text the region generated counts: a client's own prefill that the first
-    region answered back (`first.echoed`) is no part of it, as no server matches stop strings
-    in the prompt."""
+    `stop` (a string or a list of them) or Messages' `stop_sequences`; None when the client's
+    text ends in no stop string's start. Only the text the region generated counts: a client's
+    own prefill that the first region answered back (`first.echoed`) is no part of it, as no
+    server matches stop strings in the prompt."""
     try:
         fields = _STOPS.decode(body)
     except msgspec.MsgspecError:
         return None
-    stop = fields.stop
-    stops = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []
+    stops: list[Any] = []
+    for field in (fields.stop, fields.stop_sequences):
+        stops += [field] if isinstance(field, str) else field if isinstance(field, list) else []
     messages = fields.messages
     last = messages[-1] if isinstance(messages, list) and messages else None
     if (
@@ -284,7 +290,7 @@ def seam_stop(body: bytes, sent: str, first: FirstStream) -> SeamStop | None:
         if sent.startswith(prior):
             sent = sent[len(prior) :]
     needs = [
-        stop[cut:]
+        (stop[cut:], stop)
         for stop in stops[:MAX_SEAM_STOPS]
         if isinstance(stop, str) and len(stop) <= MAX_SEAM_STOP_CHARS
         for cut in range(1, len(stop))
