@@ -106,3 +106,57 @@ def test_a_stream_cut_after_its_last_allowed_token_ends_for_length(
     assert events[-1] == "[DONE]"
     assert len({e["id"] for e in events[:-1]}) == 1
     assert _chat_asked(b) == 0  # never asked for a sixth token
+
+
+def _events(proc: Proc, path: str, body: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """A Responses or Messages stream's (event name, data) pairs."""
+    request = urllib.request.Request(
+        proc.url + path,
+        data=json.dumps({"model": MODEL, "stream": True, **body}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=20) as resp:
+        assert resp.status == 200
+        raw = resp.read().decode()
+    out = []
+    for block in raw.split("\n\n"):
+        lines = block.splitlines()
+        names = [line[7:] for line in lines if line.startswith("event: ")]
+        data = [json.loads(line[6:]) for line in lines if line.startswith("data: ")]
+        if data:
+            out.append((names[0] if names else "", data[0]))
+    return out
+
+
+def test_typed_event_streams_cut_after_their_last_allowed_token_end_for_length(
+    sim_region: SimFactory, router_proc: RouterFactory
+) -> None:
+    """A Responses or Messages stream cut after its last allowed token (the region's end events
+    lost) ends as the region ends one at the limit: `response.incomplete` (max_output_tokens),
+    or a message_delta saying max_tokens then message_stop; no region is asked for more."""
+    router, b = _two(sim_region, router_proc, "vllm", 5)
+    fresh = sim_region("c", kind="vllm")  # vLLM's events at the limit, nothing cut
+    for path, asked in (
+        ("/v1/responses", {"input": "Tell me a story", "max_output_tokens": 5, "store": False}),
+        ("/v1/messages", {"messages": USER, "max_tokens": 5}),
+    ):
+        direct = _events(fresh, path, asked)
+        events = _events(router, path, asked)
+        assert [n for n, _ in events] == [n for n, _ in direct], path
+        assert events[-1][0] in ("response.incomplete", "message_stop"), path
+        if path == "/v1/responses":
+            final, whole = events[-1][1]["response"], direct[-1][1]["response"]
+            assert final["status"] == "incomplete"
+            assert final["incomplete_details"] == {"reason": "max_output_tokens"}
+            assert final["output"] == whole["output"]
+            assert final["id"] == events[0][1]["response"]["id"]
+            assert final["usage"]["output_tokens"] == 5
+            numbers = [e["sequence_number"] for _, e in events]
+            assert numbers == list(range(len(events)))
+            deltas = [e["delta"] for n, e in events if n == "response.output_text.delta"]
+            assert events[-4][1]["text"] == "".join(deltas)  # response.output_text.done
+        else:
+            said = next(e for n, e in events if n == "message_delta")
+            assert said["delta"] == {"stop_reason": "max_tokens", "stop_sequence": None}
+            assert said["usage"]["output_tokens"] == 5
+        assert sim_stats(b)["by_path"].get(path, 0) == 0, path  # never asked for a sixth token

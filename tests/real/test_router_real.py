@@ -329,6 +329,35 @@ def test_sigkill_mid_stream_is_continued_by_what_the_survivor_can_do(
         assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
 
 
+@pytest.mark.timeout(300)
+def test_a_continued_stream_gives_logprobs_for_the_new_text_only(
+    start_real: RealFactory, tmp_path: Path, routers: list[Proc]
+) -> None:
+    """llama-server answers a prefill back in the text of its first event, never in its
+    logprobs (those are of the new token alone): the router, dropping the echoed text, keeps
+    that event's logprobs, and every chunk's logprobs spell exactly its text, at the seam too."""
+    router, first = _first_and_survivor("llama-server", start_real, tmp_path, routers)
+    stream = sdk(router).chat.completions.create(
+        model=MODEL_ALIAS,
+        messages=MESSAGES,
+        max_tokens=120,
+        temperature=0,
+        logprobs=True,
+        stream=True,
+    )
+    spelled: list[tuple[str, str]] = []
+    for chunk in stream:
+        for choice in chunk.choices:
+            piece = choice.delta.content or ""
+            tokens = choice.logprobs.content if choice.logprobs is not None else None
+            if piece or tokens:
+                spelled.append((piece, "".join(t.token for t in tokens or ())))
+        if len(spelled) == 10:
+            first.kill()  # SIGKILL, mid-answer: the rest comes from the survivor
+    assert len(spelled) > 11, router.log.read_text(errors="replace")[-3000:]
+    assert all(piece == tokens for piece, tokens in spelled), spelled
+
+
 @pytest.mark.parametrize("survivor", ["llama-server", "llama-cpp-python"])
 def test_sigkill_mid_completions_stream_is_continued_too(
     survivor: str, start_real: RealFactory, tmp_path: Path, routers: list[Proc]

@@ -196,6 +196,71 @@ def test_llama_server_streams_its_prefill_echo_with_the_first_new_token(
         assert len(texts[0]) > len("The sea is a big")
 
 
+def _pieces(proc: Proc, body: dict[str, Any]) -> list[str]:
+    _, _, payload = post(proc, "/v1/chat/completions", {"model": MODEL_ALIAS, **body})
+    return [
+        choice["delta"]["content"]
+        for line in payload.decode().splitlines()
+        if line.startswith("data: {")
+        for choice in json.loads(line[6:])["choices"]
+        if choice["delta"].get("content")
+    ]
+
+
+def test_llama_server_holds_back_text_that_may_begin_a_stop_string(llama_server: Proc) -> None:
+    """What it streams never ends with the start of a stop string (it holds such text back until
+    it knows): a stream cut at any point leaves the client no stop string begun, so one never
+    spans the seam of a continuation after llama-server (the router checks for it anyway)."""
+    asked: dict[str, Any] = {
+        "messages": [{"role": "user", "content": "Tell me about the sea."}],
+        "stream": True,
+        "max_tokens": 20,
+        "temperature": 0,
+    }
+    plain = _pieces(llama_server, asked)
+    # A stop string across two tokens: the end of the 4th, the start of the 5th.
+    stop = "".join(plain[:4])[-2:] + plain[4][:3]
+    pieces = _pieces(llama_server, {**asked, "stop": [stop]})
+    whole = "".join(plain)
+    assert "".join(pieces) == whole[: whole.index(stop)]
+    sent = ""
+    for piece in pieces:
+        sent += piece
+        assert not any(sent.endswith(stop[:cut]) for cut in range(1, len(stop))), (sent, stop)
+
+
+def test_llama_server_gives_no_logprobs_for_its_prefill_echo(llama_server: Proc) -> None:
+    """The event carrying the answer-back of a prefill has logprobs for its new token only:
+    the router drops the echoed text and keeps the event's logprobs as they are."""
+    messages = [
+        {"role": "user", "content": "Tell me about the sea."},
+        {"role": "assistant", "content": "The sea is a big"},
+    ]
+    asked = {
+        "model": MODEL_ALIAS,
+        "messages": messages,
+        "stream": True,
+        "max_tokens": 3,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 2,
+    }
+    _, _, payload = post(llama_server, "/v1/chat/completions", asked)
+    spelled = []
+    for line in payload.decode().splitlines():
+        if line.startswith("data: {"):
+            for choice in json.loads(line[6:])["choices"]:
+                if choice["delta"].get("content"):
+                    tokens = (choice.get("logprobs") or {}).get("content") or []
+                    spelled.append(
+                        (choice["delta"]["content"], "".join(t["token"] for t in tokens))
+                    )
+    echoed, new = spelled[0]
+    assert echoed.startswith("The sea is a big")
+    assert echoed == "The sea is a big" + new  # one logprob, the new token's
+    assert all(piece == tokens for piece, tokens in spelled[1:])
+
+
 @pytest.mark.timeout(300)
 def test_llama_cpp_python_interrupted_stream_ends_with_done_and_no_finish_reason(
     start_real: RealFactory,

@@ -32,11 +32,13 @@ from router.routing.seam import (
     NEW_TURN,
     Catchup,
     FirstStream,
+    SeamStop,
     SentEvents,
     Stitch,
     cap_cached,
     carry_on,
     lower_limits,
+    seam_stop,
     with_prefill,
     written,
 )
@@ -391,12 +393,12 @@ class MidstreamPolicy:
                 counted = self.count_prompt(ctx, False)
         if bound is not None and tracker.events >= bound:
             # Cut after the last token allowed, before the region said so: nothing is left to
-            # ask for. A chat stream ends as the region's would have; a typed-event stream
-            # with the failure event (its whole end is not made up here).
-            if not isinstance(tracker, StreamTracker):
-                log.warning("request %s: not resumed: no tokens left", ctx.request_id)
-                return False
-            end = length_end(tracker, ctx.request.include_usage, counted)
+            # ask for. The stream ends as the region's would have at its length limit.
+            if isinstance(tracker, EventTracker):
+                end = event_continuation.length_end(tracker, ctx.dialect.anthropic, counted)
+            else:
+                assert isinstance(tracker, StreamTracker)
+                end = length_end(tracker, ctx.request.include_usage, counted)
             await written(ctx, write, tracker, end)
             return True
         tried = 0
@@ -442,7 +444,14 @@ class MidstreamPolicy:
             stitch: Stitch
             if isinstance(tracker, EventTracker):
                 state = EventState(ctx.dialect.terminal)
-                stitch = event_continuation.Stitcher(tracker, prefill=prefill, prompt=prompt)
+                # Messages' stop sequences checked at the seam (the Responses API has none).
+                seam = ctx.dialect.anthropic and prefill is not None
+                stitch = event_continuation.Stitcher(
+                    tracker,
+                    prefill=prefill,
+                    prompt=prompt,
+                    seam=seam_stop(ctx.request.body, tracker.text, first) if seam else None,
+                )
             else:
                 assert isinstance(tracker, StreamTracker)
                 state = StreamState()
@@ -452,6 +461,11 @@ class MidstreamPolicy:
                     prompt=prompt,
                     counted=counted,
                     usage=ctx.request.include_usage,
+                    seam=(
+                        None
+                        if prefill is None
+                        else seam_stop(ctx.request.body, tracker.text, first)
+                    ),
                 )
             ok = await carry_on(
                 ctx, upstream, body, open_one, write, tracker, idle_s, state, stitch, max_bytes
@@ -511,19 +525,24 @@ def _usage_event(tracker: StreamTracker, prompt: int, chunks: int) -> bytes:
     return b"data: " + _ENCODE.encode(obj) + b"\n\n"
 
 
-def length_end(tracker: StreamTracker, usage: bool, prompt: int | None) -> bytes:
-    """The end of a stream that reached its length limit, as the region sends it: the choice
-    finished for "length", the usage chunk if asked for (`usage`; the request's `prompt`
-    tokens, one completion token per text chunk; none if the prompt is unknown), [DONE]."""
+def _finish_event(tracker: StreamTracker, reason: str) -> bytes:
+    """The first stream's last chunk, its choice finished for `reason`, as the region sends it."""
     if tracker.completions:
         kind = "text_completion"
         choice: dict[str, Any] = {"index": 0, "text": "", "logprobs": None}
     else:
         kind = "chat.completion.chunk"
         choice = {"index": 0, "delta": {}, "logprobs": None}
-    choice["finish_reason"] = "length"
+    choice["finish_reason"] = reason
     obj = {**tracker.ident, "object": kind, "choices": [choice]}
-    end = b"data: " + _ENCODE.encode(obj) + b"\n\n"
+    return b"data: " + _ENCODE.encode(obj) + b"\n\n"
+
+
+def length_end(tracker: StreamTracker, usage: bool, prompt: int | None) -> bytes:
+    """The end of a stream that reached its length limit, as the region sends it: the choice
+    finished for "length", the usage chunk if asked for (`usage`; the request's `prompt`
+    tokens, one completion token per text chunk; none if the prompt is unknown), [DONE]."""
+    end = _finish_event(tracker, "length")
     if usage and prompt is not None:
         end += _usage_event(tracker, prompt, tracker.events)
     return end + b"data: [DONE]\n\n"
@@ -539,7 +558,19 @@ class ChatStitch:
     `[DONE]` from the request's prompt tokens (`prompt`, else the router's estimate `counted`)
     and the text chunks the client got, one token each as these servers stream."""
 
-    __slots__ = ("catchup", "chunks", "counted", "prompt", "reported", "sent", "tracker", "usage")
+    __slots__ = (
+        "catchup",
+        "chunks",
+        "counted",
+        "ended",
+        "held",
+        "prompt",
+        "reported",
+        "seam",
+        "sent",
+        "tracker",
+        "usage",
+    )
 
     def __init__(
         self,
@@ -549,6 +580,7 @@ class ChatStitch:
         prompt: int | None = None,
         counted: int | None = None,
         usage: bool = False,
+        seam: SeamStop | None = None,
     ) -> None:
         self.tracker = tracker
         # Regenerated (no prefill): must repeat what the client has; continued: may answer
@@ -566,6 +598,11 @@ class ChatStitch:
         # Text chunks the client has had, this continuation's included; a usage event seen.
         self.chunks = tracker.events
         self.reported = False
+        # A stop string the client's text began (seam.SeamStop), and the events held back
+        # while the continuation's text may still complete it; the answer ended there.
+        self.seam = seam
+        self.held: list[bytes] = []
+        self.ended = False
 
     @property
     def through(self) -> bool:
@@ -575,8 +612,49 @@ class ChatStitch:
     def event(self, event: bytes) -> bytes | None:
         """One event of the continuation as the client gets it; None to drop it."""
         kept = self.catchup.event(event)
-        if kept is None:
+        if kept is None or self.ended:
             return None
+        if self.seam is not None:
+            return self._at_seam(kept)
+        return self._relayed(kept)
+
+    def _at_seam(self, event: bytes) -> bytes | None:
+        """An event while a stop string begun before the seam may complete: its text held back
+        until it cannot; where it does, the answer ends as the region ends one at a stop
+        string (finish_reason "stop", the usage asked for, [DONE]), the rest unread."""
+        assert self.seam is not None
+        payload = sse.data_of(event)
+        obj = json_object(payload) if payload is not None and payload != _DONE else None
+        choices = obj.get("choices") if obj is not None else None
+        piece: object = None
+        if isinstance(choices, list) and len(choices) == 1:
+            holder, key = _piece_of(choices[0], self.tracker.completions)
+            piece = holder.get(key) if holder is not None else None
+        if not isinstance(piece, str) or not piece:
+            if not self.held:
+                return self._relayed(event)
+            # The region's end (or usage) came first: what was held back was its last text.
+            self.seam = None
+            return self._joined([*self.held, event])
+        stopped = self.seam.take(piece)
+        if stopped is None:
+            self.held.append(event)
+            return None
+        self.seam = None
+        if stopped:
+            self.ended = True
+            # Made here as the client gets it: the first stream's identity, the usage owed.
+            return _finish_event(self.tracker, "stop") + self._owed_usage() + b"data: [DONE]\n\n"
+        return self._joined([*self.held, event])
+
+    def _joined(self, events: list[bytes]) -> bytes | None:
+        self.held = []
+        out = b"".join(e for e in map(self._relayed, events) if e is not None)
+        return out or None
+
+    def _relayed(self, kept: bytes) -> bytes | None:
+        """An event past the seam as the client gets it: usage covering the whole answer, the
+        first stream's identity, the role preamble dropped."""
         payload = sse.data_of(kept)
         if payload == _DONE:
             return self._owed_usage() + kept

@@ -28,6 +28,7 @@ from router.routing.seam import (
     Catchup,
     Diverged,
     FirstStream,
+    SeamStop,
     SentEvents,
     cap_cached,
     lower_limits,
@@ -56,13 +57,19 @@ class EventTracker(SentEvents):
     """SentEvents of a typed-event stream: the text of the one message being written, the ids the
     client was given, the last sequence number; `unsupported` once anything but text came."""
 
-    __slots__ = ("item_id", "response_id", "sequence")
+    __slots__ = ("item", "item_id", "output_index", "part", "response", "response_id", "sequence")
 
     def __init__(self) -> None:
         super().__init__()
         self.response_id: str | None = None
         self.item_id: str | None = None
         self.sequence: int | None = None
+        # The response, message item and text part as the stream opened them, and the item's
+        # place: what the router's own end of the stream (length_end) is made of.
+        self.response: dict[str, Any] | None = None
+        self.item: dict[str, Any] | None = None
+        self.part: dict[str, Any] | None = None
+        self.output_index: object = 0
 
     def _note(self, payload: bytes) -> None:
         obj = json_object(payload)
@@ -83,12 +90,19 @@ class EventTracker(SentEvents):
         if kind == "response.created":
             if isinstance(response, dict) and isinstance(response.get("id"), str):
                 self.response_id = response["id"]
+                self.response = response
         elif kind == "response.output_item.added":
             item = obj.get("item")
             if not isinstance(item, dict) or item.get("type") != "message" or self.item_id:
                 self.unsupported = True
             elif isinstance(item.get("id"), str):
                 self.item_id = item["id"]
+                self.item = item
+                self.output_index = obj.get("output_index", 0)
+        elif kind == "response.content_part.added":
+            part = obj.get("part")
+            if isinstance(part, dict):
+                self.part = part
         elif kind == "response.output_text.delta":
             self._piece(obj.get("delta"))
         elif kind == "content_block_start":
@@ -162,10 +176,27 @@ def _encode(obj: dict[str, Any]) -> bytes:
 class Stitcher:
     """Rewrites a continuation's events into the first stream's (see the module docstring)."""
 
-    __slots__ = ("catchup", "emitted", "had", "prompt", "sent", "tracker")
+    __slots__ = (
+        "catchup",
+        "deltas",
+        "emitted",
+        "ended",
+        "had",
+        "held",
+        "last",
+        "prompt",
+        "seam",
+        "sent",
+        "tracker",
+    )
 
     def __init__(
-        self, tracker: EventTracker, *, prefill: str | None, prompt: int | None = None
+        self,
+        tracker: EventTracker,
+        *,
+        prefill: str | None,
+        prompt: int | None = None,
+        seam: SeamStop | None = None,
     ) -> None:
         self.tracker = tracker
         # Regenerated (no prefill): must repeat what the client has; continued: may answer
@@ -178,6 +209,15 @@ class Stitcher:
         self.sent = 0 if regenerate else tracker.events
         # The request's input tokens (the first region's report, else the router's exact count).
         self.prompt = prompt
+        # Text deltas the client has had, this continuation's included.
+        self.deltas = tracker.events
+        # A Messages stop sequence the client's text began (seam.SeamStop), the events held
+        # back while the continuation's text may still complete it; the answer ended there.
+        self.seam = seam
+        self.held: list[bytes] = []
+        self.ended = False
+        # The new text of the event being rewritten, if it carried any.
+        self.last: str | None = None
 
     @property
     def through(self) -> bool:
@@ -191,6 +231,52 @@ class Stitcher:
 
     def event(self, event: bytes) -> bytes | None:
         """The event to relay, rewritten; None to drop it."""
+        if self.ended:
+            return None
+        self.last = None
+        kept = self._rewritten(event)
+        if self.seam is None or kept is None:
+            return kept
+        piece, self.last = self.last, None
+        if piece is None:
+            # Not text: the region's end came first, and what was held back was its last text.
+            self.seam = None
+            return self._joined(kept)
+        held = self.seam.held
+        stopped = self.seam.take(piece)
+        if stopped is None:
+            self.held.append(kept)
+            return None
+        if stopped:
+            # Neither the held text nor this goes out: it was the stop sequence's.
+            self.ended = True
+            self.emitted = self.emitted[: len(self.emitted) - len(held) - len(piece)]
+            self.deltas -= len(self.held) + 1
+            self.held = []
+            return self._stop_end(self.seam.matched)
+        self.seam = None
+        return self._joined(kept)
+
+    def _joined(self, kept: bytes) -> bytes:
+        held, self.held = self.held, []
+        return b"".join([*held, kept])
+
+    def _stop_end(self, stop: str) -> bytes:
+        """The end of a Messages answer at a stop sequence, as the region sends it: the block
+        stopped, a message_delta saying stop_sequence (one output token per text delta the
+        client got), message_stop."""
+        delta = {"stop_reason": "stop_sequence", "stop_sequence": stop}
+        usage = {"output_tokens": self.deltas}
+        return b"".join(
+            _encode(obj)
+            for obj in (
+                {"type": "content_block_stop", "index": 0},
+                {"type": "message_delta", "delta": delta, "usage": usage},
+                {"type": "message_stop"},
+            )
+        )
+
+    def _rewritten(self, event: bytes) -> bytes | None:
         payload = sse.data_of(event)
         obj = json_object(payload) if payload is not None else None
         if obj is None:
@@ -231,6 +317,8 @@ class Stitcher:
             return None
         holder[key] = new
         self.emitted += new
+        self.deltas += 1
+        self.last = new
         return self._numbered(obj)
 
     def _numbered(self, obj: dict[str, Any]) -> bytes:
@@ -276,3 +364,58 @@ class Stitcher:
                 if isinstance(usage.get("total_tokens"), int):
                     usage["total_tokens"] = usage["input_tokens"] + usage["output_tokens"]
                 cap_cached(usage, "input_tokens", "input_tokens_details")
+
+
+def length_end(tracker: EventTracker, anthropic: bool, prompt: int | None) -> bytes:
+    """The end of a stream that reached its length limit, as a region ends one (vLLM's; the
+    sim's): Responses' text, part and item done with the whole text, then `response.incomplete`
+    (max_output_tokens; usage of the request's `prompt` tokens, when known, and one output
+    token per text delta); Messages' block stopped, a message_delta saying max_tokens (one
+    output token per text delta), message_stop. Numbered on from the first stream's events."""
+    if anthropic:
+        delta = {"stop_reason": "max_tokens", "stop_sequence": None}
+        return b"".join(
+            _encode(obj)
+            for obj in (
+                {"type": "content_block_stop", "index": 0},
+                {
+                    "type": "message_delta",
+                    "delta": delta,
+                    "usage": {"output_tokens": tracker.events},
+                },
+                {"type": "message_stop"},
+            )
+        )
+    whole = tracker.text
+    where = {"item_id": tracker.item_id, "output_index": tracker.output_index, "content_index": 0}
+    part = {**(tracker.part or {"type": "output_text", "annotations": []}), "text": whole}
+    item = {
+        **(tracker.item or {"type": "message", "id": tracker.item_id, "role": "assistant"}),
+        "status": "completed",
+        "content": [part],
+    }
+    response: dict[str, Any] = {
+        **(tracker.response or {"id": tracker.response_id, "object": "response"}),
+        "status": "incomplete",
+        "incomplete_details": {"reason": "max_output_tokens"},
+        "output": [item],
+    }
+    if prompt is not None:
+        outputs = tracker.events
+        response["usage"] = {
+            "input_tokens": prompt,
+            "output_tokens": outputs,
+            "total_tokens": prompt + outputs,
+        }
+    events: tuple[dict[str, Any], ...] = (
+        {"type": "response.output_text.done", **where, "text": whole},
+        {"type": "response.content_part.done", **where, "part": part},
+        {"type": "response.output_item.done", "output_index": tracker.output_index, "item": item},
+        {"type": "response.incomplete", "response": response},
+    )
+    out = []
+    for number, obj in enumerate(events, 1):
+        if tracker.sequence is not None:
+            obj["sequence_number"] = tracker.sequence + number
+        out.append(_encode(obj))
+    return b"".join(out)

@@ -10,6 +10,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import msgspec
+
 from router.access.usage import length_bound
 from router.core.context import RequestContext, UsageMeter
 from router.core.failure import AttemptError
@@ -213,6 +215,90 @@ def lower_limits(
     return True
 
 
+# The stop strings checked at a seam: the first 16 (OpenAI's allow 4), each of at most 1024
+# characters, bounding the work a request's stop strings can cost the router.
+MAX_SEAM_STOPS = 16
+MAX_SEAM_STOP_CHARS = 1024
+
+
+class _Stops(msgspec.Struct):
+    stop: Any = None
+    stop_sequences: Any = None
+    messages: Any = None
+
+
+_STOPS = msgspec.json.Decoder(_Stops)
+
+
+class SeamStop:
+    """Where a stop string of the request begun by the text the client has completes in a
+    continuation: the region continuing matches stop strings in its own text only, so it never
+    finds one across the seam. (vLLM and llama.cpp hold back text that may begin a stop string,
+    so after them the client's text never ends inside one; a server that sends it as it comes
+    leaves that to the router.) The continuation's first text is held back while it may still
+    complete one."""
+
+    __slots__ = ("held", "matched", "needs")
+
+    def __init__(self, needs: list[tuple[str, str]]) -> None:
+        # (the rest, the stop string) of each stop string that the client's text ends with the
+        # start of, the shortest rest (so completing first) first.
+        self.needs = sorted(needs, key=lambda need: len(need[0]))
+        self.held = ""
+        # The stop string that completed.
+        self.matched = ""
+
+    def take(self, piece: str) -> bool | None:
+        """True: `piece` completes a stop string begun before the seam (the answer ends there,
+        none of it sent); None: hold it back, it still may; False: it cannot, send what was
+        held and it (the seam is passed)."""
+        seen = self.held + piece
+        for rest, stop in self.needs:
+            if seen.startswith(rest):
+                self.matched = stop
+                return True
+        # Only those the text so far begins stay possible.
+        self.needs = [need for need in self.needs if need[0].startswith(seen)]
+        if self.needs:
+            self.held = seen
+            return None
+        return False
+
+
+def seam_stop(body: bytes, sent: str, first: FirstStream) -> SeamStop | None:
+    """The SeamStop for a continuation of `sent`, the text the client has, under the request's
+    `stop` (a string or a list of them) or Messages' `stop_sequences`; None when the client's
+    text ends in no stop string's start. Only the text the region generated counts: a client's
+    own prefill that the first region answered back (`first.echoed`) is no part of it, as no
+    server matches stop strings in the prompt."""
+    try:
+        fields = _STOPS.decode(body)
+    except msgspec.MsgspecError:
+        return None
+    stops: list[Any] = []
+    for field in (fields.stop, fields.stop_sequences):
+        stops += [field] if isinstance(field, str) else field if isinstance(field, list) else []
+    messages = fields.messages
+    last = messages[-1] if isinstance(messages, list) and messages else None
+    if (
+        first.extends
+        and first.echoed
+        and isinstance(last, dict)
+        and last.get("role") == "assistant"
+    ):
+        prior = _text_of(last.get("content")) or ""
+        if sent.startswith(prior):
+            sent = sent[len(prior) :]
+    needs = [
+        (stop[cut:], stop)
+        for stop in stops[:MAX_SEAM_STOPS]
+        if isinstance(stop, str) and len(stop) <= MAX_SEAM_STOP_CHARS
+        for cut in range(1, len(stop))
+        if sent.endswith(stop[:cut])
+    ]
+    return SeamStop(needs) if needs else None
+
+
 class Diverged(Exception):
     """A regenerated answer does not start with the text the client already has."""
 
@@ -263,6 +349,11 @@ class Stitch(Protocol):
     @property
     def through(self) -> bool:
         """The continuation passed the text the client had."""
+
+    @property
+    def ended(self) -> bool:
+        """The stitch ended the answer itself (a stop string completed across the seam, its
+        end sent): nothing more of the continuation is read."""
 
     def event(self, event: bytes) -> bytes | None:
         """One whole event of the continuation as the client gets it; None to drop it."""
@@ -335,11 +426,13 @@ async def carry_on(
                     left = f"the {int(max_bytes)} bytes left of server.max_response_bytes"
                     raise sse.EventTooLarge(f"the answer passed {left}")
                 await carry(splitter.feed(chunk))
-                if state.error is not None:
-                    break  # the region's error event: its stream ends there
+                if state.error is not None or stitch.ended:
+                    break  # the region's error event, or the router's end: the stream ends
                 idle.waiting()
                 chunk = await resp.content.readany()
                 idle.busy()
+        if stitch.ended:
+            return True
         if splitter.pending and state.error is None:
             # Its last event, only the blank line missing (`data: [DONE]\n`).
             await carry(splitter.end())

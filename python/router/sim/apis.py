@@ -288,11 +288,15 @@ class Responses:
 class Messages:
     """Anthropic's Messages API."""
 
-    def __init__(self, ident: str, model: str, usage: dict[str, int]) -> None:
+    def __init__(
+        self, ident: str, model: str, usage: dict[str, int], stop_sequence: str | None = None
+    ) -> None:
         self.id = "msg_" + ident
         self.model = model
         self.input_tokens = usage["prompt_tokens"]
         self.output_tokens = usage["completion_tokens"]
+        # The request's stop sequence the answer ended at, if one.
+        self.stop_sequence = stop_sequence
 
     def _message(
         self, content: list[dict[str, Any]], stop: str | None, output: int = 0
@@ -304,13 +308,14 @@ class Messages:
             "content": content,
             "model": self.model,
             "stop_reason": stop,
-            "stop_sequence": None,
+            "stop_sequence": self.stop_sequence if stop == "stop_sequence" else None,
             "usage": {"input_tokens": self.input_tokens, "output_tokens": output},
         }
 
-    @staticmethod
-    def _stop(finish: str) -> str:
-        return "max_tokens" if finish == "length" else "end_turn"
+    def _stop(self, finish: str) -> str:
+        if finish == "length":
+            return "max_tokens"
+        return "stop_sequence" if self.stop_sequence is not None else "end_turn"
 
     def body(self, content: str, finish: str) -> dict[str, Any]:
         blocks = [{"type": "text", "text": content}]
@@ -338,7 +343,9 @@ class Messages:
         )
 
     def end(self, content: str, finish: str) -> list[bytes]:
-        delta = {"stop_reason": self._stop(finish), "stop_sequence": None}
+        reason = self._stop(finish)
+        said = self.stop_sequence if reason == "stop_sequence" else None
+        delta = {"stop_reason": reason, "stop_sequence": said}
         return [
             _event("content_block_stop", {"type": "content_block_stop", "index": 0}),
             _event(

@@ -45,6 +45,10 @@ ERROR_KINDS = ("server", "overloaded", "rate_limit", "invalid_request")
 #           negative one: no limit); streams its own `n_cmpl` choices interleaved; without a
 #           vision model (`multimodal`) an image or audio part is a 500 server_error, as its
 #           request errors are.
+# Every kind ends a chat or completions answer where the first of the request's `stop` strings
+# completes in what it generated (finish_reason "stop"; Messages: `stop_sequences`, stop_reason
+# "stop_sequence"); its tokens go out as they come, so one that began the stop string was sent
+# already (vLLM and llama.cpp hold such text back).
 # Every kind answers a chat request with `tools` and a `tool_choice` of "required" (or naming a
 # function) with a call of that function, its arguments streamed as the tokens; and sends a
 # stream's finish_reason in a chunk of its own after the last token (die-mid-stream with
@@ -484,6 +488,13 @@ class SimRegion:
         if isinstance(limit, int) and 0 <= limit < len(tokens):
             tokens = tokens[:limit]
             finish = "length"
+        stop = body.get("stop_sequences" if api == "messages" else "stop")
+        stops = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []
+        # The stop string the answer ended at (Messages' stop_sequence).
+        hit = None
+        if api != "responses" and stops:
+            tokens, hit = text.stopped(tokens, [s for s in stops if isinstance(s, str)])
+            finish = "stop" if hit is not None else finish
         generated = len(tokens)
         tool = _tool_called(body) if api == "chat" else None
         if tool is not None:
@@ -505,7 +516,7 @@ class SimRegion:
         if api == "responses":
             render = apis.Responses(seed, model, self.created, usage, numbered=kind == "vllm")
         elif api == "messages":
-            render = apis.Messages(seed, model, usage)
+            render = apis.Messages(seed, model, usage, hit)
         else:
             options = body.get("stream_options")
             include_usage = isinstance(options, dict) and bool(options.get("include_usage"))

@@ -79,6 +79,22 @@ def continuation(tokens: Sequence[str], prefix_len: int) -> list[str]:
     return out
 
 
+def stopped(tokens: Sequence[str], stops: Sequence[str]) -> tuple[list[str], str | None]:
+    """The tokens a server streams before the first of `stops` completes in their text, and
+    which one did (None: none): the token completing it is cut where that stop string began
+    (dropped if it began in an earlier token, which went out as it came: nothing held back)."""
+    text = ""
+    for i, tok in enumerate(tokens):
+        before = len(text)
+        text += tok
+        found = sorted((text.find(stop), stop) for stop in stops if stop and stop in text)
+        if found:
+            start, stop = found[0]
+            cut = tok[: max(0, start - before)]
+            return [*tokens[:i], *([cut] if cut else [])], stop
+    return list(tokens), None
+
+
 def completion_tokens(model: str, prompt: Any) -> list[str]:
     """The sequence for a legacy completions prompt; a text prompt that is an earlier one
     followed by the start of that one's own sequence (a cut stream carried on elsewhere) gets

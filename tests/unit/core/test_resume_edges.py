@@ -12,9 +12,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from multidict import CIMultiDict
 
 from router.config import RoutingConfig
-from router.core.request import CHAT, COMPLETIONS, MESSAGES
+from router.core.request import CHAT, COMPLETIONS, MESSAGES, RESPONSES
 from router.core.transport import LocalReply
-from tests.unit.core.test_event_streams import ev
+from tests.unit.core.test_event_streams import ev, events_of
 from tests.unit.core.test_pipeline import SSE, Handler, app_for, body, delta, event, texts
 
 RESUME = RoutingConfig(midstream="resume")
@@ -171,7 +171,7 @@ async def test_a_chat_stream_with_tokens_left_is_still_continued_for_what_is_lef
     assert (texts(raw), asked) == (("Hello more", []), 1)
 
 
-async def test_a_messages_stream_cut_after_its_last_allowed_token_ends_in_its_failure() -> None:
+async def test_a_messages_stream_cut_after_its_last_allowed_token_ends_for_max_tokens() -> None:
     start = ev("message_start", message={"id": "msg_1"})
     block = ev("content_block_start", index=0, content_block={"type": "text", "text": ""})
     text = ev("content_block_delta", index=0, delta={"type": "text_delta", "text": "Hi"})
@@ -182,6 +182,48 @@ async def test_a_messages_stream_cut_after_its_last_allowed_token_ends_in_its_fa
         "messages": [{"role": "user", "content": "hi"}],
     }
     raw, asked = await post(breaks_after(start, block, text), MESSAGES, payload, "llama-server")
-    # Never asked for a token past max_tokens; its end is the API's failure event.
+    # Never asked for a token past max_tokens; it ends as the region ends one at the limit.
     assert asked == 0
-    assert b"event: error" in raw
+    assert [e["type"] for e in events_of(raw)][-3:] == [
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
+    said = events_of(raw)[-2]
+    assert said["delta"] == {"stop_reason": "max_tokens", "stop_sequence": None}
+    assert said["usage"] == {"output_tokens": 1}
+    assert b"event: error" not in raw
+
+
+async def test_a_responses_stream_cut_after_its_last_allowed_token_ends_incomplete() -> None:
+    opened = {"id": "resp_1", "object": "response", "model": "m", "status": "in_progress"}
+    item = {"type": "message", "id": "msg_1", "role": "assistant", "status": "in_progress"}
+    part = {"type": "output_text", "text": "", "annotations": []}
+    where = {"item_id": "msg_1", "output_index": 0, "content_index": 0}
+    sent = [
+        ev("response.created", response=opened, sequence_number=0),
+        ev("response.output_item.added", output_index=0, item=item, sequence_number=1),
+        ev("response.content_part.added", **where, part=part, sequence_number=2),
+        ev("response.output_text.delta", **where, delta="Hi", sequence_number=3),
+        ev("response.output_text.delta", **where, delta=" there", sequence_number=4),
+    ]
+    payload = {"model": "m", "input": "hi", "max_output_tokens": 2, "stream": True, "store": False}
+    raw, asked = await post(breaks_after(*sent), RESPONSES, payload, "llama-server")
+    assert asked == 0
+    events = events_of(raw)
+    assert [e["type"] for e in events][5:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.incomplete",
+    ]
+    assert [e["sequence_number"] for e in events] == list(range(9))
+    assert events[5]["text"] == events[6]["part"]["text"] == "Hi there"
+    final = events[-1]["response"]
+    assert (final["id"], final["status"]) == ("resp_1", "incomplete")
+    assert final["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert final["output"] == [
+        {**item, "status": "completed", "content": [{**part, "text": "Hi there"}]}
+    ]
+    # No prompt count here (the first region reported none, no counter): no usage made up.
+    assert "usage" not in final

@@ -199,3 +199,49 @@ def test_events_of_another_shape_are_passed_over() -> None:
     # A region's `type` that is not a string (a list, an object) is noted as no known event.
     tracker = tracked(*FIRST, b'data: {"type": []}\n\n', b'data: {"type": {"a": 1}}\n\n')
     assert (tracker.text, tracker.response_id, tracker.unsupported) == ("Hello", "resp_1", False)
+
+
+def _text(piece: str) -> bytes:
+    return ev("content_block_delta", index=0, delta={"type": "text_delta", "text": piece})
+
+
+def _message_stitcher(stop: str) -> Stitcher:
+    from router.routing.seam import seam_stop
+
+    start = ev("message_start", message={"id": "msg_1"})
+    block = ev("content_block_start", index=0, content_block={"type": "text", "text": ""})
+    tracker = tracked(start, block, _text("The sea"), _text(" is bl"))
+    asked = {"messages": [{"role": "user", "content": "hi"}], "stop_sequences": [stop]}
+    seam = seam_stop(json.dumps(asked).encode(), tracker.text, FirstStream())
+    return Stitcher(tracker, prefill=tracker.text, seam=seam)
+
+
+def test_a_stop_sequence_completed_across_the_seam_ends_the_message_there() -> None:
+    stitcher = _message_stitcher("blue")
+    assert stitcher.event(_text("u")) is None  # may complete "blue": held back
+    end = stitcher.event(_text("e sky"))
+    assert end is not None
+    assert stitcher.ended
+    events = [data(e + b"\n\n") for e in end.split(b"\n\n") if e]
+    assert [e["type"] for e in events] == ["content_block_stop", "message_delta", "message_stop"]
+    assert events[1]["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": "blue"}
+    assert events[1]["usage"] == {"output_tokens": 2}  # the client's two text deltas
+    assert stitcher.event(_text(" more")) is None
+
+
+def test_text_held_for_a_stop_sequence_goes_on_once_it_cannot_complete_it() -> None:
+    stitcher = _message_stitcher("blue")
+    assert stitcher.event(_text("u")) is None
+    out = stitcher.event(_text("rry"))
+    assert out is not None
+    assert not stitcher.ended
+    assert [data(e + b"\n\n")["delta"]["text"] for e in out.split(b"\n\n") if e] == ["u", "rry"]
+    # The region's end while text is held: that text was its last, sent before the end.
+    stitcher = _message_stitcher("blue")
+    assert stitcher.event(_text("u")) is None
+    out = stitcher.event(ev("content_block_stop", index=0))
+    assert out is not None
+    assert [data(e + b"\n\n")["type"] for e in out.split(b"\n\n") if e] == [
+        "content_block_delta",
+        "content_block_stop",
+    ]

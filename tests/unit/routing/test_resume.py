@@ -315,3 +315,63 @@ def test_a_tracker_notes_a_chunk_a_prefill_cannot_carry() -> None:
     text_only.feed(ev({"id": "c", "choices": [{"index": 0, "text": "a", "tool_calls": [1]}]}))
     text_only.settle()
     assert not text_only.unsupported  # completions have no such fields
+
+
+def _chat(**fields: Any) -> dict[str, Any]:
+    return {"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields}
+
+
+def _seam_stitch(had: list[str], body: dict[str, Any], first: FirstStream) -> Any:
+    """A ChatStitch continuing the text `had` (the client's chunks) under `body`'s stop."""
+    from router.routing.continuation import ChatStitch
+    from router.routing.seam import seam_stop
+
+    tracker = StreamTracker()
+    tracker.feed(b"".join(delta(piece, ident="chatcmpl-first") for piece in had))
+    tracker.settle()
+    seam = seam_stop(json.dumps(body).encode(), tracker.text, first)
+    return ChatStitch(tracker, prefill=tracker.text, prompt=3, usage=True, seam=seam)
+
+
+FINISHED = [ev({"id": "b", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})]
+
+
+def _said(got: list[Any]) -> str:
+    return "".join(c["delta"].get("content") or "" for e in got[:-1] for c in e["choices"])
+
+
+def test_a_stop_string_completed_across_the_seam_ends_the_answer_there() -> None:
+    """The client has "The sea is bl"; the stop "blue" completes in the continuation's "u" +
+    "e": the answer ends with the client's text, finish_reason "stop", the usage, [DONE]."""
+    stitch = _seam_stitch(["The", " sea", " is", " bl"], _chat(stop=["x", "blue"]), FirstStream())
+    got = _stitched(stitch, [delta("u", "b"), delta("e and", "b"), delta(" more", "b")])
+    assert stitch.ended
+    assert _said(got) == ""
+    assert got[0]["choices"][0]["finish_reason"] == "stop"
+    assert got[0]["id"] == "chatcmpl-first"
+    assert got[1]["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+    assert got[2] == "[DONE]"
+
+
+def test_text_held_at_the_seam_goes_on_once_it_cannot_complete_a_stop_string() -> None:
+    stitch = _seam_stitch(["The", " sea", " is", " bl"], _chat(stop="blue"), FirstStream())
+    got = _stitched(stitch, [delta("u", "b"), delta("r", "b"), delta("red", "b"), *FINISHED])
+    assert not stitch.ended
+    assert _said(got) == "urred"
+    assert [len(e["choices"]) for e in got[:3]] == [1, 1, 1]  # each chunk as it came
+    # The region ended while its text was held: that text was its last, sent before its end.
+    stitch = _seam_stitch(["The", " bl"], _chat(stop="blue"), FirstStream())
+    got = _stitched(stitch, [delta("u", "b"), *FINISHED, b"data: [DONE]\n\n"])
+    assert _said(got) == "u"
+    assert got[1]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_a_clients_own_prefill_answered_back_is_no_start_of_a_stop_string() -> None:
+    """No server matches stop strings in the prompt: text the first region answered back (the
+    client's prefill) does not begin one, text it generated does."""
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "The bl"}]
+    echoed = FirstStream(extends=True, echoed=True)
+    stitch = _seam_stitch(["The bl"], _chat(messages=messages, stop="blue"), echoed)
+    assert stitch.seam is None
+    stitch = _seam_stitch(["The bl", "ue bl"], _chat(messages=messages, stop="blue"), echoed)
+    assert stitch.seam is not None  # " bl" is its own

@@ -46,3 +46,13 @@ def test_embeddings_are_deterministic_unit_vectors() -> None:
     assert v == text.embedding("e", "alpha", 8)
     assert v != text.embedding("e", "beta", 8)
     assert abs(sum(x * x for x in v) - 1.0) < 1e-9
+
+
+def test_a_stop_string_ends_the_tokens_where_it_completes() -> None:
+    tokens = ["The", " sea", " is", " blue", " today."]
+    # Within one token: that token cut where the stop string starts.
+    assert text.stopped(tokens, ["lue"]) == (["The", " sea", " is", " b"], "lue")
+    # Across tokens: the earlier ones went out already; the completing one adds nothing.
+    assert text.stopped(tokens, ["is blue"]) == (["The", " sea", " is"], "is blue")
+    assert text.stopped(tokens, ["green", " sea"]) == (["The"], " sea")
+    assert text.stopped(tokens, ["green", ""]) == (tokens, None)
