@@ -14,12 +14,12 @@ filled from the package index when a dependency is missing.
 from __future__ import annotations
 
 import email.parser
-import importlib.util
 import json
 import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tomllib
 import urllib.request
 import venv
@@ -85,16 +85,24 @@ def run(args: Sequence[str], timeout: float, cwd: Path, env: dict[str, str] | No
     return done.stdout
 
 
+def maturin() -> str | None:
+    """The maturin binary beside this interpreter (`make setup` installs it there, the [dev]
+    extra), else one on PATH."""
+    beside = Path(sysconfig.get_path("scripts")) / "maturin"
+    return str(beside) if beside.is_file() else shutil.which("maturin")
+
+
 def build_wheel(out: Path) -> Path:
     """`maturin build --release` into `out`; the wheel."""
     if shutil.which("cargo") is None:
         pytest.skip("cargo is not installed: the wheel cannot be built (rustup installs it)")
-    if importlib.util.find_spec("maturin") is None:
+    tool = maturin()
+    if tool is None:
         pytest.skip("maturin is not installed: `make setup` installs it (the [dev] extra)")
     env = clean_env()
     env.setdefault("CARGO_TARGET_DIR", str(REPO / "target"))
-    args = [sys.executable, "-m", "maturin", "build", "--release", "--out", str(out)]
-    run([*args, "--interpreter", sys.executable], BUILD_TIMEOUT_S, REPO, env)
+    args = [tool, "build", "--release", "--out", str(out), "--interpreter", sys.executable]
+    run(args, BUILD_TIMEOUT_S, REPO, env)
     (wheel,) = out.glob("router-*.whl")
     return wheel
 
