@@ -3,7 +3,7 @@ PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps vocab build build-runtime real-servers lint test test-rust test-python bench bench-scenarios demo clean
+.PHONY: setup system-deps vocab build build-runtime wheel real-servers lint test test-rust test-python bench bench-scenarios demo clean
 
 system-deps:
 	@if ! command -v redis-server >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1 \
@@ -28,6 +28,12 @@ build-runtime:
 	$(PIP) install -q -e .
 
 setup: system-deps vocab build
+
+# The release wheel in dist/ (abi3: one file for CPython >= 3.11), what ops install
+# (docs/PRODUCTION.md). Same cargo target dir and flags as `build`, so after it this only packs.
+wheel:
+	@$(PYTHON) -m maturin --version >/dev/null 2>&1 || $(PIP) install -q 'maturin>=1.7,<2'
+	$(PYTHON) -m maturin build --release --out dist
 
 # llama.cpp's llama-server and the llama-cpp-python server for tests/real, built once from the
 # llama-cpp-python sdist and cached in $${ROUTER_REAL_CACHE:-~/.cache/router-real} (tests/real/build.py).

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import math
 import os
 import re
@@ -141,6 +142,9 @@ def _check_options(args: argparse.Namespace) -> None:
         raise ValueError("--progress-interval must be non-negative and finite")
     if args.max_tokens < 1:
         raise ValueError("--max-tokens must be >= 1")
+    # Before any load: matplotlib is an extra, not a dependency of an installed router.
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        raise ValueError("--plot needs matplotlib: pip install 'router[plot]'")
 
 
 def _concurrency(args: argparse.Namespace) -> int:

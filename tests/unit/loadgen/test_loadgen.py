@@ -366,6 +366,24 @@ def test_router_cli_does_not_import_matplotlib() -> None:
     assert out.stdout.split() == ["router.loadgen.cli", "False"]
 
 
+def test_plot_without_matplotlib_is_refused_before_any_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # An installed wheel has no matplotlib unless `router[plot]` was asked for: one line and
+    # exit 2 before the run, not a traceback after it. Port 1 refuses: a run would fail.
+    import router.cli
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # find_spec answers None
+    out = tmp_path / "results"
+    args = router.cli.build_parser().parse_args(
+        ["bench", "--url", "http://127.0.0.1:1", "--count", "1", "--plot", "--results", str(out)]
+    )
+    assert args.handler(args) == 2
+    err = capsys.readouterr().err
+    assert err == "router bench: --plot needs matplotlib: pip install 'router[plot]'\n"
+    assert not out.exists()
+
+
 def test_origin_options_and_deltas() -> None:
     from router.loadgen.origin import origin_delta, parse_origins
 
