@@ -133,6 +133,11 @@ def _add_core(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         default="",
         help="comma-separated models it answers as vLLM does one it does not serve (404)",
     )
+    sim.add_argument(
+        "--sse-line-end",
+        default="lf",
+        help="how its streams end SSE lines: lf|crlf|cr (a lone CR, legal SSE too)",
+    )
     sim.set_defaults(handler=_sim_region)
     demo = commands.add_parser("demo", help="three simulated regions and the router in front")
     demo.add_argument("--port", type=int, default=0, help="router port (0: a free one)")
@@ -245,7 +250,14 @@ def _sim_region(args: argparse.Namespace) -> int:
     """`router sim-region --port P --name N ...`."""
     import uvloop
 
-    from router.sim.server import ERROR_KINDS, FAIL_MODES, KINDS, SimOptions, serve_sim
+    from router.sim.server import (
+        ERROR_KINDS,
+        FAIL_MODES,
+        KINDS,
+        LINE_ENDS,
+        SimOptions,
+        serve_sim,
+    )
 
     if args.fail_mode not in FAIL_MODES:
         print(
@@ -262,6 +274,10 @@ def _sim_region(args: argparse.Namespace) -> int:
     if args.kind not in KINDS:
         print(f"router sim-region: --kind must be one of {', '.join(KINDS)}", file=sys.stderr)
         return 2
+    if args.sse_line_end not in LINE_ENDS:
+        ends = ", ".join(LINE_ENDS)
+        print(f"router sim-region: --sse-line-end must be one of {ends}", file=sys.stderr)
+        return 2
     options = SimOptions(
         name=args.name,
         models=tuple(m.strip() for m in args.models.split(",") if m.strip()),
@@ -274,6 +290,7 @@ def _sim_region(args: argparse.Namespace) -> int:
         drip_ms=args.drip_ms,
         kind=args.kind,
         unserved=tuple(m.strip() for m in args.unserved.split(",") if m.strip()),
+        sse_line_end=args.sse_line_end,
     )
     uvloop.run(serve_sim(options, args.host, args.port))
     return 0

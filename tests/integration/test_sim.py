@@ -186,3 +186,19 @@ def test_a_model_it_does_not_serve_is_vllms_404(sim: Proc) -> None:
 
 def test_unknown_fail_mode_is_400(sim: Proc) -> None:
     assert chat(sim, {"x-sim-fail": "explode"}).status_code == 400
+
+
+def test_its_streams_end_their_lines_as_configured(sim: Proc) -> None:
+    """`sse_line_end`: each SSE line of a stream ended by LF (the default), CR LF or a lone CR;
+    the events the same, a whole answer untouched."""
+    lf = chat(sim, stream=True).content
+    assert b"\r" not in lf
+    try:
+        for name, eol in (("crlf", b"\r\n"), ("cr", b"\r")):
+            sim_config(sim, sse_line_end=name)
+            assert chat(sim, stream=True).content == lf.replace(b"\n", eol)
+            assert b"\r" not in chat(sim).content
+        bad = httpx.post(sim.url + "/sim/config", json={"sse_line_end": "nel"})
+        assert bad.status_code == 400
+    finally:
+        sim_config(sim, sse_line_end="lf")

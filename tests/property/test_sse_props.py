@@ -27,10 +27,11 @@ def test_any_chunking_decodes_as_the_whole(stream: bytes, cuts: list[int]) -> No
 def test_events_split_mid_line_and_crlf() -> None:
     d = sse.Decoder()
     assert d.feed(b'data: {"a"') == []
-    # The blank line that ends the event is itself cut after its \r.
-    assert d.feed(b":1}\r\n\r") == []
-    assert d.pending
-    assert d.feed(b"\ndata: [DONE]\n\n") == [b'{"a":1}', b"[DONE]"]
+    # The blank line that ends the event is itself cut after its \r: a CR ends a line, so the
+    # event is whole there; the LF that follows is the rest of that CR LF, not a second line.
+    assert d.feed(b":1}\r\n\r") == [b'{"a":1}']
+    assert not d.pending
+    assert d.feed(b"\ndata: [DONE]\n\n") == [b"[DONE]"]
     assert not d.pending
 
 

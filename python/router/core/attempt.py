@@ -378,7 +378,7 @@ def _check_stream_start(
         )
     match = _SSE_LEAD.match(first)
     start = match.end() if match is not None else 0
-    if not ended and first.find(b"\n", start) < 0:
+    if not ended and first.find(b"\n", start) < 0 and first.find(b"\r", start) < 0:
         return None  # a field's name may still be on its way (`da`, then `ta: ...`)
     if not first.startswith(_SSE_STARTS, start):
         raise AttemptError(region, FailureKind.INVALID, "stream does not start with an SSE field")

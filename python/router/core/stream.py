@@ -198,7 +198,8 @@ class StreamState:
             events = utf8_only(events, self)
             whole = b"".join(events)
         for i, event in enumerate(events):
-            if event.startswith(b"data:") and event.endswith(b"\n\n") and event.count(b"\n") == 2:
+            # The usual event, one `data:` line (see payload_of).
+            if event.startswith(b"data:") and event.count(b"\n") == 2 and b"\r" not in event:
                 payload: bytes | None = event[6:-2] if event[5:6] == b" " else event[5:-2]
             else:
                 payload = sse.data_of(event)
@@ -408,7 +409,9 @@ def utf8_only(events: list[bytes], state: StreamState | EventState) -> list[byte
 
 def payload_of(event: bytes) -> bytes | None:
     """An event's data, with a fast path for the usual one-line `data: ...` event."""
-    if event.startswith(b"data:") and event.endswith(b"\n\n") and event.count(b"\n") == 2:
+    # A whole event (as sse.Splitter cuts them) without a CR ends with LF LF: with two LFs in
+    # all, it is one line. A CR ends a line too: sse.data_of reads those (no CR in a payload).
+    if event.startswith(b"data:") and event.count(b"\n") == 2 and b"\r" not in event:
         value = event[5:-2]
         return value[1:] if value.startswith(b" ") else value
     return sse.data_of(event)

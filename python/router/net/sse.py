@@ -1,4 +1,7 @@
-"""Server-sent events: incremental decoding of `data:` payloads and their encoding."""
+"""Server-sent events: incremental decoding of `data:` payloads and their encoding.
+
+A line ends with CR LF, a lone LF or a lone CR (the WHATWG HTML spec's event stream); a CR
+that ends one read and an LF that starts the next are one line ending, not two."""
 
 from __future__ import annotations
 
@@ -6,27 +9,44 @@ import re
 from collections.abc import Callable
 
 DONE = b"[DONE]"
-# A blank line, the end of an event: LF LF, or CR LF CR LF (and the mixes) as the Decoder reads.
-_BLANK = re.compile(rb"\n\r?\n")
+# Where an event ends: a line ending, then the blank line's (matched from the first LF, so an
+# event ended by CR LF CR LF keeps its first CR, as it always did). A lone CR last in the
+# bytes may be the first half of a CR LF still on its way: after an LF it waits for the next
+# byte (a CR LF stream cut between the two); after a lone CR (a CR stream) it ends the event
+# at once, and an LF that follows is the next event's first byte (an empty line there).
+_BLANK = re.compile(rb"\n\r?\n|\n\r(?=[^\n])|\r\r\n?")
+# _BLANK's matches, found faster (it tries every CR and LF), in bytes without a CR (an LF
+# stream's), without an LF (a CR stream's), without a lone CR (CR LF, LF lines mixed in).
+_LF_BLANK = re.compile(rb"\n\n")
+_CR_BLANK = re.compile(rb"\r\r")
+_CRLF_BLANK = re.compile(rb"\n\r?\n")
+_LONE_CR = re.compile(rb"\r(?!\n)")
+# The same in bytes known to hold whole events: a CR last ends its blank line.
+_BLANK_WHOLE = re.compile(rb"\n\r?\n|\n\r|\r\r\n?")
 
 
 def last_boundary(data: bytes) -> int:
     """Index just past the last blank line in `data` (0 if none): the end of its whole events."""
     lf, crlf = data.rfind(b"\n\n"), data.rfind(b"\n\r\n")
-    return max(lf + 2 if lf >= 0 else 0, crlf + 3 if crlf >= 0 else 0)
+    end = max(lf + 2 if lf >= 0 else 0, crlf + 3 if crlf >= 0 else 0)
+    if data.find(b"\r", end) >= 0:
+        # Blank lines ended by a lone CR after the last LF-ended one.
+        for blank in _BLANK_WHOLE.finditer(data, end):
+            end = blank.end()
+    return end
 
 
 def split_events(whole: bytes) -> list[bytes]:
     """The raw events (their lines, without the blank line ending each) of whole events."""
-    return [event for event in _BLANK.split(whole) if event.strip(b"\r\n")]
+    return [event for event in _BLANK_WHOLE.split(whole) if event.strip(b"\r\n")]
 
 
 def data_of(event: bytes) -> bytes | None:
     """The data payload of one raw event (its lines joined by LF, as the Decoder joins them);
     None for an event without data (a comment, a bare `event:` line)."""
     lines = []
-    for line in event.split(b"\n"):
-        line = line.removesuffix(b"\r")
+    # bytes.splitlines ends lines at CR LF, LF and CR: SSE's line endings, and only those.
+    for line in event.splitlines():
         if line.startswith(b"data:"):
             value = line[5:]
             lines.append(value[1:] if value.startswith(b" ") else value)
@@ -47,11 +67,14 @@ def encode_done() -> bytes:
 class Decoder:
     """Splits an SSE byte stream into the data payload of each event, across arbitrary chunking."""
 
-    __slots__ = ("_buf", "_data")
+    __slots__ = ("_buf", "_cr", "_data")
 
     def __init__(self) -> None:
         self._buf = b""
         self._data: list[bytes] = []
+        # The last bytes ended with a CR inside an event: an LF first in the next ones is the
+        # rest of that CR LF, not a blank line ending the event.
+        self._cr = False
 
     def feed(self, chunk: bytes) -> list[bytes]:
         """Consume bytes; the data payloads of the events completed by them, in order."""
@@ -75,15 +98,20 @@ class Decoder:
         return out
 
     def _lines(self, data: bytes) -> list[bytes]:
-        """The general parser: line by line, CR LF or LF, comments and other fields skipped."""
+        """The general parser: line by line, CR LF, LF or CR, comments and other fields skipped."""
+        if self._cr:
+            if not data:
+                return []
+            self._cr = False
+            if data.startswith(b"\n"):
+                data = data[1:]
         # One split per chunk: re-slicing the buffer line by line was quadratic in the chunk.
-        lines = data.split(b"\n")
-        self._buf = lines.pop()  # the unfinished last line, b"" when the chunk ended one
+        lines = data.splitlines()
+        # The unfinished last line waits for more bytes (none when the chunk ended one).
+        self._buf = b"" if data.endswith((b"\n", b"\r")) or not lines else lines.pop()
         out: list[bytes] = []
         data_lines = self._data
         for line in lines:
-            if line.endswith(b"\r"):
-                line = line[:-1]
             if not line:
                 if data_lines:
                     out.append(b"\n".join(data_lines))
@@ -93,6 +121,9 @@ class Decoder:
                 data_lines.append(value[1:] if value.startswith(b" ") else value)
             # Comments (":"), `event:`, `id:` and `retry:` lines carry nothing the cache replays.
         self._data = data_lines
+        # Only inside an event can an LF change anything (as a blank line it would end it),
+        # and then the next bytes come here (feed's fast path takes none while one is open).
+        self._cr = bool(data_lines) and data.endswith(b"\r")
         return out
 
     @property
@@ -127,25 +158,41 @@ class Splitter:
             if len(chunk) > self.max_bytes and max(map(len, parts)) + 2 > self.max_bytes:
                 raise EventTooLarge(f"an SSE event passed {self.max_bytes} bytes")
             return [part + b"\n\n" for part in parts if part]
+        return self._cut(chunk, None)
+
+    def first(self, chunk: bytes, wanted: Callable[[bytes], bool]) -> bytes | None:
+        """Feed `chunk` up to the first event it completes that is `wanted`: that event, or None
+        while none is (the events before it passed over, each looked at once); once one is
+        found, nothing more is fed."""
+        found = self._cut(chunk, wanted)
+        return found[0] if found else None
+
+    def _cut(self, chunk: bytes, wanted: Callable[[bytes], bool] | None) -> list[bytes]:
+        """The events `chunk` completes, blank ones left out; with `wanted`, only the first that
+        is wanted (asked of blank ones too), the bytes after it left unread."""
         buf = self._buf
         buf += chunk
         events: list[bytes] = []
         start = 0
-        pos = max(self._scan, 0)
-        # Each kind of boundary is searched for again only once the one found was passed (a
-        # search that found none holds for the rest): one scan of the bytes, not one per event.
-        lf = buf.find(b"\n\n", pos)
-        crlf = buf.find(b"\n\r\n", pos)
-        while lf >= 0 or crlf >= 0:
-            end = lf + 2 if crlf < 0 or 0 <= lf < crlf else crlf + 3
+        if b"\r" not in buf:
+            search = _LF_BLANK.search
+        elif b"\n" not in buf:
+            search = _CR_BLANK.search
+        else:
+            search = (_BLANK if _LONE_CR.search(buf) else _CRLF_BLANK).search
+        # One scan of the bytes, not one per event: each search starts where the last ended.
+        blank = search(buf, self._scan)
+        while blank is not None:
+            end = blank.end()
             event = bytes(buf[start:end])
-            if event.strip(b"\r\n"):
-                events.append(event)
             start = end
-            if 0 <= lf < end:
-                lf = buf.find(b"\n\n", end)
-            if 0 <= crlf < end:
-                crlf = buf.find(b"\n\r\n", end)
+            if wanted is None:
+                if event.strip(b"\r\n"):
+                    events.append(event)
+            elif wanted(event):
+                events.append(event)
+                break
+            blank = search(buf, end)
         if start:
             del buf[:start]
         # A boundary may straddle this chunk and the next: rescan the last two bytes.
@@ -154,40 +201,16 @@ class Splitter:
             raise EventTooLarge(f"an SSE event passed {self.max_bytes} bytes")
         return events
 
-    def first(self, chunk: bytes, wanted: Callable[[bytes], bool]) -> bytes | None:
-        """Feed `chunk` up to the first event it completes that is `wanted`: that event, or None
-        while none is (the events before it passed over, each looked at once); once one is
-        found, nothing more is fed."""
-        buf = self._buf
-        buf += chunk
-        start = 0
-        found = None
-        lf = buf.find(b"\n\n", self._scan)
-        crlf = buf.find(b"\n\r\n", self._scan)
-        while lf >= 0 or crlf >= 0:
-            end = lf + 2 if crlf < 0 or 0 <= lf < crlf else crlf + 3
-            event = bytes(buf[start:end])
-            start = end
-            if wanted(event):
-                found = event
-                break
-            if 0 <= lf < end:
-                lf = buf.find(b"\n\n", end)
-            if 0 <= crlf < end:
-                crlf = buf.find(b"\n\r\n", end)
-        if start:
-            del buf[:start]
-        self._scan = max(0, len(buf) - 2)
-        if len(buf) > self.max_bytes:
-            raise EventTooLarge(f"an SSE event passed {self.max_bytes} bytes")
-        return found
-
     def end(self) -> list[bytes]:
         """At the stream's end: its last event when only its blank line is missing (every line
         ended, as in `data: [DONE]\\n`), else nothing; what stays pending is a cut event."""
-        if not self._buf.endswith(b"\n"):
-            return []
-        return self.feed(b"\n")
+        buf = self._buf
+        if buf.endswith(b"\n") or buf.endswith(b"\n\r"):
+            # (A blank line's CR after an LF waited for an LF: CR LF's LF completes it.)
+            return self.feed(b"\n")
+        if buf.endswith(b"\r"):
+            return self.feed(b"\r")  # a lone CR ended the last line: the blank line's
+        return []
 
     @property
     def pending(self) -> int:

@@ -12,6 +12,8 @@ backpressure tests), and x-sim-only: NAME[,NAME] (faults apply only in the named
 `--unserved MODEL[,MODEL]` (or `unserved` in /sim/config): a region whose config drifted,
 answering a request for one of them as vLLM answers a model it does not serve (404
 NotFoundError, "The model `m` does not exist.").
+`--sse-line-end lf|crlf|cr` (or `sse_line_end`): how its streams end SSE lines; cr is a lone
+CR, legal SSE that real servers do not send but the router must read.
 
 Text is a pure function of model + messages (role and content only); a trailing assistant
 message that is a prefix of that text is continued, so a resumed stream reproduces it exactly.

@@ -10,7 +10,7 @@ import re
 import struct
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +60,9 @@ ERROR_KINDS = ("server", "overloaded", "rate_limit", "invalid_request")
 #           quoting FastAPI's check; a streamed prompt over its context is a 200 with an empty
 #           body; it has no /health (its /docs page answers the router's probes).
 KINDS = ("vllm", "llama-server", "llama-cpp-python")
+# How its streams end their SSE lines (`sse_line_end`): each is legal SSE, and a region may use
+# any (lf: what the real servers send).
+LINE_ENDS = {"lf": b"\n", "crlf": b"\r\n", "cr": b"\r"}
 # The sim's context, for llama-cpp-python's streamed overflow: prompts longer are refused.
 _CONTEXT_CHARS = 16_000
 _UUID = re.compile(r"^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$", re.I)
@@ -95,6 +98,8 @@ class SimOptions(msgspec.Struct, kw_only=True):
     # Models it does not serve (a region whose config drifted from the router's): a request
     # for one is answered as vLLM answers a model it was not started with, a 404.
     unserved: tuple[str, ...] = ()
+    # How its streams end SSE lines (LINE_ENDS): lf, crlf, or cr (a lone CR).
+    sse_line_end: str = "lf"
 
 
 class SimStats(msgspec.Struct):
@@ -268,6 +273,18 @@ def _media_part(messages: list[Any]) -> str | None:
 
 class _Dropped(Exception):
     """The sim dropped the connection on purpose (not a client cancellation)."""
+
+
+def _reframed(
+    write: Callable[[bytes], Awaitable[None]], eol: bytes
+) -> Callable[[bytes], Awaitable[None]]:
+    """`write` with the LF ending every line of the sim's events replaced by `eol` (their
+    JSON holds no raw newline)."""
+
+    async def reframed(data: bytes) -> None:
+        await write(data.replace(b"\n", eol))
+
+    return reframed
 
 
 async def _pause(seconds: float) -> None:
@@ -583,10 +600,13 @@ class SimRegion:
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
         await resp.prepare(request)
+        eol = LINE_ENDS[self.options.sse_line_end]
+        # Every event the stream writes, its lines ended the region's way.
+        write = resp.write if eol == b"\n" else _reframed(resp.write, eol)
         await _pause(plan.ttft_s)
         start = render.start()
         if start:
-            await resp.write(b"".join(start))
+            await write(b"".join(start))
         fail = plan.fail
         pause = plan.drip_s if fail == "drip" else plan.token_s
         if fail == "drip":
@@ -599,11 +619,11 @@ class SimRegion:
                 await asyncio.sleep(pause)
             if interrupted.is_set():
                 # Cut by a newer request: [DONE] right after the last token, no finish_reason.
-                await resp.write(b"data: [DONE]\n\n")
+                await write(b"data: [DONE]\n\n")
                 await resp.write_eof()
                 return resp
             if i == plan.after_tokens and fail in ("error-event", "failed-event"):
-                return await self._error_end(resp, plan, render)
+                return await self._error_end(resp, plan, render, write)
             if i == plan.after_tokens and fail in ("die-mid-stream", "hang"):
                 self.stats.injected_failures += 1
                 if fail == "hang":
@@ -611,7 +631,7 @@ class SimRegion:
                 assert request.transport is not None
                 request.transport.abort()
                 return resp
-            await resp.write(render.token(tok + " " * plan.pad if plan.pad else tok))
+            await write(render.token(tok + " " * plan.pad if plan.pad else tok))
             self.stats.tokens_sent += 1
         if plan.after_tokens == len(tokens) and fail == "die-mid-stream":
             # Cut after the last token, before the chunk that says why it ended (llama-server
@@ -621,18 +641,23 @@ class SimRegion:
             request.transport.abort()
             return resp
         if fail in ("error-event", "failed-event"):
-            return await self._error_end(resp, plan, render)  # fewer tokens than after_tokens
-        await resp.write(b"".join(render.end("".join(tokens), finish)))
+            # Fewer tokens than after_tokens.
+            return await self._error_end(resp, plan, render, write)
+        await write(b"".join(render.end("".join(tokens), finish)))
         await resp.write_eof()
         return resp
 
     async def _error_end(
-        self, resp: web.StreamResponse, plan: _Plan, render: apis.Render
+        self,
+        resp: web.StreamResponse,
+        plan: _Plan,
+        render: apis.Render,
+        write: Callable[[bytes], Awaitable[None]],
     ) -> web.StreamResponse:
         """End a stream with the API's own error event, the connection closed cleanly."""
         self.stats.injected_failures += 1
         failed = plan.fail == "failed-event"
-        await resp.write(b"".join(render.error(plan.error_kind, self.options.name, failed)))
+        await write(b"".join(render.error(plan.error_kind, self.options.name, failed)))
         await resp.write_eof()
         return resp
 
@@ -794,6 +819,9 @@ class SimRegion:
             return _error(400, f"fail_mode must be one of {FAIL_MODES}", "invalid_request_error")
         if merged.error_kind not in ERROR_KINDS:
             return _error(400, f"error_kind must be one of {ERROR_KINDS}", "invalid_request_error")
+        if merged.sse_line_end not in LINE_ENDS:
+            message = f"sse_line_end must be one of {tuple(LINE_ENDS)}"
+            return _error(400, message, "invalid_request_error")
         self.options = merged
         return web.Response(body=_ENCODE.encode(merged), content_type="application/json")
 
