@@ -158,6 +158,18 @@ class Splitter:
             if len(chunk) > self.max_bytes and max(map(len, parts)) + 2 > self.max_bytes:
                 raise EventTooLarge(f"an SSE event passed {self.max_bytes} bytes")
             return [part + b"\n\n" for part in parts if part]
+        if (
+            not self._buf
+            and chunk.endswith(b"\r\n\r\n")
+            and chunk.count(b"\r") == chunk.count(b"\r\n") == chunk.count(b"\n")
+        ):
+            # Whole events of CR LF lines only (sse-starlette's: llama-cpp-python), one split
+            # (unless an empty line follows the last: that is the next event's first line).
+            parts = chunk.split(b"\r\n\r\n")
+            if not parts.pop():
+                if len(chunk) > self.max_bytes and max(map(len, parts)) + 4 > self.max_bytes:
+                    raise EventTooLarge(f"an SSE event passed {self.max_bytes} bytes")
+                return [part + b"\r\n\r\n" for part in parts if part.strip(b"\r\n")]
         return self._cut(chunk, None)
 
     def first(self, chunk: bytes, wanted: Callable[[bytes], bool]) -> bytes | None:

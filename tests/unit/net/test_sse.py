@@ -160,3 +160,14 @@ def test_a_payload_keeps_no_cr_of_its_line_ending() -> None:
     assert (state.complete, state.done, state.invalid) == (True, True, 0)
     assert payload_of(b"data: [DONE]\r\n\n") == b"[DONE]"
     assert payload_of(b"data: a\rdata: b\n\n") == b"a\nb"
+
+
+def test_whole_crlf_events_in_one_read_are_cut_as_byte_by_byte() -> None:
+    # sse-starlette's framing (llama-cpp-python) in one read takes a shortcut: the same events,
+    # also when an empty line follows the last one (it begins the next event) or sits between.
+    crlf = FRAMINGS["crlf"]
+    for stream in (crlf, crlf + b"\r\n", crlf.replace(b"\r\n\r\n", b"\r\n\r\n\r\n", 2)):
+        splitter = sse.Splitter(1 << 20)
+        whole = splitter.feed(stream)
+        rest = splitter.end()
+        assert whole + rest == split(stream, tuple(range(1, len(stream)))), stream
