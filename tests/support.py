@@ -11,9 +11,11 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -123,6 +125,20 @@ def spawn(
 def router_cmd(*args: str) -> list[str]:
     """The `router` command, run with this interpreter."""
     return [sys.executable, "-m", "router", *args]
+
+
+def stream_text(url: str, body: dict[str, Any], timeout: float = 20) -> str:
+    """POST `body` as a streamed request (`stream: true` added) to `url`; the 200 answer's
+    text, read to its end."""
+    request = urllib.request.Request(
+        url,
+        data=json.dumps({"stream": True, **body}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=timeout) as resp:
+        assert resp.status == 200
+        text: str = resp.read().decode()
+    return text
 
 
 def run_bench(module: str, *args: str, timeout: float = 120) -> str:

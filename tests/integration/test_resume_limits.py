@@ -5,7 +5,6 @@ failed before its fix."""
 from __future__ import annotations
 
 import json
-import urllib.request
 from typing import Any
 
 from tests.integration.conftest import (
@@ -15,7 +14,7 @@ from tests.integration.conftest import (
     region_toml,
     sim_stats,
 )
-from tests.support import Proc
+from tests.support import Proc, stream_text
 
 RESUME = '[routing]\nmidstream = "resume"\n[auth]\nenabled = false\n'
 USER = [{"role": "user", "content": "Tell me a story"}]
@@ -23,14 +22,7 @@ USER = [{"role": "user", "content": "Tell me a story"}]
 
 def _stream(proc: Proc, body: dict[str, Any]) -> list[Any]:
     """A chat stream's payloads: each event's JSON, or "[DONE]"."""
-    request = urllib.request.Request(
-        proc.url + "/v1/chat/completions",
-        data=json.dumps({"model": MODEL, "stream": True, **body}).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=20) as resp:
-        assert resp.status == 200
-        raw = resp.read().decode()
+    raw = stream_text(proc.url + "/v1/chat/completions", {"model": MODEL, **body})
     return [
         line[6:] if line == "data: [DONE]" else json.loads(line[6:])
         for line in raw.splitlines()
@@ -110,14 +102,7 @@ def test_a_stream_cut_after_its_last_allowed_token_ends_for_length(
 
 def _events(proc: Proc, path: str, body: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """A Responses or Messages stream's (event name, data) pairs."""
-    request = urllib.request.Request(
-        proc.url + path,
-        data=json.dumps({"model": MODEL, "stream": True, **body}).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=20) as resp:
-        assert resp.status == 200
-        raw = resp.read().decode()
+    raw = stream_text(proc.url + path, {"model": MODEL, **body})
     out = []
     for block in raw.split("\n\n"):
         lines = block.splitlines()

@@ -5,14 +5,13 @@ continuing sees it) or began in the text the client had (only the router sees th
 from __future__ import annotations
 
 import json
-import urllib.request
 from typing import Any
 
 import pytest
 
 from router.sim import text
 from tests.integration.conftest import MODEL, RouterFactory, SimFactory, region_toml, sim_stats
-from tests.support import Proc
+from tests.support import Proc, stream_text
 
 RESUME = '[routing]\nmidstream = "resume"\n[auth]\nenabled = false\n'
 CUT = 4  # region a cuts every stream after this many tokens
@@ -20,14 +19,7 @@ CUT = 4  # region a cuts every stream after this many tokens
 
 def _stream(proc: Proc, path: str, body: dict[str, Any]) -> tuple[str, list[str], Any, set[str]]:
     """(text, finish reasons, the last usage, chunk ids) of a chat or completions stream."""
-    request = urllib.request.Request(
-        proc.url + path,
-        data=json.dumps({"model": MODEL, "stream": True, **body}).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=20) as resp:
-        assert resp.status == 200
-        raw = resp.read().decode()
+    raw = stream_text(proc.url + path, {"model": MODEL, **body})
     said, finishes, usage, ids = "", [], None, set()
     lines = [line[6:] for line in raw.splitlines() if line.startswith("data: ")]
     assert lines[-1] == "[DONE]"
@@ -91,14 +83,7 @@ def test_a_continued_stream_stops_where_one_run_would_have(
 
 def _message_stream(proc: Proc, body: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
     """(text, events) of a Messages stream."""
-    request = urllib.request.Request(
-        proc.url + "/v1/messages",
-        data=json.dumps({"model": MODEL, "stream": True, **body}).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=20) as resp:
-        assert resp.status == 200
-        raw = resp.read().decode()
+    raw = stream_text(proc.url + "/v1/messages", {"model": MODEL, **body})
     events = [json.loads(line[6:]) for line in raw.splitlines() if line.startswith("data: ")]
     said = "".join(e["delta"]["text"] for e in events if e["type"] == "content_block_delta")
     return said, events
