@@ -633,6 +633,10 @@ class ChatStitch:
         if not isinstance(piece, str) or not piece:
             if not self.held:
                 return self._relayed(event)
+            if not _ends(payload, choices):
+                # No text and no end (an empty delta, a comment): it waits with the held text.
+                self.held.append(event)
+                return None
             # The region's end (or usage) came first: what was held back was its last text.
             self.seam = None
             return self._joined([*self.held, event])
@@ -675,6 +679,16 @@ class ChatStitch:
             return b""
         self.reported = True
         return _usage_event(self.tracker, prompt, self.chunks)
+
+
+def _ends(payload: bytes | None, choices: object) -> bool:
+    """Whether a chat or completions event without text ends the answer's text: [DONE], a
+    finish_reason, or a usage event (no choices); an unreadable event counts as an end."""
+    if payload is None:
+        return False  # a comment, a bare `event:`
+    if payload == _DONE or not isinstance(choices, list) or not choices:
+        return True
+    return any(not isinstance(c, dict) or c.get("finish_reason") is not None for c in choices)
 
 
 def _has_usage(payload: bytes) -> bool:

@@ -366,6 +366,17 @@ def test_text_held_at_the_seam_goes_on_once_it_cannot_complete_a_stop_string() -
     assert got[1]["choices"][0]["finish_reason"] == "stop"
 
 
+def test_a_chunk_without_text_while_text_is_held_keeps_the_stop_string_checked() -> None:
+    """An empty delta (or a comment) between the continuation's pieces is no end of its text:
+    it waits with the held text, and the stop string completed after it still ends there."""
+    for mid in (delta("", "b"), b": keep-alive\n\n"):
+        stitch = _seam_stitch(["The", " bl"], _chat(stop="blue"), FirstStream())
+        got = _stitched(stitch, [delta("u", "b"), mid, delta("e and more", "b")])
+        assert stitch.ended, mid
+        assert _said(got) == ""
+        assert got[0]["choices"][0]["finish_reason"] == "stop"
+
+
 def test_a_clients_own_prefill_answered_back_is_no_start_of_a_stop_string() -> None:
     """No server matches stop strings in the prompt: text the first region answered back (the
     client's prefill) does not begin one, text it generated does."""
