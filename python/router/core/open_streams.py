@@ -34,7 +34,14 @@ class OpenStreams:
 
     def ended(self, ctx: RequestContext) -> None:
         """The request's attempts are over: each stream that did not break went through (or
-        its client left, which says nothing against the region)."""
+        its client left, which says nothing against the region). A stream read on after its
+        client left (`ctx.background`, for the cache's other readers) ends when that reader
+        is done, which reports a break it sees first."""
+        later = ctx.background
+        if later is not None and not later.done():
+            ctx.background = None
+            later.add_done_callback(lambda _: self.ended(ctx))
+            return
         streaming = ctx.streaming
         observers = self.observers
         if streaming:

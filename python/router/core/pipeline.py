@@ -83,11 +83,6 @@ def _waits(ctx: RequestContext) -> bool:
     return ctx.deadline is None or time.monotonic() < ctx.deadline
 
 
-def _ended_later(streams: OpenStreams, ctx: RequestContext, _: object) -> None:
-    """A request's streams end once what read on after its client left is done."""
-    streams.ended(ctx)
-
-
 def config_order(ctx: RequestContext, upstreams: Upstreams) -> Sequence[Upstream]:
     """Default selection: regions serving the model, by bias_ms then weight then config order."""
     return upstreams.serving(ctx.request.upstream_model)
@@ -371,15 +366,9 @@ class Pipeline:
                     timer.end(STREAM)
             finally:
                 attempts.release()
-                streams = features.streams
-                if streams is not None:
-                    # After the relay: a stream's success is known only once it ended; one
-                    # read on for others after its client left, once that reader is done.
-                    later = ctx.background
-                    if later is None:
-                        streams.ended(ctx)
-                    else:
-                        later.add_done_callback(partial(_ended_later, streams, ctx))
+                if features.streams is not None:
+                    # After the relay: a stream's success is known only once it ended.
+                    features.streams.ended(ctx)
         raise AssertionError("unreachable: the last model returns or raises")
 
     async def unknown(
