@@ -354,11 +354,11 @@ async def test_a_drained_region_finishes_its_streams_in_flight(three: Three) -> 
     assert text
 
 
-def read_stream(raw: bytes) -> tuple[str, int, int, set[str]]:
-    """(text, [DONE] count, error events, chunk ids) of an SSE body."""
-    pieces: list[str] = []
+def stream_chunks(raw: bytes) -> tuple[list[dict[str, Any]], int, int]:
+    """(chunks, [DONE] count, error events) of an SSE body, its lines ended by CR LF, LF or CR
+    (str.splitlines ends them at each)."""
+    chunks: list[dict[str, Any]] = []
     done = errors = 0
-    ids: set[str] = set()
     for line in raw.decode().splitlines():
         if not line.startswith("data: "):
             continue
@@ -369,11 +369,23 @@ def read_stream(raw: bytes) -> tuple[str, int, int, set[str]]:
         if "error" in event:
             errors += 1
             continue
-        ids.add(event["id"])
-        for choice in event["choices"]:
-            piece = choice["delta"].get("content") if "delta" in choice else choice.get("text")
-            pieces.append(piece or "")
-    return "".join(pieces), done, errors, ids
+        chunks.append(event)
+    return chunks, done, errors
+
+
+def chunk_text(chunks: list[dict[str, Any]]) -> str:
+    """The text of chat or completions chunks."""
+    return "".join(
+        (choice["delta"].get("content") if "delta" in choice else choice.get("text")) or ""
+        for chunk in chunks
+        for choice in chunk["choices"]
+    )
+
+
+def read_stream(raw: bytes) -> tuple[str, int, int, set[str]]:
+    """(text, [DONE] count, error events, chunk ids) of an SSE body."""
+    chunks, done, errors = stream_chunks(raw)
+    return chunk_text(chunks), done, errors, {chunk["id"] for chunk in chunks}
 
 
 async def broken_stream(

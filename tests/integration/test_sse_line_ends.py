@@ -17,6 +17,7 @@ from tests.integration.conftest import (
     region_toml,
     sim_stats,
 )
+from tests.integration.test_failover import chunk_text, stream_chunks
 from tests.integration.test_metrics import call, samples, value
 
 HEADER = """
@@ -32,24 +33,9 @@ enabled = false
 
 def read(raw: bytes) -> tuple[str, list[dict[str, Any]], int, int]:
     """(text, chunks, [DONE] count, error events) of an SSE body, its lines ended by CR LF, LF
-    or CR (str.splitlines ends them at each)."""
-    pieces: list[str] = []
-    chunks: list[dict[str, Any]] = []
-    done = errors = 0
-    for line in raw.decode().splitlines():
-        if not line.startswith("data: "):
-            continue
-        if line == "data: [DONE]":
-            done += 1
-            continue
-        chunk = json.loads(line[6:])
-        if "error" in chunk:
-            errors += 1
-            continue
-        chunks.append(chunk)
-        for choice in chunk["choices"]:
-            pieces.append(choice["delta"].get("content") or "")
-    return "".join(pieces), chunks, done, errors
+    or CR."""
+    chunks, done, errors = stream_chunks(raw)
+    return chunk_text(chunks), chunks, done, errors
 
 
 def test_a_cr_framed_stream_is_relayed_whole_its_usage_read_and_replayed_from_the_cache(
