@@ -97,6 +97,42 @@ def test_splitter_bounds_one_event() -> None:
         raise AssertionError("a whole oversized event passed")
 
 
+@given(
+    st.lists(_ATOMS | st.just(b"\n\n") | st.just(b"\r\n\r\n"), max_size=40).map(b"".join),
+    st.lists(st.integers(0, 400), max_size=8),
+    st.integers(16, 120),
+)
+def test_an_event_over_the_bound_is_refused_however_the_stream_is_cut(
+    stream: bytes, cuts: list[int], bound: int
+) -> None:
+    # The same bytes pass or fail the same way whether they come whole or in pieces: an event
+    # (its blank line included) over the bound raises, one within it does not.
+    def split(points: list[int]) -> bool:
+        pieces = [stream[a:b] for a, b in zip([0, *points], [*points, len(stream)], strict=True)]
+        splitter = sse.Splitter(bound)
+        try:
+            for piece in pieces:
+                splitter.feed(piece)
+        except sse.EventTooLarge:
+            return False
+        return True
+
+    whole = split([])
+    assert split(sorted({min(c, len(stream)) for c in cuts})) == whole
+    assert split(list(range(1, len(stream)))) == whole
+
+
+def test_a_whole_oversized_event_followed_by_part_of_the_next_is_refused() -> None:
+    # Not on the one-split path (the read does not end with a blank line): bounded all the same.
+    splitter = sse.Splitter(64)
+    try:
+        splitter.feed(b"data: " + b"x" * 100 + b"\n\ndata: y")
+    except sse.EventTooLarge:
+        pass
+    else:
+        raise AssertionError("a whole oversized event passed")
+
+
 @given(st.lists(_ATOMS | st.just(b"\n\n"), max_size=40).map(b"".join))
 def test_decoded_payloads_encoded_again_decode_to_themselves(stream: bytes) -> None:
     # What the cache stores (payloads) and replays (encoded): a payload of several data lines

@@ -138,8 +138,9 @@ class EventTooLarge(Exception):
 
 class Splitter:
     """Cuts an SSE byte stream into whole raw events (each with its ending blank line), linear
-    in the bytes however they are chunked; an event longer than `max_bytes` raises
-    EventTooLarge, so a never-ending line costs a bounded buffer and one scan of its bytes."""
+    in the bytes however they are chunked; an event longer than `max_bytes` (its blank line
+    included) raises EventTooLarge however the stream is cut, so a never-ending line costs a
+    bounded buffer and one scan of its bytes."""
 
     __slots__ = ("_buf", "_scan", "max_bytes")
 
@@ -194,8 +195,13 @@ class Splitter:
             search = (_BLANK if _LONE_CR.search(buf) else _CRLF_BLANK).search
         # One scan of the bytes, not one per event: each search starts where the last ended.
         blank = search(buf, self._scan)
+        limit = self.max_bytes
         while blank is not None:
             end = blank.end()
+            if end - start > limit:
+                # Bounded as the one-split paths bound it, however the event arrived: whole in
+                # this read, or in pieces each under the bound.
+                raise EventTooLarge(f"an SSE event passed {limit} bytes")
             event = bytes(buf[start:end])
             start = end
             if wanted is None:
@@ -209,8 +215,8 @@ class Splitter:
             del buf[:start]
         # A boundary may straddle this chunk and the next: rescan the last two bytes.
         self._scan = max(0, len(buf) - 2)
-        if len(buf) > self.max_bytes:
-            raise EventTooLarge(f"an SSE event passed {self.max_bytes} bytes")
+        if len(buf) > limit:
+            raise EventTooLarge(f"an SSE event passed {limit} bytes")
         return events
 
     def end(self) -> list[bytes]:
