@@ -7,7 +7,10 @@ region, under paced requests as in bench/overhead's paced cells (open loop, at m
 flight, the hops on the first CPU and the region and load generator on the others). Two hops
 are stamped in the same run, in rotating rounds: the router (`router serve`, auth and cache off,
 as in bench/overhead) and `router-core` (bench/overhead's core-only router: the same request
-path without the features), so the features' share of each segment shows directly. It prints
+path without the features), so the features' share of each segment shows directly, and `floor`:
+the least any hop on aiohttp and the router's upstream client can do (an aiohttp app whose one
+handler reads the body, posts it through `router.net.http1` and relays the answer, no checks), the
+part of each segment no work in the router's own code can remove. It prints
 the median and p90 of each segment, over the requests that had their hop to themselves (a
 request that overlapped another is left out: its segments would include the other's work),
 next to the direct and routed latency the load generator saw.
@@ -38,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import uvloop
-from aiohttp import http_writer, web_app, web_protocol
+from aiohttp import http_writer, web, web_app, web_protocol
 from bench.overhead import (
     PACED_CAP,
     check_paced,
@@ -54,7 +57,10 @@ from bench.overhead import (
 )
 from tests.support import Proc, spawn
 
+from router.config import load
 from router.net import http1
+from router.server import gctune
+from router.server.run import make_runner, run_until_signal
 
 try:
     from router.server import dispatch
@@ -71,7 +77,9 @@ SEGMENTS = (
     ("client-write", "write syscall to the client (headers and body or first chunk)"),
     ("after", "after the first byte left: bookkeeping (streams: the rest of the stream)"),
 )
-HOPS = ("router", "router-core")
+HOPS = ("router", "router-core", "floor")
+# The hops a `--baseline` tree is stamped for too (the floor is not the router's code).
+BASE_HOPS = ("router", "router-core")
 # The hop's own Python on the critical path, and the kernel's share of it.
 OWN = ("front", "to-region", "from-region")
 SYSCALLS = ("region-write", "client-write")
@@ -179,9 +187,61 @@ def _instrument(stamps: _Stamps, stream: bool) -> None:
         setattr(http_writer.StreamWriter, name, around(write, 5, 6))
 
 
-def serve(config: str, out: Path, stream: bool, core: bool) -> None:
-    """`router serve --config CONFIG` (or the core-only router) with stamps; at exit the stamps
-    go to `out` as JSON."""
+def floor_app(region: str) -> web.Application:
+    """The floor: read the body, post it to `region` through net.http1, relay the answer whole
+    (or chunk by chunk if SSE), with none of the router's checks, headers or bookkeeping."""
+    pool = http1.Pool(region, limit=64, keepalive_s=60.0, connect_timeout=None, total_timeout=None)
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        up = await pool.post(request.path, body, [("Content-Type", "application/json")])
+        ctype = up.headers.get("Content-Type", "")
+        if not ctype.startswith("text/event-stream"):
+            chunks = []
+            while chunk := await up.content.readany():
+                chunks.append(chunk)
+            return web.Response(
+                status=up.status, body=b"".join(chunks), headers={"Content-Type": ctype}
+            )
+        # The head leaves with the first chunk, in one write, as the router sends a stream.
+        first = await up.content.readany()
+        resp = web.StreamResponse(status=up.status, headers={"Content-Type": ctype})
+        resp._send_headers_immediately = False
+        await resp.prepare(request)
+        chunk = first
+        while chunk:
+            await resp.write(chunk)
+            chunk = await up.content.readany()
+        await resp.write_eof()
+        return resp
+
+    async def close(app: web.Application) -> None:
+        await pool.close()
+
+    app = web.Application()
+    app.router.add_post("/{tail:.*}", handle)
+    app.on_cleanup.append(close)
+    return app
+
+
+def serve_floor(config_path: str) -> None:
+    """Run the floor hop on the port and in front of the region `config_path` names."""
+    config = load(config_path)
+    region = config.regions[0].base_url.removesuffix("/v1")
+
+    async def started() -> None:
+        gctune.tune(config.server.gc_gen0_threshold)  # the router's GC settings, as router-core
+
+    async def run() -> None:
+        runner = make_runner(floor_app(region), config)
+        await run_until_signal(runner, config.server.listen, extra=started)
+
+    uvloop.run(run())
+
+
+def serve(config: str, out: Path, stream: bool, hop: str) -> None:
+    """`router serve --config CONFIG` (or the core-only router, or the floor) with stamps; at
+    exit the stamps go to `out` as JSON."""
     from router.cli import main as router_main
 
     stamps = _Stamps()
@@ -193,8 +253,10 @@ def serve(config: str, out: Path, stream: bool, core: bool) -> None:
         out.write_text(json.dumps({"segments": names, "ns": rows, "dropped": stamps.dropped}))
 
     atexit.register(dump)
-    if core:
+    if hop == "router-core":
         serve_core(config)
+    elif hop == "floor":
+        serve_floor(config)
     else:
         router_main(["serve", "--config", config])
 
@@ -290,7 +352,7 @@ def measure(
     place = split_here()
     hops, others = (place.proxies, place.rest) if place is not None else (None, None)
     procs: dict[str, Proc] = {}
-    names = [*HOPS, *(f"{hop}@base" for hop in HOPS if baseline is not None)]
+    names = [*HOPS, *(f"{hop}@base" for hop in BASE_HOPS if baseline is not None)]
     try:
         procs["direct"] = start_region(tmp, others)
         for name in names:
@@ -302,6 +364,7 @@ def measure(
             cmd = [python, "-m", "bench.critical_path", "--serve", str(config), str(out)]
             cmd += ["--stream"] if stream else []
             cmd += ["--core"] if hop == "router-core" else []
+            cmd += ["--floor"] if hop == "floor" else []
             env, cwd = None, None
             if base and baseline is not None:
                 # The other tree's router and its own bench module, in its own directory.
@@ -331,6 +394,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     paced_options(parser, duration=10.0, rounds=4, of="targets")
     parser.add_argument("--serve", nargs=2, metavar=("CONFIG", "OUT"), help=argparse.SUPPRESS)
     parser.add_argument("--core", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--floor", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument(
         "--baseline",
         type=Path,
@@ -346,7 +410,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.serve:
-        serve(args.serve[0], Path(args.serve[1]), args.stream, args.core)
+        hop = "router-core" if args.core else "floor" if args.floor else "router"
+        serve(args.serve[0], Path(args.serve[1]), args.stream, hop)
         return 0
     check_paced(parser, args, max_rate=2000)
     with tempfile.TemporaryDirectory(prefix="router-critical-path-") as tmp:
