@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 from pytest_benchmark.fixture import BenchmarkFixture
 
-from router.cache.policy import CacheControl, MemoryStore, decide, storage_key
+from router.cache.policy import CacheControl, MemoryStore, StreamRecorder, decide, storage_key
 from router.cache.serving import knobs, native_key_fn
 from router.cache.tiers import ResponseCache
 from router.config import CacheConfig
@@ -65,17 +65,37 @@ def test_normalized_fingerprint(benchmark: BenchmarkFixture) -> None:
     )
 
 
-def test_stream_replay_framing(benchmark: BenchmarkFixture) -> None:
-    chunks = tuple(
+def _stream_events() -> list[bytes]:
+    """A 60-chunk chat stream as relayed: whole events, the last [DONE]."""
+    chunks = [
         msgspec.json.encode({"choices": [{"index": 0, "delta": {"content": f" w{i}"}}]})
-        for i in range(60)
-    )
+        for i in range(59)
+    ]
+    end = msgspec.json.encode({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    return [*map(sse.encode, chunks), sse.encode(end), sse.encode_done()]
 
-    def frame() -> bytes:
-        return b"".join(sse.encode(c) for c in chunks) + sse.encode_done()
 
-    out = benchmark(frame)
-    assert sse.Decoder().feed(out) == [*chunks, sse.DONE]
+def test_stream_replay(benchmark: BenchmarkFixture) -> None:
+    # A hit's stream: the stored events as relayed, joined.
+    events = tuple(_stream_events())
+    out = benchmark(lambda: b"".join(events))
+    assert sse.split_events(out) == [e[:-2] for e in events]
+
+
+def test_stream_recording(benchmark: BenchmarkFixture) -> None:
+    # A miss's tee: the relayed bytes (here in three writes) cut into whole events and checked.
+    events = _stream_events()
+    writes = [b"".join(events[:20]), b"".join(events[20:40]), b"".join(events[40:])]
+
+    def record() -> StreamRecorder:
+        recorder = StreamRecorder()
+        for data in writes:
+            recorder.feed(data)
+        return recorder
+
+    recorder = benchmark(record)
+    assert recorder.complete
+    assert recorder.chunks == events
 
 
 def test_memory_store_put_with_eviction(benchmark: BenchmarkFixture) -> None:

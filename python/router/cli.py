@@ -138,6 +138,11 @@ def _add_core(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         default="lf",
         help="how its streams end SSE lines: lf|crlf|cr (a lone CR, legal SSE too)",
     )
+    sim.add_argument(
+        "--sse-fields",
+        default="none",
+        help="SSE fields besides data: none|all (a comment, retry:, id: and event: lines)",
+    )
     sim.set_defaults(handler=_sim_region)
     demo = commands.add_parser("demo", help="three simulated regions and the router in front")
     demo.add_argument("--port", type=int, default=0, help="router port (0: a free one)")
@@ -255,6 +260,7 @@ def _sim_region(args: argparse.Namespace) -> int:
         FAIL_MODES,
         KINDS,
         LINE_ENDS,
+        SSE_FIELDS,
         SimOptions,
         serve_sim,
     )
@@ -278,6 +284,10 @@ def _sim_region(args: argparse.Namespace) -> int:
         ends = ", ".join(LINE_ENDS)
         print(f"router sim-region: --sse-line-end must be one of {ends}", file=sys.stderr)
         return 2
+    if args.sse_fields not in SSE_FIELDS:
+        fields = ", ".join(SSE_FIELDS)
+        print(f"router sim-region: --sse-fields must be one of {fields}", file=sys.stderr)
+        return 2
     options = SimOptions(
         name=args.name,
         models=tuple(m.strip() for m in args.models.split(",") if m.strip()),
@@ -291,6 +301,7 @@ def _sim_region(args: argparse.Namespace) -> int:
         kind=args.kind,
         unserved=tuple(m.strip() for m in args.unserved.split(",") if m.strip()),
         sse_line_end=args.sse_line_end,
+        sse_fields=args.sse_fields,
     )
     uvloop.run(serve_sim(options, args.host, args.port))
     return 0

@@ -136,6 +136,9 @@ async def test_outage_degrades_warns_once_and_recovers(
         (BODY_KEY, {"stream": True, "chunks": (b"{}",), "content_type": "text/event-stream"}),
         (STREAM_KEY, {}),
         (STREAM_KEY, {"stream": True, "chunks": (b"x" * 1000,) * 5}),
+        # Whole events replayed joined: one cut short would run into the next.
+        (STREAM_KEY, {"stream": True, "framed": True, "chunks": (b"data: {}\n\n", b"data: {")}),
+        (STREAM_KEY, {"stream": True, "framed": True, "chunks": (b"",)}),
     ],
     ids=[
         "status-500",
@@ -148,6 +151,8 @@ async def test_outage_degrades_warns_once_and_recovers(
         "stream-under-body-key",
         "body-under-stream-key",
         "oversized-stream",
+        "framed-event-cut-short",
+        "framed-empty-event",
     ],
 )
 async def test_an_implausible_entry_is_a_miss(
@@ -186,6 +191,26 @@ async def test_entries_at_the_size_bound_are_hits(redis_proc: Proc) -> None:
             assert await tier.get(key, "t", "m") == e
     finally:
         await tier.close()
+
+
+async def test_a_stream_of_whole_events_and_an_older_routers_of_payloads_are_hits(
+    tier: RedisTier,
+) -> None:
+    # This router stores a stream's whole events as relayed (fields, comments, line endings);
+    # routers before it stored a chat stream's data payloads: both are read (same version).
+    events = (b": hi\r\n\r\n", b"retry: 3000\r\n\r\n", b"id: 1\r\ndata: {}\r\n\r\n")
+    for key, chunks, framed in ((b"new", events, True), (b"old", (b"{}", b"{}"), False)):
+        e = msgspec.structs.replace(
+            entry(),
+            body=b"",
+            chunks=chunks,
+            stream=True,
+            framed=framed,
+            content_type="text/event-stream",
+        )
+        stream_key = storage_key(key * 4, endpoint="/v1/chat/completions", stream=True)
+        assert await tier.put(stream_key, e)
+        assert await tier.get(stream_key, "t", "m") == e
 
 
 def test_a_small_value_that_inflates_past_the_bound_is_not_inflated() -> None:

@@ -202,3 +202,23 @@ def test_its_streams_end_their_lines_as_configured(sim: Proc) -> None:
         assert bad.status_code == 400
     finally:
         sim_config(sim, sse_line_end="lf")
+
+
+def test_its_streams_carry_the_sse_fields_configured(sim: Proc) -> None:
+    """`sse_fields` all: a comment and a `retry:` first, an `id:` on every event and `event:
+    message` on each that has no name; the data the same, a whole answer untouched."""
+    plain = chat(sim, stream=True).content
+    try:
+        sim_config(sim, sse_fields="all")
+        fielded = chat(sim, stream=True).content
+        events = fielded.split(b"\n\n")[:-1]
+        assert events[:2] == [b": sim region solo", b"retry: 3000"]
+        data = plain.split(b"\n\n")[:-1]
+        assert len(events) == len(data) + 2
+        for n, (event, payload) in enumerate(zip(events[2:], data, strict=True), 1):
+            assert event == b"event: message\nid: %d\n" % n + payload
+        assert b"id:" not in chat(sim).content
+        bad = httpx.post(sim.url + "/sim/config", json={"sse_fields": "some"})
+        assert bad.status_code == 400
+    finally:
+        sim_config(sim, sse_fields="none")

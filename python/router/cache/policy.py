@@ -39,7 +39,7 @@ class XCache(StrEnum):
 
 
 class Entry(msgspec.Struct, frozen=True, kw_only=True):
-    """A response as the upstream produced it: a body, or the SSE data payloads of a stream."""
+    """A response as the upstream produced it: a body, or the SSE events of a stream."""
 
     namespace: str
     model: str
@@ -53,8 +53,9 @@ class Entry(msgspec.Struct, frozen=True, kw_only=True):
     # with the answer's other headers (a refusal's Retry-After, say).
     status: int = 200
     headers: tuple[tuple[str, str], ...] = ()
-    # `chunks` are whole SSE events as relayed (typed-event APIs: Responses, Messages), not
-    # data payloads to frame again.
+    # `chunks` are whole SSE events, byte for byte as relayed (every stream this router
+    # stores); unframed, they are data payloads to frame again: a chat or completions entry an
+    # older router wrote to the shared tier, replayed as it would have replayed it.
     framed: bool = False
 
     def size(self) -> int:
@@ -327,41 +328,63 @@ def stored_stream(key: bytes) -> bool:
 
 
 class StreamRecorder:
-    """The miss-path tee: records a stream's SSE payloads (`framed`: its whole events);
-    `complete` only after a clean finish."""
+    """The miss-path tee: records a stream's whole SSE events byte for byte as relayed (their
+    `event:`, `id:` and `retry:` lines, comments and line endings included), so a hit replays
+    what the live relay sent; `complete` only after a clean finish (`typed`: a typed-event
+    API's, Responses or Messages, read from its terminal event)."""
 
-    __slots__ = ("_decoder", "_done", "_failed", "_finishes", "chunks", "framed")
+    __slots__ = ("_done", "_failed", "_finishes", "_tail", "chunks", "typed")
 
-    def __init__(self, framed: bool = False) -> None:
-        self._decoder = sse.Decoder()
+    def __init__(self, typed: bool = False) -> None:
         self.chunks: list[bytes] = []
+        # The start of an event the bytes so far did not end (the relay sends whole events;
+        # another writer may cut them anywhere).
+        self._tail = b""
         self._finishes: dict[int, str | None] = {}
         self._done = False
         self._failed = False
-        self.framed = framed
+        self.typed = typed
 
     def feed(self, raw: bytes) -> list[bytes]:
-        """Record the raw bytes forwarded to the client (whole events); the payloads they
-        completed (`framed`: the events)."""
-        if self.framed:
-            events = [event + b"\n\n" for event in sse.split_events(raw)]
-            for event in events:
-                self._add_event(event)
+        """Record the raw bytes forwarded to the client; the events they completed, as sent."""
+        data = self._tail + raw if self._tail else raw
+        events = sse.events_of(data)
+        # A CR after an LF last may be the first half of a CR LF (the event's end is then
+        # its LF, as the relay's Splitter reads it): it waits for the next bytes.
+        cut = bool(events) and (not sse.whole_event(events[-1]) or data.endswith(b"\n\r"))
+        self._tail = events.pop() if cut else b""
+        if self._failed:
             return events
-        payloads = self._decoder.feed(raw)
-        for p in payloads:
-            self.add(p)
-        return payloads
+        lf_only = b"\r" not in data
+        for event in events:
+            # The usual event, one `data:` line: its payload sliced, not parsed.
+            if lf_only and event.startswith(b"data:") and event.find(b"\n") == len(event) - 2:
+                value = event[5:-2]
+                self._add(event, value[1:] if value.startswith(b" ") else value)
+            else:
+                self._add(event, sse.data_of(event))
+        return events
 
-    def add(self, payload: bytes) -> None:
-        """Record one decoded SSE data payload."""
-        if self._done or self._failed:
-            self._failed = True  # anything after [DONE] is not a stream we understand
+    def _add(self, event: bytes, payload: bytes | None) -> None:
+        """Record one whole event and its data payload (None: it has none)."""
+        if self._failed:
             return
+        self.chunks.append(event)
+        if payload is None:
+            return  # a comment, `retry:` or an `id:` alone: replayed as sent, nothing to read
+        if self._done:
+            self._failed = True  # data after the end is not a stream we understand
+            return
+        if self.typed:
+            self._typed(payload)
+        else:
+            self._chunk(payload)
+
+    def _chunk(self, payload: bytes) -> None:
+        """Note one data payload of a chat or completions stream."""
         if payload == sse.DONE:
             self._done = True
             return
-        self.chunks.append(payload)
         try:
             doc = msgspec.json.decode(payload)
         except (msgspec.DecodeError, RecursionError):
@@ -377,15 +400,8 @@ class StreamRecorder:
                 if reason is not None or index not in self._finishes:
                     self._finishes[index] = reason
 
-    def _add_event(self, event: bytes) -> None:
-        """Record one whole event of a typed-event stream."""
-        if self._done or self._failed:
-            self._failed = True  # anything after the terminal event is not understood
-            return
-        self.chunks.append(event)
-        payload = sse.data_of(event)
-        if payload is None:
-            return
+    def _typed(self, payload: bytes) -> None:
+        """Note one data payload of a typed-event stream."""
         try:
             doc = msgspec.json.decode(payload)
         except (msgspec.DecodeError, RecursionError):
@@ -403,9 +419,11 @@ class StreamRecorder:
 
     @property
     def complete(self) -> bool:
-        """Ended with [DONE] and every choice finished with stop or length (`framed`: ended
+        """Ended with [DONE] and every choice finished with stop or length (`typed`: ended
         with a clean terminal event)."""
-        if self.framed:
+        if self._tail:
+            return False  # it ended inside an event
+        if self.typed:
             return self._done and not self._failed
         return (
             self._done

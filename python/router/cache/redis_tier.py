@@ -13,6 +13,7 @@ from urllib.parse import quote
 import msgspec
 
 from router.cache.policy import Entry, stored_stream
+from router.net import sse
 from router.net.redis_client import MAX_CONNECTIONS, OUTAGE, TIMEOUTS, open_redis, refresh
 
 log = logging.getLogger("router")
@@ -55,8 +56,10 @@ _MEDIA_TYPE = re.compile(
 
 def plausible(entry: Entry, *, namespace: str, model: str, stream: bool, max_bytes: int) -> bool:
     """Whether a decoded entry is one this router could have stored under the key asked for:
-    a 200 in the key's form (stream or body), a sane content type, within `max_bytes`. Anything
-    else in Redis is corrupt or foreign, and replaying it would answer garbage."""
+    a 200 in the key's form (stream or body), a sane content type, within `max_bytes`, a
+    stream's events (framed) each whole. Anything else in Redis is corrupt or foreign, and
+    replaying it would answer garbage. (A stream of data payloads, unframed, is what routers
+    before whole-event entries stored for chat and completions: still replayed, as they did.)"""
     size = len(entry.body) + sum(len(c) for c in entry.chunks)
     return (
         entry.namespace == namespace
@@ -65,6 +68,7 @@ def plausible(entry: Entry, *, namespace: str, model: str, stream: bool, max_byt
         and entry.stream == stream
         and size <= max_bytes
         and _MEDIA_TYPE.fullmatch(entry.content_type) is not None
+        and (not entry.framed or all(map(sse.whole_event, entry.chunks)))
     )
 
 

@@ -180,7 +180,7 @@ class Tap:
         self._rule = rule
         self._store = store
         self._flight = flight
-        self._recorder = StreamRecorder(framed=ctx.dialect.events)
+        self._recorder = StreamRecorder(typed=ctx.dialect.events)
         self._recorded = 0
 
     def chunk(self, data: bytes) -> None:
@@ -195,9 +195,10 @@ class Tap:
             self._store = False
             self._recorder.chunks.clear()
             return
-        for payload in self._recorder.feed(data):
-            if payload != sse.DONE and self._flight is not None:
-                self._flight.publish(payload)
+        events = self._recorder.feed(data)
+        if self._flight is not None:
+            for event in events:
+                self._flight.publish(event)
 
     def wanted(self) -> bool:
         """Whether coalesced followers read this exchange (it outlives its own client then)."""
@@ -280,7 +281,7 @@ class Tap:
             body=body,
             chunks=chunks,
             stream=stream,
-            framed=self.ctx.dialect.events,
+            framed=stream,
         )
 
 
@@ -479,7 +480,7 @@ async def _race(
 async def _replay(
     request: web.Request, ctx: RequestContext, cache: ResponseCache, entry: Entry
 ) -> web.StreamResponse:
-    """A hit: the stored body, or the stored SSE payloads re-framed as the origin sent them."""
+    """A hit: the stored body, or the stored SSE events as the live relay sent them."""
     ctx.timer.end(CACHE_STAGE)
     cache.count(XCache.HIT)
     ctx.cache = Mark(XCache.HIT, entry.age(cache.clock()))
@@ -497,6 +498,7 @@ async def _replay(
     if entry.framed:
         data = b"".join(entry.chunks)
     else:
+        # Payloads an older router stored in the shared tier: framed again as it replayed them.
         data = b"".join(sse.encode(c) for c in entry.chunks) + sse.encode_done()
     if ctx.meter is not None:
         ctx.meter.feed(data)  # settled as a live stream is: its usage event, else its text
@@ -598,10 +600,11 @@ async def _follow(
                 raise _Rejoin from None
             return await _replay(request, ctx, cache, entry)
         resp: web.StreamResponse | None = None
-        # Typed-event streams are shared as whole events; OpenAI's as payloads.
-        framed = ctx.dialect.events
+        # The events its leader's client got, byte for byte; a [DONE] waits for the flight to
+        # end cleanly (a stream that breaks after it never looks complete to a follower).
+        done = b""
         try:
-            async for payload in flight.follow():
+            async for event in flight.follow():
                 if resp is None:
                     ctx.timer.end(CACHE_STAGE)
                     cache.count(XCache.HIT)
@@ -609,10 +612,12 @@ async def _follow(
                     headers = {**SSE_HEADERS, "X-Request-Id": ctx.request_id}
                     resp = StreamResponse(headers=headers)
                     await resp.prepare(request)
-                data = payload if framed else sse.encode(payload)
+                if done or (sse.DONE in event and sse.data_of(event) == sse.DONE):
+                    done += event
+                    continue
                 if ctx.meter is not None:
-                    ctx.meter.feed(data)
-                await resp.write(data)
+                    ctx.meter.feed(event)
+                await resp.write(event)
         except FlightFailed as exc:
             if resp is None:
                 raise _Rejoin from None
@@ -623,23 +628,21 @@ async def _follow(
             return resp
         if resp is None:  # no stream came: the leader's whole answer (a region's 4xx, say)
             return await _replay(request, ctx, cache, await flight.result())
-        await resp.write_eof(b"" if framed else sse.encode_done())
+        if ctx.meter is not None and done:
+            ctx.meter.feed(done)
+        await resp.write_eof(done)
         return resp
     finally:
         flight.leave()
 
 
 def _relayed(ctx: RequestContext, sent: list[bytes]) -> StreamState | EventState:
-    """The API's stream state after what a follower relayed (payloads; typed events whole),
-    for the failure event that ends its stream (a Responses stream's id and numbering)."""
+    """The API's stream state after the whole events a follower relayed, for the failure event
+    that ends its stream (a Responses stream's id and numbering)."""
     state = ctx.dialect.tracker()
-    if ctx.dialect.events:
-        for event in sent:
-            payload = sse.data_of(event)
-            if payload is not None:
-                state.note(payload)
-    else:
-        for payload in sent:
+    for event in sent:
+        payload = sse.data_of(event)
+        if payload is not None:
             state.note(payload)
     return state
 

@@ -41,6 +41,37 @@ def split_events(whole: bytes) -> list[bytes]:
     return [event for event in _BLANK_WHOLE.split(whole) if event.strip(b"\r\n")]
 
 
+def events_of(whole: bytes) -> list[bytes]:
+    """Whole events cut apart byte for byte, each with the blank line ending it, where the
+    Splitter cut them (joined, they are `whole` again): what a relayed stream sent, one event
+    at a time. An empty event stays with the one before it; bytes after the last blank line
+    are one more piece."""
+    if whole.endswith(b"\n\n") and b"\r" not in whole and b"\n\n\n" not in whole:
+        # The common shape: LF lines, one blank line after each event.
+        events = whole.split(b"\n\n")
+        events.pop()
+        return [event + b"\n\n" for event in events]
+    out: list[bytes] = []
+    start = 0
+    for blank in _BLANK_WHOLE.finditer(whole):
+        end = blank.end()
+        piece = whole[start:end]
+        if out and not piece.strip(b"\r\n"):
+            out[-1] += piece
+        else:
+            out.append(piece)
+        start = end
+    if start < len(whole):
+        out.append(whole[start:])
+    return out
+
+
+def whole_event(chunk: bytes) -> bool:
+    """Whether `chunk` ends where an event does (at a blank line): a stored event cut short
+    would run into the next one."""
+    return bool(chunk) and last_boundary(chunk) == len(chunk)
+
+
 def data_of(event: bytes) -> bytes | None:
     """The data payload of one raw event (its lines joined by LF, as the Decoder joins them);
     None for an event without data (a comment, a bare `event:` line)."""

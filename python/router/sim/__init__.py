@@ -14,6 +14,9 @@ answering a request for one of them as vLLM answers a model it does not serve (4
 NotFoundError, "The model `m` does not exist.").
 `--sse-line-end lf|crlf|cr` (or `sse_line_end`): how its streams end SSE lines; cr is a lone
 CR, legal SSE that real servers do not send but the router must read.
+`--sse-fields none|all` (or `sse_fields`): all gives its streams SSE fields besides `data:`, as
+some OpenAI-compatible servers send: a comment and `retry: 3000` first, an `id:` on every event,
+`event: message` on chat and completions events.
 
 Text is a pure function of model + messages (role and content only); a trailing assistant
 message that is a prefix of that text is continued, so a resumed stream reproduces it exactly.

@@ -63,6 +63,11 @@ KINDS = ("vllm", "llama-server", "llama-cpp-python")
 # How its streams end their SSE lines (`sse_line_end`): each is legal SSE, and a region may use
 # any (lf: what the real servers send).
 LINE_ENDS = {"lf": b"\n", "crlf": b"\r\n", "cr": b"\r"}
+# Which SSE fields besides `data:` its streams carry (`sse_fields`): none (what vLLM and
+# llama.cpp send), or all: a comment and a `retry:` first, an `id:` on every event and an
+# `event: message` on each that has no name of its own (chat, completions), as servers built on
+# sse-starlette and some hosted OpenAI-compatible APIs send.
+SSE_FIELDS = ("none", "all")
 # The sim's context, for llama-cpp-python's streamed overflow: prompts longer are refused.
 _CONTEXT_CHARS = 16_000
 _UUID = re.compile(r"^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$", re.I)
@@ -100,6 +105,8 @@ class SimOptions(msgspec.Struct, kw_only=True):
     unserved: tuple[str, ...] = ()
     # How its streams end SSE lines (LINE_ENDS): lf, crlf, or cr (a lone CR).
     sse_line_end: str = "lf"
+    # The SSE fields its streams carry besides `data:` (SSE_FIELDS).
+    sse_fields: str = "none"
 
 
 class SimStats(msgspec.Struct):
@@ -285,6 +292,26 @@ def _reframed(
         await write(data.replace(b"\n", eol))
 
     return reframed
+
+
+def _fielded(
+    write: Callable[[bytes], Awaitable[None]], name: str
+) -> Callable[[bytes], Awaitable[None]]:
+    """`write` with the fields of `sse_fields` all: a comment and a `retry:` event before the
+    first events, an `id:` line (1, 2, ...) on every event and `event: message` on each that
+    names none (the sim's events are whole, their lines ended by LF)."""
+    ids = 0
+
+    async def fielded(data: bytes) -> None:
+        nonlocal ids
+        out = [b": sim region " + name.encode() + b"\n\nretry: 3000\n\n"] if not ids else []
+        for event in data.split(b"\n\n")[:-1]:
+            ids += 1
+            head = b"" if event.startswith(b"event:") else b"event: message\n"
+            out.append(head + b"id: %d\n" % ids + event + b"\n\n")
+        await write(b"".join(out))
+
+    return fielded
 
 
 async def _pause(seconds: float) -> None:
@@ -603,6 +630,8 @@ class SimRegion:
         eol = LINE_ENDS[self.options.sse_line_end]
         # Every event the stream writes, its lines ended the region's way.
         write = resp.write if eol == b"\n" else _reframed(resp.write, eol)
+        if self.options.sse_fields == "all":
+            write = _fielded(write, self.options.name)
         await _pause(plan.ttft_s)
         start = render.start()
         if start:
@@ -821,6 +850,9 @@ class SimRegion:
             return _error(400, f"error_kind must be one of {ERROR_KINDS}", "invalid_request_error")
         if merged.sse_line_end not in LINE_ENDS:
             message = f"sse_line_end must be one of {tuple(LINE_ENDS)}"
+            return _error(400, message, "invalid_request_error")
+        if merged.sse_fields not in SSE_FIELDS:
+            message = f"sse_fields must be one of {SSE_FIELDS}"
             return _error(400, message, "invalid_request_error")
         self.options = merged
         return web.Response(body=_ENCODE.encode(merged), content_type="application/json")

@@ -296,11 +296,14 @@ def test_recorder_commits_only_after_clean_finish_and_done() -> None:
     assert not rec.complete
     rec.feed(sse.encode_done())
     assert rec.complete
+    # Whole events, as they were relayed: replayed joined.
     assert rec.chunks == [
-        stream_chunk("a"),
-        stream_chunk("b", "stop"),
-        b'{"choices":[],"usage":{}}',
+        sse.encode(stream_chunk("a")),
+        sse.encode(stream_chunk("b", "stop")),
+        sse.encode(b'{"choices":[],"usage":{}}'),
+        sse.encode_done(),
     ]
+    assert b"".join(rec.chunks) == raw + sse.encode_done()
 
 
 @pytest.mark.parametrize("finish", [None, "tool_calls", "content_filter"])

@@ -255,7 +255,7 @@ async def test_tap_stores_a_clean_body_and_respects_no_store() -> None:
     assert await cache.get(b"n", "t", "m") is None
 
 
-async def test_tap_stream_is_stored_only_when_clean_and_followers_see_payloads() -> None:
+async def test_tap_stream_is_stored_only_when_clean_and_followers_see_whole_events() -> None:
     cache = make()
     ctx = ctx_for(
         CHAT_BODY.replace(b'"temperature":0', b'"temperature":0,"stream":true'), stream=True
@@ -271,7 +271,7 @@ async def test_tap_stream_is_stored_only_when_clean_and_followers_see_payloads()
             tap.chunk(raw[10:])
             tap.end(clean)
         got = await follower
-        assert got == ([chunk] if clean else None)
+        assert got == ([sse.encode(chunk), sse.encode_done()] if clean else None)
         assert (await cache.get(key, "t", "m") is not None) is clean
 
 

@@ -26,7 +26,7 @@ def test_whole_answers_worth_storing() -> None:
 
 
 def test_framed_streams_keep_whole_events_and_store_only_clean_ends() -> None:
-    recorder = StreamRecorder(framed=True)
+    recorder = StreamRecorder(typed=True)
     events = recorder.feed(START)
     assert b"".join(events) == START
     assert not recorder.complete
@@ -43,9 +43,9 @@ def test_framed_streams_that_failed_are_never_stored() -> None:
         _event("response.failed", response={}),
         b"data: not json\n\n",
     ):
-        recorder = StreamRecorder(framed=True)
+        recorder = StreamRecorder(typed=True)
         recorder.feed(START + bad + _event("message_stop"))
         assert not recorder.complete
-    responses = StreamRecorder(framed=True)
+    responses = StreamRecorder(typed=True)
     responses.feed(_event("response.created") + _event("response.completed"))
     assert responses.complete

@@ -171,3 +171,30 @@ def test_whole_crlf_events_in_one_read_are_cut_as_byte_by_byte() -> None:
         whole = splitter.feed(stream)
         rest = splitter.end()
         assert whole + rest == split(stream, tuple(range(1, len(stream)))), stream
+
+
+def test_events_of_cuts_whole_events_byte_for_byte() -> None:
+    lf = b": hi\n\nretry: 3000\n\nevent: message\nid: 1\ndata: {}\n\ndata: [DONE]\n\n"
+    assert sse.events_of(lf) == [
+        b": hi\n\n",
+        b"retry: 3000\n\n",
+        b"event: message\nid: 1\ndata: {}\n\n",
+        b"data: [DONE]\n\n",
+    ]
+    for eol in (b"\r\n", b"\r"):
+        framed = lf.replace(b"\n", eol)
+        assert sse.events_of(framed) == [e.replace(b"\n", eol) for e in sse.events_of(lf)]
+    # Whatever the bytes, joined they are the bytes again: an empty event stays with the one
+    # before it, an unended one is a last piece of its own.
+    for raw in (b"data: a\n\n\n\ndata: b\n\n", b"\n\ndata: a\r\n\r\ndata: b\n", b"", b"\n"):
+        assert b"".join(sse.events_of(raw)) == raw
+    # Cut where the relay's Splitter cuts them.
+    assert sse.events_of(b"data: a\n\n\n\ndata: b\n\n") == [b"data: a\n\n\n\n", b"data: b\n\n"]
+    assert sse.events_of(b"data: a\n\n\ndata: b") == [b"data: a\n\n", b"\ndata: b"]
+
+
+def test_whole_event_says_where_an_event_ends() -> None:
+    for whole in (b"data: a\n\n", b"id: 1\r\ndata: a\r\n\r\n", b"data: a\r\r", b": c\n\n"):
+        assert sse.whole_event(whole)
+    for cut in (b"", b"data: a", b"data: a\n", b"data: a\n\ndata: b"):
+        assert not sse.whole_event(cut)
