@@ -269,7 +269,8 @@ class LimitsConfig(_Section, frozen=True):
     redis_retry_s: Annotated[float, msgspec.Meta(gt=0)] = 1.0
     # Most connections open to Redis (to each node of a Cluster) per router process. With all
     # in use (a stalled Redis holds each until redis_timeout_ms), a call opens no more: it
-    # waits for one at most redis_timeout_ms (a Cluster's fails at once) and is an outage.
+    # waits for one at most redis_timeout_ms and is an outage. In a Cluster, also the most
+    # calls in flight to all its nodes together.
     redis_max_connections: _POSITIVE = 64
     # Prefix of every Redis key the limiter writes.
     redis_key_prefix: str = "router:rl:"
@@ -391,8 +392,9 @@ class CacheConfig(_Section, frozen=True):
     redis_retry_s: Annotated[float, msgspec.Meta(gt=0)] = 1.0
     # Most connections open to Redis (to each node of a Cluster) per router process. With all
     # in use (a stalled Redis holds each until redis_timeout_s), a call opens no more: it
-    # waits for one at most redis_timeout_s (a Cluster's fails at once) and fails as a call
-    # Redis did not answer does (a miss, Redis skipped for redis_retry_s).
+    # waits for one at most redis_timeout_s and fails as a call Redis did not answer does (a
+    # miss, Redis skipped for redis_retry_s). In a Cluster, also the most calls in flight to
+    # all its nodes together.
     redis_max_connections: _POSITIVE = 64
     # redis_url names one node of a Redis Cluster (each entry is one key, so one slot).
     redis_cluster: bool = False
@@ -510,7 +512,8 @@ class StateConfig(_Section, frozen=True):
     redis_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 0.25
     # Most connections open to Redis (to each node of a Cluster) per router process. With all
     # in use (a stalled Redis holds each until redis_timeout_s), a call opens no more: a lookup
-    # waits for one at most redis_timeout_s (a Cluster's fails at once), then is the same 503.
+    # waits for one at most redis_timeout_s, then is the same 503. In a Cluster, also the most
+    # calls in flight to all its nodes together.
     redis_max_connections: _POSITIVE = 64
     # Prefix of the keys, one per response.
     redis_prefix: str = "router:resp:"

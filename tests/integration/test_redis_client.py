@@ -428,9 +428,11 @@ async def test_a_stalled_redis_gets_at_most_max_connections(redis_proc: Proc) ->
 async def test_a_stalled_cluster_node_gets_at_most_max_connections(
     redis_cluster: RedisClusterProcs,
 ) -> None:
-    """The same for a Redis Cluster's node: with its connections all held, a call to it opens
-    none and fails at once with redis-py's MaxConnectionsError (its cluster nodes have no
-    waiting pool), an OUTAGE; afterwards the same connections serve again."""
+    """The same for a Redis Cluster's node. Issue: with its connections all held, a call to it
+    opened none but failed at once with redis-py's MaxConnectionsError (its cluster nodes have
+    no waiting pool), an outage to its caller where a single server's call waits. Now it waits
+    for one as a single server's does and fails at its caller's bound; afterwards the same
+    connections serve again."""
     client = open_redis(redis_cluster.url, timeout_s=2.0, max_connections=CAP, cluster=True)
     assert isinstance(client, RedisCluster)
     try:
@@ -447,16 +449,145 @@ async def test_a_stalled_cluster_node_gets_at_most_max_connections(
             opened = len(node._connections)
         finally:
             master.popen.send_signal(signal.SIGCONT)
-        timed_out = [exc for exc in failed if isinstance(exc, TimeoutError)]
-        refused = [exc for exc in failed if isinstance(exc, MaxConnectionsError)]
-        assert (len(timed_out), len(refused)) == (CAP, CALLS - CAP)
+        assert all(isinstance(exc, TimeoutError) for exc in failed), failed
         assert opened == CAP
         await client.calls.settle()  # type: ignore[attr-defined]
         open_now, accepted = redis_clients(master.port)
         assert open_now == before - 1 + CAP
-        for _ in range(3):  # at most CAP at once on one node
-            answers = await asyncio.gather(*(client.get("{t}k") for _ in range(CAP)))
-            assert answers == [b"v"] * CAP
+        answers = await asyncio.gather(*(client.get("{t}k") for _ in range(CALLS)))
+        assert answers == [b"v"] * CALLS
         assert redis_clients(master.port) == (open_now, accepted + 1)
+    finally:
+        await client.aclose()
+
+
+# How long a Cluster node is stopped while calls queue for its connections: well under the
+# cluster's node timeout (1 s), so no failover meanwhile.
+PAUSE_S = 0.3
+
+
+async def piped_get(client: Client, key: str) -> object:
+    """GET `key` in a pipeline of its own."""
+    pipe = client.pipeline(transaction=False)
+    pipe.get(key)
+    (value,) = await pipe.execute()
+    return value
+
+
+async def test_calls_past_a_cluster_node_s_bound_wait_for_a_connection(
+    redis_cluster: RedisClusterProcs,
+) -> None:
+    """Issue: a burst of more calls than `max_connections` to a slow Cluster node (a far one:
+    a round trip of 50-150 ms keeps many calls in flight) failed all those past the bound at
+    once with MaxConnectionsError, an outage to their callers (the cache tier switched itself
+    off). Now they wait for a connection as a single server's calls do: all of them are
+    answered once the node answers again, commands and pipelines alike, and the node gets no
+    more than the bound's connections."""
+    client = open_redis(redis_cluster.url, timeout_s=2.0, max_connections=CAP, cluster=True)
+    assert isinstance(client, RedisCluster)
+    try:
+        assert await client.set("{t}k", b"v")
+        master = redis_cluster.master_of("{t}k")
+        before, accepted = redis_clients(master.port)
+        node = client.get_node("127.0.0.1", master.port)
+        assert node is not None
+        master.popen.send_signal(signal.SIGSTOP)
+        try:
+            calls = [client.get("{t}k") for _ in range(CALLS // 2)]
+            calls += [piped_get(client, "{t}k") for _ in range(CALLS // 2)]
+            answering = asyncio.gather(*calls, return_exceptions=True)
+            await asyncio.sleep(PAUSE_S)
+            opened = len(node._connections)
+        finally:
+            master.popen.send_signal(signal.SIGCONT)
+        async with asyncio.timeout(10):
+            answers = await answering
+        assert answers == [b"v"] * CALLS
+        assert opened == CAP
+        assert len(node._connections) == CAP
+        # The node's own connection and the query's are counted in `before` and `accepted`.
+        assert redis_clients(master.port) == (before - 1 + CAP, accepted + CAP)
+    finally:
+        await client.aclose()
+
+
+async def test_a_cluster_call_waits_for_a_connection_at_most_its_timeout(
+    redis_cluster: RedisClusterProcs,
+) -> None:
+    """With the node stopped for longer than the client's timeout, the calls waiting for its
+    connections give up within that bound (not after the calls ahead of them: ten times as
+    long here) and fail as an outage, MaxConnectionsError for those that never got one, as a
+    single server's (ConnectionError) does; none gives up before it waited."""
+    timeout_s = 0.2
+    client = open_redis(redis_cluster.url, timeout_s=timeout_s, max_connections=CAP, cluster=True)
+    assert isinstance(client, RedisCluster)
+    loop = asyncio.get_running_loop()
+
+    async def timed() -> tuple[BaseException | None, float]:
+        began = loop.time()
+        try:
+            await client.get("{t}k")
+        except OUTAGE as exc:
+            return exc, loop.time() - began
+        return None, loop.time() - began
+
+    try:
+        assert await client.set("{t}k", b"v")
+        master = redis_cluster.master_of("{t}k")
+        # Stopped until every call has given up: well under the node timeout (1 s) unless
+        # the calls waited as long as the ones ahead of them.
+        master.popen.send_signal(signal.SIGSTOP)
+        try:
+            async with asyncio.timeout(10):
+                ended = await asyncio.gather(*(timed() for _ in range(CALLS)))
+        finally:
+            master.popen.send_signal(signal.SIGCONT)
+        assert all(exc is not None for exc, _ in ended), ended
+        refused = [took for exc, took in ended if isinstance(exc, MaxConnectionsError)]
+        assert refused
+        assert min(took for _, took in ended) >= timeout_s / 2, ended
+    finally:
+        await client.aclose()
+
+
+async def test_cluster_callers_that_give_up_waiting_leak_no_connection(
+    redis_cluster: RedisClusterProcs,
+) -> None:
+    """Callers that give up while their calls wait for a connection (all but the bound's,
+    here) take nothing with them: afterwards a full bound of calls is in flight at once again
+    (not one fewer for each slot a cancelled wait kept), and the calls past it wait."""
+    client = open_redis(redis_cluster.url, timeout_s=2.0, max_connections=CAP, cluster=True)
+    assert isinstance(client, RedisCluster)
+    try:
+        assert await client.set("{t}k", b"v")
+        master = redis_cluster.master_of("{t}k")
+        node = client.get_node("127.0.0.1", master.port)
+        assert node is not None
+        master.popen.send_signal(signal.SIGSTOP)
+        try:
+            await stalled_calls(lambda: client.get("{t}k"))
+        finally:
+            master.popen.send_signal(signal.SIGCONT)
+        await client.calls.settle()  # type: ignore[attr-defined]
+        await idle(client)
+
+        master.popen.send_signal(signal.SIGSTOP)
+        try:
+            answering = asyncio.gather(
+                *(client.get("{t}k") for _ in range(2 * CAP)), return_exceptions=True
+            )
+            in_use = 0
+            for _ in range(100):
+                await asyncio.sleep(0.01)
+                in_use = len(node._connections) - len(node._free)
+                if in_use == CAP:
+                    break
+        finally:
+            master.popen.send_signal(signal.SIGCONT)
+        async with asyncio.timeout(10):
+            answers = await answering
+        assert in_use == CAP
+        assert answers == [b"v"] * (2 * CAP)
+        assert len(node._connections) == CAP
     finally:
         await client.aclose()

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 from collections.abc import Coroutine, Iterable
 from contextvars import ContextVar
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, TypeAlias, TypeVar, cast
 
 import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
@@ -20,7 +20,7 @@ from redis.asyncio.connection import (
 )
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import MaxConnectionsError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeout
 from redis.maint_notifications import MaintNotificationsConfig
 
@@ -125,17 +125,26 @@ class _Calls:
     each goes on in its task to its reply, read and dropped (bounded by the socket timeout),
     and its connection goes back to the pool ready. Cancelled mid-reply, redis-py closes the
     connection (the reply stream's place is lost), and the next call pays a new connect. A call
-    given up before its command went out is cancelled, as before: nothing is sent for it."""
+    given up before its command went out is cancelled, as before: nothing is sent for it.
 
-    def __init__(self) -> None:
+    With a `bound` (a Cluster's: its nodes have no waiting pool), at most that many calls are
+    in flight at once; the next waits for one to end, at most `wait_s`, then fails as a single
+    server's pool does when none comes back (MaxConnectionsError, a ConnectionError). A call
+    holds its slot from before its command goes out to its task's end, however its caller
+    leaves."""
+
+    def __init__(self, bound: int | None = None, wait_s: float = 0.0) -> None:
         self._left: set[asyncio.Task[Any]] = set()
+        self.bound = bound
+        self.wait_s = wait_s
+        self._slots = None if bound is None else asyncio.Semaphore(bound)
 
     async def run(self, call: Coroutine[Any, Any, T]) -> T:
         """`call`'s answer; the caller's cancellation reaches it only before its command is sent."""
         if _CALL.get() is not None:
             return await call  # inside a call already (a Cluster's multi-slot command)
         sent = _Sent()
-        task = asyncio.ensure_future(_run(sent, call))
+        task = asyncio.ensure_future(_run(sent, call, self._slots, self.wait_s))
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -162,9 +171,27 @@ class _Calls:
         await self.settle()
 
 
-async def _run(sent: _Sent, call: Coroutine[Any, Any, T]) -> T:
+async def _run(
+    sent: _Sent, call: Coroutine[Any, Any, T], slots: asyncio.Semaphore | None, wait_s: float
+) -> T:
     _CALL.set(sent)  # this task's own context: what it sends marks `sent`
-    return await call
+    if slots is None:
+        return await call
+    # The slot is taken in the call's own task: a caller leaving cancels the wait (the
+    # semaphore gives back a slot it handed over meanwhile), and once taken it is given back
+    # when the call ends, once, whether it ran to its reply or was cancelled before sending.
+    try:
+        async with asyncio.timeout(wait_s):
+            await slots.acquire()
+    except BaseException as exc:
+        call.close()  # never started: nothing was sent
+        if isinstance(exc, TimeoutError):
+            raise MaxConnectionsError("No connection available.") from None
+        raise
+    try:
+        return await call
+    finally:
+        slots.release()
 
 
 class _Redis(aioredis.Redis):
@@ -217,7 +244,8 @@ class _Pipeline(_OwnedPipeline, Pipeline):  # type: ignore[misc]
 
 
 class _Cluster(RedisCluster):
-    """A Cluster's client whose calls outlive callers that gave up once sent (_Calls)."""
+    """A Cluster's client whose calls outlive callers that gave up once sent, and wait for a
+    slot with the client's bound reached (_Calls; open_redis sets the bound)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -272,10 +300,14 @@ def open_redis(
     At most `max_connections` connections are open (to each node of a Cluster). A stalled
     Redis holds each until its reply or the socket timeout, so without a bound every call
     meanwhile opened one more (thousands under load: Redis's maxclients, the router's file
-    descriptors). With all in use, a call opens none: a single server's waits for one to come
-    back, at most `timeout_s` (ConnectionError; its caller's own bound, as long, usually ends it
-    first with the TimeoutError of a call Redis did not answer); a Cluster node's fails at once
-    (redis-py's MaxConnectionsError: its nodes have no waiting pool). Either is an OUTAGE.
+    descriptors). With all in use, a call opens none: it waits for one to come back, at most
+    `timeout_s`, then fails (ConnectionError; a Cluster's MaxConnectionsError), an OUTAGE; its
+    caller's own bound, as long, usually ends it first with the TimeoutError of a call Redis
+    did not answer. redis-py's Cluster nodes have no waiting pool (past their bound a call
+    fails at once: a burst to a far but healthy Cluster was an outage), so a Cluster's client
+    waits before them: at most `max_connections` of its calls are in flight at once, to all
+    its nodes together, and a call waits for a slot (`_Calls`). A burst to one node waits as
+    for a single server; calls to other nodes wait behind it too.
     """
     common: dict[str, Any] = {
         "socket_timeout": timeout_s,
@@ -290,14 +322,18 @@ def open_redis(
         "protocol": 2,
         "maint_notifications_config": MaintNotificationsConfig(enabled=False),
         "driver_info": None,
-        # Per node in a Cluster (ClusterNode.acquire_connection), per pool for a single server.
+        # Per pool for a single server; per node in a Cluster (ClusterNode.acquire_connection,
+        # which fails at once past it), where the client's calls wait for a slot first
+        # (_Calls): a node reaches it only with every call of the client in flight there.
         "max_connections": max_connections,
     }
     connection_class = _connection_class(url)
     if cluster:
         # A master killed: its slots answer MOVED/connection errors until the replica takes
         # over; the cluster client refreshes its slot map, the caller sees an outage meanwhile.
-        client = _Cluster.from_url(url, **common)
+        client = cast(_Cluster, _Cluster.from_url(url, **common))  # from_url builds `cls`
+        # Its nodes fail at once past their bound: its calls wait for one of as many slots.
+        client.calls = _Calls(bound=max_connections, wait_s=timeout_s)
         # Its nodes (those known now, and those it learns) connect the same way.
         manager = client.nodes_manager
         manager.connection_kwargs["connection_class"] = connection_class
