@@ -137,8 +137,10 @@ async def test_outage_degrades_warns_once_and_recovers(
         (STREAM_KEY, {}),
         (STREAM_KEY, {"stream": True, "chunks": (b"x" * 1000,) * 5}),
         # Whole events replayed joined: one cut short would run into the next.
-        (STREAM_KEY, {"stream": True, "framed": True, "chunks": (b"data: {}\n\n", b"data: {")}),
-        (STREAM_KEY, {"stream": True, "framed": True, "chunks": (b"",)}),
+        (STREAM_KEY, {"stream": True, "chunks": (b"data: {}\n\n", b"data: {")}),
+        (STREAM_KEY, {"stream": True, "chunks": (b"",)}),
+        # Data payloads (what the older format, version 1, held) are no events.
+        (STREAM_KEY, {"stream": True, "chunks": (b"{}", b"{}")}),
     ],
     ids=[
         "status-500",
@@ -151,8 +153,9 @@ async def test_outage_degrades_warns_once_and_recovers(
         "stream-under-body-key",
         "body-under-stream-key",
         "oversized-stream",
-        "framed-event-cut-short",
-        "framed-empty-event",
+        "event-cut-short",
+        "empty-event",
+        "payloads-not-events",
     ],
 )
 async def test_an_implausible_entry_is_a_miss(
@@ -182,7 +185,7 @@ async def test_entries_at_the_size_bound_are_hits(redis_proc: Proc) -> None:
         stream = msgspec.structs.replace(
             entry(),
             body=b"",
-            chunks=(b"{}",) * (MAX_ENTRY // 2),
+            chunks=(b"\n\n",) * (MAX_ENTRY // 2),
             stream=True,
             content_type="text/event-stream; charset=utf-8",
         )
@@ -193,29 +196,20 @@ async def test_entries_at_the_size_bound_are_hits(redis_proc: Proc) -> None:
         await tier.close()
 
 
-async def test_a_stream_of_whole_events_and_an_older_routers_of_payloads_are_hits(
-    tier: RedisTier,
-) -> None:
-    # This router stores a stream's whole events as relayed (fields, comments, line endings);
-    # routers before it stored a chat stream's data payloads: both are read (same version).
+async def test_a_stream_of_whole_events_is_a_hit(tier: RedisTier) -> None:
+    # A stream is stored as its whole events as relayed (fields, comments, line endings).
     events = (b": hi\r\n\r\n", b"retry: 3000\r\n\r\n", b"id: 1\r\ndata: {}\r\n\r\n")
-    for key, chunks, framed in ((b"new", events, True), (b"old", (b"{}", b"{}"), False)):
-        e = msgspec.structs.replace(
-            entry(),
-            body=b"",
-            chunks=chunks,
-            stream=True,
-            framed=framed,
-            content_type="text/event-stream",
-        )
-        stream_key = storage_key(key * 4, endpoint="/v1/chat/completions", stream=True)
-        assert await tier.put(stream_key, e)
-        assert await tier.get(stream_key, "t", "m") == e
+    e = msgspec.structs.replace(
+        entry(), body=b"", chunks=events, stream=True, content_type="text/event-stream"
+    )
+    stream_key = storage_key(b"new" * 4, endpoint="/v1/chat/completions", stream=True)
+    assert await tier.put(stream_key, e)
+    assert await tier.get(stream_key, "t", "m") == e
 
 
 def test_a_small_value_that_inflates_past_the_bound_is_not_inflated() -> None:
     # 8 MB of zeros compress to about 8 KB: inflating such a value whole stalled the loop.
-    bomb = b"RC\x01" + zlib.compress(msgspec.msgpack.encode(entry(body=bytes(8 << 20))), 9)
+    bomb = b"RC\x02" + zlib.compress(msgspec.msgpack.encode(entry(body=bytes(8 << 20))), 9)
     assert len(bomb) < 16 << 10
     assert decode_entry(bomb, MAX_ENTRY) is None
     assert decode_entry(bomb, 8 << 20) is not None

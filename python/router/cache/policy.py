@@ -39,7 +39,8 @@ class XCache(StrEnum):
 
 
 class Entry(msgspec.Struct, frozen=True, kw_only=True):
-    """A response as the upstream produced it: a body, or the SSE events of a stream."""
+    """A response as the upstream produced it: a body, or the SSE events of a stream (`chunks`:
+    whole events, byte for byte as the live relay sent them)."""
 
     namespace: str
     model: str
@@ -53,10 +54,6 @@ class Entry(msgspec.Struct, frozen=True, kw_only=True):
     # with the answer's other headers (a refusal's Retry-After, say).
     status: int = 200
     headers: tuple[tuple[str, str], ...] = ()
-    # `chunks` are whole SSE events, byte for byte as relayed (every stream this router
-    # stores); unframed, they are data payloads to frame again: a chat or completions entry an
-    # older router wrote to the shared tier, replayed as it would have replayed it.
-    framed: bool = False
 
     def size(self) -> int:
         """Approximate bytes this entry holds in memory."""
@@ -364,6 +361,16 @@ class StreamRecorder:
             else:
                 self._add(event, sse.data_of(event))
         return events
+
+    def close(self) -> list[bytes]:
+        """At the stream's end: an event held back for a CR LF that never came (it ended with
+        LF then CR, a whole event as the relay read it), recorded now; the events that were."""
+        tail, self._tail = self._tail, b""
+        if not tail or not sse.whole_event(tail):
+            self._tail = tail  # cut inside an event: never complete
+            return []
+        self._add(tail, sse.data_of(tail))
+        return [tail]
 
     def _add(self, event: bytes, payload: bytes | None) -> None:
         """Record one whole event and its data payload (None: it has none)."""

@@ -19,7 +19,9 @@ from router.net.redis_client import MAX_CONNECTIONS, OUTAGE, TIMEOUTS, open_redi
 log = logging.getLogger("router")
 
 MAGIC = b"RC"
-VERSION = 1
+# 2: a stream's chunks are its whole events as relayed (1 held a chat stream's data payloads;
+# a router of either version never reads the other's keys or envelopes).
+VERSION = 2
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Entry)
 
@@ -35,8 +37,8 @@ def decode_entry(blob: bytes, max_bytes: int) -> Entry | None:
     a thousandfold: decompressing it whole would stall the event loop)."""
     if len(blob) < 3 or blob[:2] != MAGIC or blob[2] != VERSION:
         return None
-    # The payload is at most max_bytes; msgpack frames a chunk in fewer bytes than the SSE
-    # framing it was recorded with, and the names are short.
+    # The payload is at most max_bytes; msgpack adds two bytes to a short chunk (a whole event:
+    # two bytes at least), so at most doubles it, and the names are short.
     cap = 2 * max_bytes + 65536
     inflate = zlib.decompressobj()
     try:
@@ -57,9 +59,8 @@ _MEDIA_TYPE = re.compile(
 def plausible(entry: Entry, *, namespace: str, model: str, stream: bool, max_bytes: int) -> bool:
     """Whether a decoded entry is one this router could have stored under the key asked for:
     a 200 in the key's form (stream or body), a sane content type, within `max_bytes`, a
-    stream's events (framed) each whole. Anything else in Redis is corrupt or foreign, and
-    replaying it would answer garbage. (A stream of data payloads, unframed, is what routers
-    before whole-event entries stored for chat and completions: still replayed, as they did.)"""
+    stream's events each whole. Anything else in Redis is corrupt or foreign, and replaying it
+    would answer garbage."""
     size = len(entry.body) + sum(len(c) for c in entry.chunks)
     return (
         entry.namespace == namespace
@@ -68,12 +69,12 @@ def plausible(entry: Entry, *, namespace: str, model: str, stream: bool, max_byt
         and entry.stream == stream
         and size <= max_bytes
         and _MEDIA_TYPE.fullmatch(entry.content_type) is not None
-        and (not entry.framed or all(map(sse.whole_event, entry.chunks)))
+        and all(map(sse.whole_event, entry.chunks))
     )
 
 
 def redis_key(prefix: str, key: bytes, namespace: str, model: str) -> str:
-    """`prefix:v1:<namespace>:<model>:<hex>`; quoting keeps `:` and glob characters out of parts."""
+    """`prefix:v<VERSION>:<namespace>:<model>:<hex>`; quoting keeps `:` and globs out of parts."""
     return f"{prefix}:v{VERSION}:{quote(namespace, safe='')}:{quote(model, safe='')}:{key.hex()}"
 
 

@@ -214,6 +214,10 @@ class Tap:
         is two regions' answer (a continued stream): shared with followers, never stored."""
         if not clean:
             self._recorder.fail()
+        last = self._recorder.close()
+        if self._flight is not None:
+            for event in last:
+                self._flight.publish(event)
         entry = self._entry(chunks=tuple(self._recorder.chunks), stream=True)
         # A fallback model's answer is not the answer to the model asked for: never stored.
         store = storable and self._store and self.ctx.fallback is None
@@ -281,7 +285,6 @@ class Tap:
             body=body,
             chunks=chunks,
             stream=stream,
-            framed=stream,
         )
 
 
@@ -495,11 +498,7 @@ async def _replay(
         return web.Response(status=entry.status, body=entry.body, headers=headers)
     resp = StreamResponse(headers={**SSE_HEADERS, "X-Request-Id": ctx.request_id})
     await resp.prepare(request)
-    if entry.framed:
-        data = b"".join(entry.chunks)
-    else:
-        # Payloads an older router stored in the shared tier: framed again as it replayed them.
-        data = b"".join(sse.encode(c) for c in entry.chunks) + sse.encode_done()
+    data = b"".join(entry.chunks)
     if ctx.meter is not None:
         ctx.meter.feed(data)  # settled as a live stream is: its usage event, else its text
     # Headers, events and the chunked terminator in one write.

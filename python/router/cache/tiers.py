@@ -157,7 +157,6 @@ class ResponseCache:
         body: bytes = b"",
         chunks: tuple[bytes, ...] = (),
         stream: bool = False,
-        framed: bool = False,
     ) -> Entry:
         """An entry created now, expiring after the rule's TTL."""
         now = self.clock()
@@ -170,7 +169,6 @@ class ResponseCache:
             body=body,
             chunks=chunks,
             stream=stream,
-            framed=framed,
         )
 
     def count(self, outcome: XCache) -> None:

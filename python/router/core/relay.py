@@ -194,6 +194,9 @@ async def relay_stream(
     state = ctx.dialect.tracker()
     ctx.reported = state.usage
     complete = False
+    # Every choice finished, then the region's connection broke: whole for the client and
+    # for the cache's readers, but the connection is not reused.
+    whole_then_broke = False
     # Whether another region finished the stream (a continuation after a break).
     continued = False
     # Whether the rest of the stream went to a background reader (the client left, others read).
@@ -316,6 +319,7 @@ async def relay_stream(
                 # [DONE], junk after the last chunk): the answer is whole; nothing to resume.
                 if state.owes_done:
                     await send(DONE_EVENT)
+                whole_then_broke = True
                 log.warning(
                     "request %s: %s's connection broke after a complete stream: %s",
                     ctx.request_id,
@@ -396,7 +400,7 @@ async def relay_stream(
     finally:
         if not handed:
             if tap is not None:
-                tap.end(complete or continued, storable=not continued)
+                tap.end(complete or continued or whole_then_broke, storable=not continued)
             if complete:
                 upstream.release()
             else:

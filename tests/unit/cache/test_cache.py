@@ -371,9 +371,10 @@ def test_redis_envelope_round_trips_and_rejects_other_versions() -> None:
         stream=True,
     )
     blob = encode_entry(e)
-    assert blob.startswith(b"RC\x01")
+    assert blob.startswith(b"RC\x02")
     assert decode_entry(blob, 1 << 20) == e
-    assert decode_entry(b"RC\x02" + blob[3:], 1 << 20) is None
+    assert decode_entry(b"RC\x01" + blob[3:], 1 << 20) is None
+    assert decode_entry(b"RC\x03" + blob[3:], 1 << 20) is None
     assert decode_entry(blob[:-3], 1 << 20) is None
     assert decode_entry(blob + b"x", 1 << 20) is None
     assert decode_entry(b"", 1 << 20) is None
@@ -388,7 +389,7 @@ def test_a_stored_form_is_read_back_from_its_key() -> None:
 
 
 def test_redis_key_quotes_separators() -> None:
-    assert redis_key("p", b"\x00\xff", "a:b", "m*") == "p:v1:a%3Ab:m%2A:00ff"
+    assert redis_key("p", b"\x00\xff", "a:b", "m*") == "p:v2:a%3Ab:m%2A:00ff"
 
 
 @given(

@@ -11,12 +11,11 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-import msgspec
 import pytest
 from multidict import CIMultiDict
 
 from router.cache.policy import StreamRecorder
-from router.cache.redis_tier import decode_entry, encode_entry, plausible
+from router.cache.redis_tier import VERSION, decode_entry, encode_entry, plausible, redis_key
 from router.core.request import CHAT, COMPLETIONS, MESSAGES, RESPONSES
 from router.core.transport import LocalReply
 from router.net import sse
@@ -163,22 +162,73 @@ async def test_a_region_without_done_gets_the_routers_in_the_replay_too() -> Non
     assert hit == miss
 
 
-async def test_an_older_routers_entry_of_payloads_still_replays_as_it_did() -> None:
-    # Routers before whole-event entries stored a chat stream's data payloads (unframed) in
-    # the shared tier: such an entry is still a right answer, framed again as they framed it.
+@pytest.mark.parametrize("endpoint", [CHAT, MESSAGES])
+async def test_a_last_event_ended_by_lf_then_cr_reaches_followers_and_is_stored(
+    endpoint: str,
+) -> None:
+    # A lone CR after the last line's LF is a blank line (legal SSE), then a stray byte: the
+    # relay sends the last event whole; the recorder held it for a CR LF and must let it go.
+    events = framed(endpoint, "lf")
+    events[-1] = events[-1][:-1] + b"\r\r"
+    release = asyncio.Event()
+    async with cached({"a": region(events, release)}) as (client, cache, transports):
+        answers = asyncio.create_task(burst(client, endpoint, ask(endpoint), 2))
+        await joined(cache, 1)
+        release.set()
+        got = await answers
+        async with client.post(endpoint, json=ask(endpoint)) as resp:
+            assert resp.headers["x-cache"] == "HIT"
+            hit = await resp.read()
+    assert len(transports["a"].requests) == 1
+    live = b"".join(events)[:-1]  # all but the stray CR
+    assert [a[4] for a in got] == [live, live]
+    assert hit == live
+
+
+async def test_a_region_that_breaks_after_a_complete_stream_gives_followers_the_whole_answer() -> (
+    None
+):
+    # Every choice finished and [DONE] relayed, then the region's connection reset: the leader's
+    # client has a whole answer, and so do its followers (and the entry is stored).
     events = framed(CHAT, "lf")
-    async with cached({"a": region(events)}) as (client, cache, _):
-        async with client.post(CHAT, json=ask(CHAT)) as resp:
-            await resp.read()
-        ((key, entry),) = cache.memory._entries.items()
-        assert entry.framed
-        payloads = [p for e in entry.chunks if (p := sse.data_of(e)) not in (None, sse.DONE)]
-        old = msgspec.structs.replace(entry, chunks=tuple(payloads), framed=False)
-        cache.memory.put(key, old)
+    release = asyncio.Event()
+
+    async def handle(path: str, raw: bytes, headers: CIMultiDict[str]) -> LocalReply:
+        async def chunks() -> AsyncIterator[bytes]:
+            yield events[0]
+            await release.wait()
+            for event in events[1:]:
+                yield event
+            await asyncio.sleep(0.01)
+            raise ConnectionResetError("reset after [DONE]")
+
+        return LocalReply(200, SSE, chunks())
+
+    async with cached({"a": handle}) as (client, cache, transports):
+        answers = asyncio.create_task(burst(client, CHAT, ask(CHAT), 2))
+        await joined(cache, 1)
+        release.set()
+        got = await answers
         async with client.post(CHAT, json=ask(CHAT)) as resp:
             assert resp.headers["x-cache"] == "HIT"
             hit = await resp.read()
-    assert hit == b"".join(map(sse.encode, payloads)) + b"data: [DONE]\n\n"
+    assert len(transports["a"].requests) == 1
+    assert [a[4] for a in got] == [b"".join(events)] * 2
+    assert hit == b"".join(events)
+
+
+def test_entries_of_the_older_format_are_never_read() -> None:
+    # Version 1 held a chat stream's data payloads: read as whole events they would replay
+    # garbage, and a version-1 router would frame this version's events again. Neither reads
+    # the other's keys or envelopes.
+    entry = sse_entry(tuple(framed(CHAT, "lf")))
+    blob = encode_entry(entry)
+    assert blob[2] == VERSION == 2
+    assert decode_entry(blob, 1 << 20) == entry
+    assert decode_entry(blob[:2] + bytes([1]) + blob[3:], 1 << 20) is None
+    assert ":v2:" in redis_key("rc", b"k", "t", "m")
+    payloads = sse_entry((b'{"choices":[]}', b"{}"))
+    assert not plausible(payloads, namespace="t", model="m", stream=True, max_bytes=1 << 20)
 
 
 @pytest.mark.parametrize("typed", [False, True], ids=["chat", "typed"])
@@ -213,19 +263,16 @@ def test_what_follows_the_end_of_a_recorded_stream() -> None:
 
 def test_a_shared_entry_of_whole_events_is_plausible_and_one_cut_short_is_not() -> None:
     chunks = tuple(framed(MESSAGES, "cr"))
-    entry = sse_entry(chunks, framed=True)
+    entry = sse_entry(chunks)
     blob = encode_entry(entry)
     assert decode_entry(blob, 1 << 20) == entry
     assert plausible(entry, namespace="t", model="m", stream=True, max_bytes=1 << 20)
-    # An older router's entry of payloads (unframed) is read as before.
-    old = sse_entry((b'{"choices":[]}', b"{}"), framed=False)
-    assert plausible(old, namespace="t", model="m", stream=True, max_bytes=1 << 20)
     for bad in ((*chunks[:-1], chunks[-1][:-1]), (b"",), (b"data: {}\n\ndata: {",)):
-        cut = sse_entry(bad, framed=True)
+        cut = sse_entry(bad)
         assert not plausible(cut, namespace="t", model="m", stream=True, max_bytes=1 << 20)
 
 
-def sse_entry(chunks: tuple[bytes, ...], *, framed: bool) -> Any:
+def sse_entry(chunks: tuple[bytes, ...]) -> Any:
     from router.cache.policy import Entry
 
     return Entry(
@@ -236,5 +283,4 @@ def sse_entry(chunks: tuple[bytes, ...], *, framed: bool) -> Any:
         expires=2.0,
         chunks=chunks,
         stream=True,
-        framed=framed,
     )
