@@ -533,8 +533,7 @@ def _alive(kind: type) -> int:
 async def test_an_exchange_leaves_no_reference_cycle(serve) -> None:  # type: ignore[no-untyped-def]
     """Refcounting frees every answered exchange, read to its end or abandoned: a cycle per
     request would leave the collector tens of thousands of objects to find at a time (a pause
-    of tens of ms). A failed exchange (its error's traceback holds the body) and a closed
-    connection (its parser holds it) are left to the collector: they are rare."""
+    of tens of ms)."""
 
     async def script(request: bytes, writer: asyncio.StreamWriter) -> None:
         writer.write(_answer(b'{"ok":1}', b"X-Region: a"))
@@ -583,6 +582,54 @@ async def test_a_closed_connection_leaves_no_reference_cycle(serve) -> None:  # 
         del resp
         await asyncio.sleep(0.05)  # the transports' closing callbacks
         assert _alive(http1._Connection) == before
+    finally:
+        gc.enable()
+    await pool.close()
+
+
+async def test_a_failed_exchange_leaves_no_reference_cycle(serve) -> None:  # type: ignore[no-untyped-def]
+    """A failed exchange is freed by refcounting too: the error raised is never the one the
+    exchange keeps (the raised one's traceback holds frames that hold the response, whose body
+    would hold it back): a region that resets, stalls or answers junk costs the collector
+    nothing, before its head or in its body."""
+
+    async def script(request: bytes, writer: asyncio.StreamWriter) -> None:
+        if request.startswith(b"POST /silent "):
+            return  # the request's total deadline passes
+        if request.startswith(b"POST /cut "):
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nhalf")
+            await writer.drain()
+        elif request.startswith(b"POST /fields "):
+            writer.write(b"HTTP/1.1 200 OK\r\n" + b"X-Field: 1\r\n" * 200 + b"\r\n")
+            await writer.drain()
+        assert writer.transport is not None
+        writer.transport.abort()
+
+    _, url = await serve(script)
+    pool = _pool(url, total_timeout=0.2)
+
+    async def fail(path: str) -> str:
+        try:
+            resp = await pool.post(path, b"{}", [])
+            try:
+                await _read_all(resp)
+            finally:
+                resp.close()
+        except (http1.ClientError, TimeoutError) as exc:
+            return type(exc).__name__
+        return "answered"
+
+    gc.collect()
+    gc.disable()
+    try:
+        before = (_alive(http1.Response), _alive(http1._Connection))
+        for _ in range(3):
+            assert await fail("/reset") == "ClientError"
+            assert await fail("/cut") == "ClientError"
+            assert await fail("/fields") == "HeadTooLarge"
+            assert await fail("/silent") == "TotalDeadline"
+        await asyncio.sleep(0.05)  # the transports' closing callbacks
+        assert (_alive(http1.Response), _alive(http1._Connection)) == before
     finally:
         gc.enable()
     await pool.close()

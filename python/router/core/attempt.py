@@ -13,6 +13,7 @@ import math
 import random
 import re
 import time
+import traceback
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -721,52 +722,67 @@ class Attempts:
         last: AttemptError | None = None
         tries: dict[str, int] = {}
         failures: dict[str, AttemptError] = {}
-        while True:
-            upstream, delay = self._next(tries, failures)
-            if upstream is None:
-                break
-            if last is not None:
-                ctx.free_retry = last.kind in _FREE or (
-                    last.kind == FailureKind.DISCONNECT and upstream.name != last.region
-                )
-            if not gate(ctx):
-                break
-            if delay > 0:
-                await asyncio.sleep(delay)
-            ctx.attempts += 1
-            ctx.region = upstream.name
-            tries[upstream.name] = tries.get(upstream.name, 0) + 1
-            began = time.perf_counter()
-            try:
-                opened = await opener(upstream)
-            except AttemptError as exc:
-                # A hedge that failed at both regions raises the failure of one of them.
-                failed = self._named(exc.region, upstream)
-                self.observe(failed, exc, time.perf_counter() - began)
-                ctx.last_failure = exc.kind
-                if exc.kind == FailureKind.SPILL:
-                    ctx.spills += 1  # no region saw it: not one of max_attempts
-                # (Not for a 503: regions behind one ingress send the same page while shedding.)
-                repeated = (
-                    last is not None
-                    and exc.kind == last.kind == FailureKind.STATUS
-                    and exc.status == last.status
-                    and exc.status != _SHEDDING
-                    and exc.body == last.body
-                    and exc.region != last.region
-                )
-                last = failures[failed.name] = exc
-                if not exc.retryable or repeated:
-                    # Two regions with the same answer: the request, not the region, decides it.
+        try:
+            while True:
+                upstream, delay = self._next(tries, failures)
+                if upstream is None:
                     break
-                log.warning("request %s: attempt %d failed: %s", ctx.request_id, ctx.attempts, exc)
-                continue
-            # opened.upstream: a hedged attempt may have been won by another region.
-            self.observe(opened.upstream, None, time.perf_counter() - began)
-            return opened
-        if last is None:
-            raise AttemptError("-", FailureKind.CONNECT, "no candidate regions", retryable=False)
-        raise last
+                if last is not None:
+                    ctx.free_retry = last.kind in _FREE or (
+                        last.kind == FailureKind.DISCONNECT and upstream.name != last.region
+                    )
+                if not gate(ctx):
+                    break
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                ctx.attempts += 1
+                ctx.region = upstream.name
+                tries[upstream.name] = tries.get(upstream.name, 0) + 1
+                began = time.perf_counter()
+                try:
+                    opened = await opener(upstream)
+                except AttemptError as exc:
+                    # The frames it left are done: their locals (a hedge's race holds the tasks
+                    # that hold their failures) go now, or it holds itself through them.
+                    traceback.clear_frames(exc.__traceback__)
+                    # A hedge that failed at both regions raises the failure of one of them.
+                    failed = self._named(exc.region, upstream)
+                    self.observe(failed, exc, time.perf_counter() - began)
+                    ctx.last_failure = exc.kind
+                    if exc.kind == FailureKind.SPILL:
+                        ctx.spills += 1  # no region saw it: not one of max_attempts
+                    # (Not for a 503: regions behind one ingress send the same page while
+                    # shedding.)
+                    repeated = (
+                        last is not None
+                        and exc.kind == last.kind == FailureKind.STATUS
+                        and exc.status == last.status
+                        and exc.status != _SHEDDING
+                        and exc.body == last.body
+                        and exc.region != last.region
+                    )
+                    last = failures[failed.name] = exc
+                    if not exc.retryable or repeated:
+                        # Two regions with the same answer: the request, not the region,
+                        # decides it.
+                        break
+                    log.warning(
+                        "request %s: attempt %d failed: %s", ctx.request_id, ctx.attempts, exc
+                    )
+                    continue
+                # opened.upstream: a hedged attempt may have been won by another region.
+                self.observe(opened.upstream, None, time.perf_counter() - began)
+                return opened
+            if last is None:
+                raise AttemptError(
+                    "-", FailureKind.CONNECT, "no candidate regions", retryable=False
+                )
+            raise last
+        finally:
+            # The failures' tracebacks hold this frame, which held them: a cycle per failed
+            # attempt (holding the request's objects) for the collector. Let go of them here.
+            last = None
+            failures.clear()
 
     def _named(self, name: str, default: Upstream) -> Upstream:
         """The candidate called `name` (`default` when none is)."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import copy
 import ssl
 import time
 from collections.abc import Callable, Iterable
@@ -51,6 +52,13 @@ class TotalDeadline(TimeoutError):
 
 class HeadTooLarge(ClientError):
     """The region's response head (or its trailers) passed the pool's size or count bound."""
+
+
+def _fresh(error: BaseException) -> BaseException:
+    """A copy of an exchange's stored error, to raise: raised itself, it would hold in its
+    traceback the frames that hold the body or response holding it, a cycle per failed
+    exchange (with everything those frames hold) left to the cycle collector."""
+    return copy.copy(error)
 
 
 def _head_size(fields: list[tuple[bytes, bytes]]) -> int:
@@ -297,7 +305,7 @@ class Body:
         """The next bytes of the body; b"" once it ended; raises if it broke."""
         while not self._buffer:
             if self.error is not None:
-                raise self.error
+                raise _fresh(self.error)
             if self.complete:
                 # The reader has seen the end: the connection can serve the next request.
                 response = self._conn.response
@@ -366,11 +374,11 @@ class Response:
         self._cancel_deadline()
 
     def fail(self, exc: BaseException) -> None:
-        if not self._head.done():
-            self._head.set_exception(exc)
-            # Nobody may be waiting on it (the request was abandoned): don't log it.
-            self._head.exception()
+        # The head's waiter (Pool.post) finds the error on the body: a future holding it would
+        # raise it itself, into frames that hold this response (see _fresh).
         self.content.end(exc)
+        if not self._head.done():
+            self._head.set_result(None)
         self._cancel_deadline()
 
     def _expire(self) -> None:
@@ -499,6 +507,9 @@ class Pool:
             try:
                 conn.send(data, response)
                 await response._head
+                error = response.content.error
+                if error is not None and not response.status:
+                    raise _fresh(error)  # it failed before its head
             except ClientError:
                 response.close()
                 if not reused or conn.answered:

@@ -43,11 +43,12 @@ class _TaskTimer:
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
-        if (
-            self._expired
-            and self._task.uncancel() <= self._cancelling
-            and exc_type is asyncio.CancelledError
-        ):
+        expired = self._expired and self._task.uncancel() <= self._cancelling
+        # Not kept past the block (nor in this frame, which the TimeoutError holds): a task
+        # that ends with an error raised in it (a hedge's attempt) keeps that error, whose
+        # frames hold this timer: a cycle per failed attempt.
+        del self._task
+        if expired and exc_type is asyncio.CancelledError:
             raise TimeoutError from exc
 
 
