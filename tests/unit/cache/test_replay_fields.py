@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from functools import partial
 from typing import Any
 
 import pytest
@@ -19,7 +20,7 @@ from router.cache.redis_tier import VERSION, decode_entry, encode_entry, plausib
 from router.core.request import CHAT, COMPLETIONS, MESSAGES, RESPONSES
 from router.core.transport import LocalReply
 from router.net import sse
-from tests.unit.cache.test_coalesced import burst, cached, joined
+from tests.unit.cache.test_coalesced import Answer, burst, cached, joined
 from tests.unit.core.test_pipeline import SSE, Handler
 
 BODIES: dict[str, dict[str, Any]] = {
@@ -127,13 +128,16 @@ async def test_a_hit_replays_the_bytes_the_live_relay_sent(endpoint: str, eol: s
     assert hit == miss
 
 
-@pytest.mark.parametrize("endpoint", ENDPOINTS)
-async def test_a_coalesced_follower_gets_the_bytes_its_leader_got(endpoint: str) -> None:
+async def coalesced(
+    make: Callable[[asyncio.Event], Handler], endpoint: str, followers: int
+) -> tuple[list[Answer], bytes]:
+    """A leader and `followers` coalesced behind it at the region `make(release)` makes (it
+    holds its answer until `release`), then a later hit; their answers and the hit's body
+    (the region asked once)."""
     release = asyncio.Event()
-    events = framed(endpoint, "lf")
-    async with cached({"a": region(events, release)}) as (client, cache, transports):
-        answers = asyncio.create_task(burst(client, endpoint, ask(endpoint), 3))
-        await joined(cache, 2)
+    async with cached({"a": make(release)}) as (client, cache, transports):
+        answers = asyncio.create_task(burst(client, endpoint, ask(endpoint), 1 + followers))
+        await joined(cache, followers)
         release.set()
         got = await answers
         # And a later hit, from the entry the flight stored.
@@ -141,6 +145,13 @@ async def test_a_coalesced_follower_gets_the_bytes_its_leader_got(endpoint: str)
             assert resp.headers["x-cache"] == "HIT"
             hit = await resp.read()
     assert len(transports["a"].requests) == 1
+    return got, hit
+
+
+@pytest.mark.parametrize("endpoint", ENDPOINTS)
+async def test_a_coalesced_follower_gets_the_bytes_its_leader_got(endpoint: str) -> None:
+    events = framed(endpoint, "lf")
+    got, hit = await coalesced(partial(region, events), endpoint, 2)
     assert sorted(a[3] or "" for a in got) == ["HIT", "HIT", "MISS"]
     for answer in got:
         assert answer[4] == b"".join(events)
@@ -170,16 +181,7 @@ async def test_a_last_event_ended_by_lf_then_cr_reaches_followers_and_is_stored(
     # relay sends the last event whole; the recorder held it for a CR LF and must let it go.
     events = framed(endpoint, "lf")
     events[-1] = events[-1][:-1] + b"\r\r"
-    release = asyncio.Event()
-    async with cached({"a": region(events, release)}) as (client, cache, transports):
-        answers = asyncio.create_task(burst(client, endpoint, ask(endpoint), 2))
-        await joined(cache, 1)
-        release.set()
-        got = await answers
-        async with client.post(endpoint, json=ask(endpoint)) as resp:
-            assert resp.headers["x-cache"] == "HIT"
-            hit = await resp.read()
-    assert len(transports["a"].requests) == 1
+    got, hit = await coalesced(partial(region, events), endpoint, 1)
     live = b"".join(events)[:-1]  # all but the stray CR
     assert [a[4] for a in got] == [live, live]
     assert hit == live
@@ -191,28 +193,22 @@ async def test_a_region_that_breaks_after_a_complete_stream_gives_followers_the_
     # Every choice finished and [DONE] relayed, then the region's connection reset: the leader's
     # client has a whole answer, and so do its followers (and the entry is stored).
     events = framed(CHAT, "lf")
-    release = asyncio.Event()
 
-    async def handle(path: str, raw: bytes, headers: CIMultiDict[str]) -> LocalReply:
-        async def chunks() -> AsyncIterator[bytes]:
-            yield events[0]
-            await release.wait()
-            for event in events[1:]:
-                yield event
-            await asyncio.sleep(0.01)
-            raise ConnectionResetError("reset after [DONE]")
+    def resetting(release: asyncio.Event) -> Handler:
+        async def handle(path: str, raw: bytes, headers: CIMultiDict[str]) -> LocalReply:
+            async def chunks() -> AsyncIterator[bytes]:
+                yield events[0]
+                await release.wait()
+                for event in events[1:]:
+                    yield event
+                await asyncio.sleep(0.01)
+                raise ConnectionResetError("reset after [DONE]")
 
-        return LocalReply(200, SSE, chunks())
+            return LocalReply(200, SSE, chunks())
 
-    async with cached({"a": handle}) as (client, cache, transports):
-        answers = asyncio.create_task(burst(client, CHAT, ask(CHAT), 2))
-        await joined(cache, 1)
-        release.set()
-        got = await answers
-        async with client.post(CHAT, json=ask(CHAT)) as resp:
-            assert resp.headers["x-cache"] == "HIT"
-            hit = await resp.read()
-    assert len(transports["a"].requests) == 1
+        return handle
+
+    got, hit = await coalesced(resetting, CHAT, 1)
     assert [a[4] for a in got] == [b"".join(events)] * 2
     assert hit == b"".join(events)
 
