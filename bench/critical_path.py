@@ -187,10 +187,13 @@ def _instrument(stamps: _Stamps, stream: bool) -> None:
         setattr(http_writer.StreamWriter, name, around(write, 5, 6))
 
 
-def floor_app(region: str) -> web.Application:
+def floor_app(region: str, total_timeout: float | None) -> web.Application:
     """The floor: read the body, post it to `region` through net.http1, relay the answer whole
     (or chunk by chunk if SSE), with none of the router's checks, headers or bookkeeping."""
-    pool = http1.Pool(region, limit=64, keepalive_s=60.0, connect_timeout=None, total_timeout=None)
+    # The exchange's total deadline, as the router's pools have it (a timer per request).
+    pool = http1.Pool(
+        region, limit=64, keepalive_s=60.0, connect_timeout=None, total_timeout=total_timeout
+    )
 
     async def handle(request: web.Request) -> web.StreamResponse:
         body = await request.read()
@@ -219,7 +222,7 @@ def floor_app(region: str) -> web.Application:
         await pool.close()
 
     app = web.Application()
-    app.router.add_post("/{tail:.*}", handle)
+    app.router.add_post("/v1/chat/completions", handle)  # the one path the bench asks
     app.on_cleanup.append(close)
     return app
 
@@ -233,7 +236,7 @@ def serve_floor(config_path: str) -> None:
         gctune.tune(config.server.gc_gen0_threshold)  # the router's GC settings, as router-core
 
     async def run() -> None:
-        runner = make_runner(floor_app(region), config)
+        runner = make_runner(floor_app(region, config.timeouts.total), config)
         await run_until_signal(runner, config.server.listen, extra=started)
 
     uvloop.run(run())

@@ -743,7 +743,10 @@ class Attempts:
                     opened = await opener(upstream)
                 except AttemptError as exc:
                     # The frames it left are done: their locals (a hedge's race holds the tasks
-                    # that hold their failures) go now, or it holds itself through them.
+                    # that hold their failures) go now, or it holds itself through them. (Only
+                    # finished frames may be in it: clearing a suspended coroutine's frame would
+                    # close that coroutine. An opener raises failures it made, never one a
+                    # coroutine still running caught and keeps; this frame's own is skipped.)
                     traceback.clear_frames(exc.__traceback__)
                     # A hedge that failed at both regions raises the failure of one of them.
                     failed = self._named(exc.region, upstream)

@@ -22,7 +22,7 @@ class _TaskTimer:
         task = asyncio.current_task(self._given)
         if task is None:
             raise RuntimeError(f"{type(self).__name__} must be used inside a task")
-        self._task = task
+        self._task: asyncio.Task[object] | None = task
         self._cancelling = task.cancelling()
         self._expired = False
         self._handle: asyncio.TimerHandle | None = None
@@ -31,8 +31,11 @@ class _TaskTimer:
 
     def _expire(self) -> None:
         self._handle = None
+        task = self._task
+        if task is None:
+            return  # a timer set again after its block ended (`reset`): no task to stop
         self._expired = True
-        self._task.cancel()  # the task leaves its wait; __aexit__ makes it TimeoutError
+        task.cancel()  # the task leaves its wait; __aexit__ makes it TimeoutError
 
     async def __aexit__(
         self,
@@ -43,11 +46,12 @@ class _TaskTimer:
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
-        expired = self._expired and self._task.uncancel() <= self._cancelling
+        task, self._task = self._task, None
+        expired = self._expired and task is not None and task.uncancel() <= self._cancelling
         # Not kept past the block (nor in this frame, which the TimeoutError holds): a task
         # that ends with an error raised in it (a hedge's attempt) keeps that error, whose
         # frames hold this timer: a cycle per failed attempt.
-        del self._task
+        del task
         if expired and exc_type is asyncio.CancelledError:
             raise TimeoutError from exc
 

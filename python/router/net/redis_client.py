@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from contextvars import ContextVar
+from functools import partial
 from typing import Any, TypeAlias, TypeVar, cast
 
 import redis.asyncio as aioredis
@@ -139,12 +140,14 @@ class _Calls:
         self.wait_s = wait_s
         self._slots = None if bound is None else asyncio.Semaphore(bound)
 
-    async def run(self, call: Coroutine[Any, Any, T]) -> T:
-        """`call`'s answer; the caller's cancellation reaches it only before its command is sent."""
+    async def run(self, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        """The answer of the call `make()` starts; the caller's cancellation reaches it only
+        before its command is sent. The call is made only once it may run (a call cancelled or
+        refused before that leaves no coroutine never awaited)."""
         if _CALL.get() is not None:
-            return await call  # inside a call already (a Cluster's multi-slot command)
+            return await make()  # inside a call already (a Cluster's multi-slot command)
         sent = _Sent()
-        task = asyncio.ensure_future(_run(sent, call, self._slots, self.wait_s))
+        task = asyncio.ensure_future(_run(sent, make, self._slots, self.wait_s))
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -172,11 +175,14 @@ class _Calls:
 
 
 async def _run(
-    sent: _Sent, call: Coroutine[Any, Any, T], slots: asyncio.Semaphore | None, wait_s: float
+    sent: _Sent,
+    make: Callable[[], Coroutine[Any, Any, T]],
+    slots: asyncio.Semaphore | None,
+    wait_s: float,
 ) -> T:
     _CALL.set(sent)  # this task's own context: what it sends marks `sent`
     if slots is None:
-        return await call
+        return await make()
     # The slot is taken in the call's own task: a caller leaving cancels the wait (the
     # semaphore gives back a slot it handed over meanwhile), and once taken it is given back
     # when the call ends, once, whether it ran to its reply or was cancelled before sending.
@@ -184,12 +190,12 @@ async def _run(
         async with asyncio.timeout(wait_s):
             await slots.acquire()
     except BaseException as exc:
-        call.close()  # never started: nothing was sent
+        # Never made: nothing was sent.
         if isinstance(exc, TimeoutError):
             raise MaxConnectionsError("No connection available.") from None
         raise
     try:
-        return await call
+        return await make()
     finally:
         slots.release()
 
@@ -202,7 +208,7 @@ class _Redis(aioredis.Redis):
         self.calls = _Calls()
 
     async def execute_command(self, *args: Any, **options: Any) -> Any:
-        call = super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
+        call = partial(super().execute_command, *args, **options)
         return await self.calls.run(call)
 
     def pipeline(self, transaction: bool = True, shard_hint: str | None = None) -> Pipeline:
@@ -222,10 +228,10 @@ class _OwnedPipeline:
     calls: _Calls
     _owner: _Sent | None = None
 
-    async def _owned(self, execute: Coroutine[Any, Any, list[Any]]) -> list[Any]:
+    async def _owned(self, execute: Callable[[], Coroutine[Any, Any, list[Any]]]) -> list[Any]:
         self._owner = _CALL.get()
         try:
-            return await execute
+            return await execute()
         finally:
             self._owner = None
 
@@ -240,7 +246,8 @@ class _Pipeline(_OwnedPipeline, Pipeline):  # type: ignore[misc]
     """A single server's pipeline (_OwnedPipeline)."""
 
     async def execute(self, raise_on_error: bool = True) -> list[Any]:
-        return await self.calls.run(self._owned(super().execute(raise_on_error)))
+        execute = partial(super().execute, raise_on_error)
+        return await self.calls.run(partial(self._owned, execute))
 
 
 class _Cluster(RedisCluster):
@@ -252,7 +259,7 @@ class _Cluster(RedisCluster):
         self.calls = _Calls()
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
-        return await self.calls.run(super().execute_command(*args, **kwargs))
+        return await self.calls.run(partial(super().execute_command, *args, **kwargs))
 
     def pipeline(
         self, transaction: Any | None = None, shard_hint: Any | None = None
@@ -275,9 +282,8 @@ class _ClusterPipeline(_OwnedPipeline, ClusterPipeline):  # type: ignore[misc]
     async def execute(
         self, raise_on_error: bool = True, allow_redirections: bool = True
     ) -> list[Any]:
-        return await self.calls.run(
-            self._owned(super().execute(raise_on_error, allow_redirections))
-        )
+        execute = partial(super().execute, raise_on_error, allow_redirections)
+        return await self.calls.run(partial(self._owned, execute))
 
 
 def _connection_class(url: str) -> type[Connection]:
@@ -381,7 +387,7 @@ async def refresh(client: Client) -> None:
     client-side retries it would keep asking the dead master. No-op for a single server."""
     if isinstance(client, _Cluster):
         with contextlib.suppress(*OUTAGE):
-            await client.calls.run(client.nodes_manager.initialize())
+            await client.calls.run(client.nodes_manager.initialize)
     elif isinstance(client, RedisCluster):
         with contextlib.suppress(*OUTAGE):
             await client.nodes_manager.initialize()

@@ -110,3 +110,21 @@ async def test_an_inner_deadline_is_the_one_that_fires() -> None:
 async def test_no_deadline_never_fires() -> None:
     async with Deadline(float("inf")):
         await asyncio.sleep(LIMIT)
+
+
+async def test_a_deadline_set_again_after_its_block_stops_nothing() -> None:
+    # Past its block the timer holds no task (a task's error would hold it back: a cycle), and
+    # a reset then must neither cancel the task it was in nor fail in the loop's callback.
+    loop = asyncio.get_running_loop()
+    failures: list[dict[str, object]] = []
+    loop.set_exception_handler(lambda _, context: failures.append(context))
+    try:
+        async with Deadline(10.0, loop) as deadline:
+            pass
+        deadline.reset(0.001)
+        await asyncio.sleep(0.02)
+    finally:
+        loop.set_exception_handler(None)
+    assert failures == []
+    task = asyncio.current_task()
+    assert task is not None and not task.cancelling()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine
+from functools import partial
 from typing import Any
 
 import pytest
@@ -110,7 +111,7 @@ async def full_bound_goes_through(calls: Calls, bound: int) -> None:
     """Exactly `bound` calls at once get a slot (none kept by earlier calls, none given back
     twice); the next one waits for one of them to end."""
     wire = Wire()
-    tasks = [asyncio.ensure_future(calls.run(wire.call())) for _ in range(bound + 1)]
+    tasks = [asyncio.ensure_future(calls.run(wire.call)) for _ in range(bound + 1)]
     await until(lambda: wire.going == bound)
     await asyncio.sleep(0.05)  # a slot given back twice would let the last one in meanwhile
     assert (wire.going, wire.ran) == (bound, bound)
@@ -125,15 +126,24 @@ async def test_a_cluster_call_past_the_bound_waits_for_a_slot() -> None:
 
 
 async def test_a_cluster_call_waits_for_a_slot_at_most_its_timeout() -> None:
-    """Then it fails as an outage, without running: its coroutine is closed, never left
-    unawaited."""
+    """Then it fails as an outage, without running: its coroutine is never made, so none is
+    left unawaited."""
     calls = Calls(bound=1, wait_s=0.05)
     wire = Wire()
-    holding = asyncio.ensure_future(calls.run(wire.call()))
+    holding = asyncio.ensure_future(calls.run(wire.call))
     await until(lambda: wire.going == 1)
+    made: list[str] = []
+
+    def make() -> Coroutine[Any, Any, str]:
+        made.append("call")
+        return wire.call()
+
     with pytest.raises(MaxConnectionsError) as refused:
-        await calls.run(wire.call())
+        await calls.run(make)
     assert isinstance(refused.value, OUTAGE)
+    # Never made (a pipeline's call wraps another coroutine: one made and closed unstarted
+    # would leave that one never awaited).
+    assert made == []
     assert wire.ran == 1
     wire.go.set()
     assert await holding == "answer"
@@ -143,7 +153,10 @@ async def test_a_cluster_call_waits_for_a_slot_at_most_its_timeout() -> None:
 
 
 async def give_up(
-    calls: Calls, call: Coroutine[Any, Any, str], when: Callable[[], bool], pause_s: float = 0.0
+    calls: Calls,
+    call: Callable[[], Coroutine[Any, Any, str]],
+    when: Callable[[], bool],
+    pause_s: float = 0.0,
 ) -> None:
     """Run `call` and cancel its caller `pause_s` after it started and once `when()`."""
     task = asyncio.ensure_future(calls.run(call))
@@ -162,12 +175,12 @@ async def test_cluster_callers_that_give_up_leak_no_slot() -> None:
     bound = 2
     calls = Calls(bound=bound, wait_s=5.0)
     holder = Wire()
-    holding = [asyncio.ensure_future(calls.run(holder.call())) for _ in range(bound)]
+    holding = [asyncio.ensure_future(calls.run(holder.call)) for _ in range(bound)]
     await until(lambda: holder.going == bound)
     waiting = Wire()
     for pause_s in (0.0, 0.01):  # as the call starts waiting for a slot; while it waits
         for _ in range(3):
-            await give_up(calls, waiting.call(), lambda: True, pause_s)
+            await give_up(calls, waiting.call, lambda: True, pause_s)
     holder.go.set()
     await asyncio.gather(*holding)
     assert waiting.ran == 0
@@ -175,16 +188,16 @@ async def test_cluster_callers_that_give_up_leak_no_slot() -> None:
 
     unsent = Wire()
     for _ in range(5):  # holding a slot, nothing sent yet
-        await give_up(calls, unsent.call(send=False), lambda: unsent.going == 1)
+        await give_up(calls, partial(unsent.call, send=False), lambda: unsent.going == 1)
         await until(lambda: unsent.going == 0)
     assert unsent.ran == 5
     await full_bound_goes_through(calls, bound)
 
     sent = Wire()
-    await give_up(calls, sent.call(), lambda: sent.going == 1)
+    await give_up(calls, sent.call, lambda: sent.going == 1)
     assert sent.going == 1  # the call goes on, holding its slot
     others = Wire()
-    others_going = [asyncio.ensure_future(calls.run(others.call())) for _ in range(bound)]
+    others_going = [asyncio.ensure_future(calls.run(others.call)) for _ in range(bound)]
     await until(lambda: others.going == bound - 1)
     await asyncio.sleep(0.05)
     assert others.going == bound - 1
