@@ -36,8 +36,14 @@ def ask(path: str, **extra: Any) -> dict[str, Any]:
     return {"model": MODEL, "temperature": 0, "stream": True, **BODIES[path], **extra}
 
 
-def streamed(router: Proc, path: str, body: dict[str, Any], outcome: str) -> bytes:
-    got = call(router.url + path, body)
+def streamed(
+    router: Proc,
+    path: str,
+    body: dict[str, Any],
+    outcome: str,
+    headers: dict[str, str] | None = None,
+) -> bytes:
+    got = call(router.url + path, body, headers)
     assert got.status == 200, got.body
     assert got.headers["x-cache"] == outcome
     assert got.headers["content-type"] == "text/event-stream"
@@ -105,16 +111,21 @@ def test_a_tier_two_hit_on_another_router_streams_back_the_same_bytes(
         shared = CACHE + f'redis_url = "redis://127.0.0.1:{redis.port}/0"\n'
         first = router_proc(regions_toml(a, header=shared))
         second = router_proc(regions_toml(a, header=shared))
-        for path in BODIES:
-            live = streamed(first, path, ask(path), "MISS")
-            carries_every_field(live, b"\r\n")
-            # The tier-2 write is in the background: ask until it is there. no-store keeps the
-            # second router from storing a copy of its own (a later ask would hit tier 1).
-            for _ in range(50):
-                got = call(second.url + path, ask(path), {"Cache-Control": "no-store"})
-                if got.headers["x-cache"] == "HIT":
-                    break
-            assert got.headers["x-cache"] == "HIT", path
-            assert got.body == live, path
+        # Plain, and with a header that shapes the answer (part of the key: the shared tier
+        # read such a stream's key as a body's, and missed).
+        for shaping in ({}, {"OpenAI-Organization": "org-1"}):
+            for path in BODIES:
+                live = streamed(first, path, ask(path), "MISS", shaping)
+                carries_every_field(live, b"\r\n")
+                # The tier-2 write is in the background: ask until it is there. no-store keeps
+                # the second router from storing a copy of its own (a later ask would hit tier 1).
+                for _ in range(50):
+                    got = call(
+                        second.url + path, ask(path), {"Cache-Control": "no-store", **shaping}
+                    )
+                    if got.headers["x-cache"] == "HIT":
+                        break
+                assert got.headers["x-cache"] == "HIT", (path, shaping)
+                assert got.body == live, (path, shaping)
     finally:
         redis.kill()

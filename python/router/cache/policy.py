@@ -313,10 +313,11 @@ def storage_key(
     stream are stored differently, and only a stream asked with include_usage has a usage chunk.
     """
     form = (b"|SU" if usage else b"|S") if stream else b"|B"
-    key = fingerprint + b"|" + endpoint.encode() + form
+    key = fingerprint + b"|" + endpoint.encode()
     if shape:
         key += b"|" + hashlib.blake2b(shape, digest_size=16).digest()
-    return key
+    # The form last, where `stored_stream` reads it.
+    return key + form
 
 
 def stored_stream(key: bytes) -> bool:

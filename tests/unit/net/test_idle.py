@@ -127,4 +127,5 @@ async def test_a_deadline_set_again_after_its_block_stops_nothing() -> None:
         loop.set_exception_handler(None)
     assert failures == []
     task = asyncio.current_task()
-    assert task is not None and not task.cancelling()
+    assert task is not None
+    assert not task.cancelling()
