@@ -16,6 +16,7 @@ import msgspec
 import pytest
 
 from tests.integration.conftest import start_sim
+from tests.integration.test_metrics import call
 from tests.support import Proc, free_port, router_cmd, spawn
 
 ADMIN_TOKEN = "admin-secret-token-for-tests"
@@ -471,3 +472,54 @@ async def test_cache_hits_carry_the_version_and_versions_never_share_entries(
                 assert resp.headers["x-cache"] == "HIT"
                 assert resp.headers[VERSION] == version
                 assert msgspec.json.decode(await resp.read())["model"] == f"llama-{version}"
+
+
+def test_versions_of_one_upstream_model_in_regions_of_their_own_never_share_entries(
+    tmp_path: Path,
+) -> None:
+    """A canary that keeps the served model's name and runs in a region of its own (new
+    weights or engine behind the same name) gets its own cache entries: the key held only the
+    upstream model, so each version got the other's cached answers."""
+    sims = [
+        start_sim(tmp_path, name, models="llama", ttft_ms=5, tokens_per_s=2000)
+        for name in ("stable", "canary")
+    ]
+    port = free_port()
+    config = tmp_path / "router.toml"
+    regions = "".join(
+        f'[[regions]]\nname = "{name}"\nbase_url = "http://127.0.0.1:{sim.port}"\n'
+        'models = ["llama"]\n\n'
+        for name, sim in zip(("stable", "canary"), sims, strict=True)
+    )
+    config.write_text(
+        f'[server]\nlisten = "127.0.0.1:{port}"\n\n[auth]\nenabled = false\n\n'
+        f"[cache]\nenabled = true\n\n{regions}"
+        '[rollout.models.chat]\nstable = "v1"\ndeployments = [\n'
+        '  { version = "v1", model = "llama", regions = ["stable"], weight = 50 },\n'
+        '  { version = "v2", model = "llama", regions = ["canary"], weight = 50 },\n]\n'
+    )
+    router = spawn(router_cmd("serve", "--config", str(config)), port, tmp_path / "router.log")
+    try:
+
+        def ask(user: str) -> tuple[str, str, str | None]:
+            body = {"model": "chat", "messages": [{"role": "user", "content": "same"}]}
+            got = call(
+                router.url + "/v1/chat/completions", {**body, "user": user, "temperature": 0}
+            )
+            assert got.status == 200, got.body
+            h = got.headers
+            return h[VERSION], h["x-cache"], h.get("x-router-region")
+
+        seen: dict[str, list[tuple[str, str | None]]] = {}
+        for i in range(64):
+            version, outcome, region = ask(f"user-{i}")
+            seen.setdefault(version, []).append((outcome, region))
+            if all(len(seen.get(v, ())) >= 2 for v in ("v1", "v2")):
+                break
+        # Each version's first answer came from its own region; only its later ones are hits.
+        assert seen["v1"][:2] == [("MISS", "stable"), ("HIT", None)]
+        assert seen["v2"][:2] == [("MISS", "canary"), ("HIT", None)]
+    finally:
+        router.kill()
+        for sim in sims:
+            sim.kill()

@@ -131,13 +131,21 @@ def knobs(body: bytes) -> dict[str, Any]:
 
 
 def answer_shape(
-    k: _Knobs, endpoint: str, stream: bool, headers: tuple[tuple[str, str], ...]
+    k: _Knobs,
+    endpoint: str,
+    stream: bool,
+    headers: tuple[tuple[str, str], ...],
+    version: tuple[str, tuple[str, ...]] | None = None,
 ) -> bytes:
     """What shapes the answer besides the fingerprint, for the key (b"": nothing does): the
-    forwarded headers, the transport fields the answer echoes, and a stream's options beyond
-    include_usage (vLLM's continuous_usage_stats puts usage in every chunk)."""
+    forwarded headers, the transport fields the answer echoes, a stream's options beyond
+    include_usage (vLLM's continuous_usage_stats puts usage in every chunk), and the model
+    version the request was given with the regions it runs in (`version`: two versions may
+    call the same upstream model, in different regions)."""
     names = _ECHOED if endpoint == RESPONSES else _TIER
     fields: list[tuple[str, Any]] = [(n, v) for n in names if (v := getattr(k, n)) is not None]
+    if version is not None:
+        fields.append(("version", version))
     options = k.stream_options
     if stream and isinstance(options, dict) and options.keys() - {"include_usage"}:
         rest = {n: v for n, v in options.items() if n != "include_usage"}
@@ -320,7 +328,13 @@ async def serve(
     if decision.bypass:
         return await _origin(request, ctx, cache, XCache.BYPASS, origin, None)
     # A header or an echoed field can change the answer: no client may get another's.
-    shape = answer_shape(fields, parsed.endpoint, parsed.stream, _forwarded(request.headers))
+    shape = answer_shape(
+        fields,
+        parsed.endpoint,
+        parsed.stream,
+        _forwarded(request.headers),
+        None if ctx.assignment is None else ctx.assignment.distinct,
+    )
     try:
         key = cache.key(
             parsed.body,

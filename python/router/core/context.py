@@ -67,6 +67,10 @@ class Assignment(Protocol):
 
     @property
     def version(self) -> str: ...
+    @property
+    def distinct(self) -> tuple[str, tuple[str, ...]] | None:
+        """Its tag and regions when the upstream model alone does not tell it apart."""
+        ...
 
 
 class Grant(Protocol):

@@ -31,6 +31,16 @@ class Assignment:
         """The version tag (x-router-model-version)."""
         return self.deployment.version
 
+    @property
+    def distinct(self) -> tuple[str, tuple[str, ...]] | None:
+        """The version's tag and regions when the upstream model alone does not tell it apart
+        (two versions may call one upstream model, in regions of their own); None for a
+        plain alias, whose model is the answer's whole story."""
+        d = self.deployment
+        if d.version == d.upstream_model and not d.regions:
+            return None
+        return d.version, d.regions
+
 
 class _User(msgspec.Struct):
     user: str | None = None
