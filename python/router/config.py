@@ -374,7 +374,8 @@ class CacheConfig(_Section, frozen=True):
     max_temperature: Annotated[float, msgspec.Meta(ge=0)] = 0.0
     # See max_temperature: cache requests that set no temperature.
     cache_unset_temperature: bool = False
-    # Cache requests that offer tools (their answers may call them).
+    # Cache requests that offer tools (their answers may call them; MCP servers and web search
+    # too: their answers read the world outside the request).
     allow_tools: bool = False
     # Concurrent identical misses share one upstream request.
     coalesce: bool = True

@@ -268,7 +268,13 @@ def _uncacheable(request: Mapping[str, Any], rule: Rule, sampled: bool) -> str:
     for choices in (request.get("n"), request.get("n_cmpl")):
         if choices is not None and choices != 1:
             return "n"
-    if not rule.allow_tools and (request.get("tools") or request.get("functions")):
+    if not rule.allow_tools and (
+        request.get("tools")
+        or request.get("functions")
+        or request.get("mcp_servers")
+        # An empty object turns the search on.
+        or request.get("web_search_options") is not None
+    ):
         return "tools"
     return ""
 

@@ -78,6 +78,9 @@ class _Knobs(msgspec.Struct):
     n: Any = None
     tools: Any = None
     functions: Any = None
+    # Tools by other names: Anthropic's MCP connector, OpenAI's web search on chat.
+    mcp_servers: Any = None
+    web_search_options: Any = None
     # llama.cpp's server's own: a dynamic temperature range, its sampler chain, its XTC
     # sampler, and its `n` (cache.policy).
     dynatemp_range: Any = None
@@ -117,6 +120,8 @@ def _policy(k: _Knobs) -> dict[str, Any]:
         "n": k.n,
         "tools": k.tools,
         "functions": k.functions,
+        "mcp_servers": k.mcp_servers,
+        "web_search_options": k.web_search_options,
         "dynatemp_range": k.dynatemp_range,
         "samplers": k.samplers,
         "xtc_probability": k.xtc_probability,

@@ -336,6 +336,19 @@ _ACTED = (
     "background",
     "previous_response_id",
     "conversation",
+    # What the cache reads besides (cache.serving: whether an answer may be stored, what
+    # else shapes its key): a second copy there would let a region see another request.
+    "service_tier",
+    "metadata",
+    "prompt_cache_key",
+    "safety_identifier",
+    "mcp_servers",
+    "web_search_options",
+    "dynatemp_range",
+    "samplers",
+    "xtc_probability",
+    "xtc_threshold",
+    "n_cmpl",
 )
 _ACTED_KEY = re.compile(rb'"(' + b"|".join(k.encode() for k in _ACTED) + rb')"\s*:')
 # A key that could spell one of those with an escape (`"str\u0065am":`): only lowercase ASCII,

@@ -179,6 +179,11 @@ def test_parse_cache_control(value: str | None, expected: CacheControl) -> None:
         ({"temperature": 0, "functions": [{"name": "f"}]}, Rule(), "tools"),
         ({"temperature": 0, "tools": [{"type": "function"}]}, Rule(allow_tools=True), ""),
         ({"temperature": 0, "tools": []}, Rule(), ""),
+        # Tools by other names: answers that read an MCP server or the web.
+        ({"temperature": 0, "mcp_servers": [{"type": "url", "url": "u"}]}, Rule(), "tools"),
+        ({"temperature": 0, "web_search_options": {}}, Rule(), "tools"),
+        ({"temperature": 0, "web_search_options": {}}, Rule(allow_tools=True), ""),
+        ({"temperature": 0, "mcp_servers": []}, Rule(), ""),
         ({"temperature": 0}, Rule(enabled=False), "disabled"),
         # llama.cpp's server: a dynamic temperature range samples at temperature 0 too, and
         # its own n_cmpl asks for several choices.

@@ -187,6 +187,20 @@ def test_a_second_copy_of_a_field_the_router_acts_on_is_refused() -> None:
 
 
 @pytest.mark.parametrize(
+    ("name", "value"),
+    [("service_tier", b'"flex"'), ("web_search_options", b"{}"), ("samplers", b'["temp"]')],
+)
+def test_a_second_copy_of_a_field_the_cache_reads_is_refused(name: str, value: bytes) -> None:
+    # The cache reads the last copy (whether to store, what shapes the key); a region that
+    # reads the first would answer another request than the one the entry is keyed by.
+    field = f'"{name}":'.encode() + value
+    body = b'{"model":"a","messages":[{"role":"user","content":"x"}],' + field + b"," + field + b"}"
+    with pytest.raises(InvalidRequest, match="more than once") as caught:
+        parse_body(CHAT, body)
+    assert caught.value.param == name
+
+
+@pytest.mark.parametrize(
     ("spelled", "param"),
     [(b'"max_tok\\u0065ns"', "max_tokens"), (b'"\\u0073tream"', "stream"), (b'"\\u006E"', "n")],
 )
