@@ -641,13 +641,17 @@ class Config(_Section, frozen=True):
             names.update(region.models)
         return tuple(sorted(names))
 
-    def endpoints_of(self, name: str) -> tuple[Endpoint, ...]:
-        """The APIs some region serves a client-facing model name on, in the usual order."""
+    def upstream_models(self, name: str) -> frozenset[str]:
+        """The model names regions serve for a client-facing name: a rollout's versions', an
+        alias's target, else the name itself."""
         rollout = self.rollout.models.get(name)
         if rollout is not None:
-            models = {d.model for d in rollout.deployments}
-        else:
-            models = {self.models.aliases.get(name, name)}
+            return frozenset(d.model for d in rollout.deployments)
+        return frozenset({self.models.aliases.get(name, name)})
+
+    def endpoints_of(self, name: str) -> tuple[Endpoint, ...]:
+        """The APIs some region serves a client-facing model name on, in the usual order."""
+        models = self.upstream_models(name)
         served: set[str] = set()
         for region in self.regions:
             if models.intersection(region.models):

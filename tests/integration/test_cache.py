@@ -682,3 +682,50 @@ def test_fields_an_answer_shows_are_part_of_the_key(router: Proc) -> None:
     assert respond(metadata={"a": "2"}) == "MISS"
     assert respond(metadata={"a": "1"}, user="u") == "MISS"
     assert respond(metadata={"a": "1"}, prompt_cache_key="k") == "MISS"
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("purged_by", ["fast", MODEL])
+def test_an_alias_and_its_model_share_entries_and_a_purge_by_either_name_drops_them(
+    tmp_path: Path, sim: Proc, purged_by: str
+) -> None:
+    """An entry is its upstream model's (the key is the body the region gets): asked through an
+    alias or by the model's own name, one entry in both tiers, and a purge by either name drops
+    it (one by the model's name left an alias's entries to answer until their TTL)."""
+    redis = start_redis(tmp_path)
+    aliases = f'\n[models]\naliases = {{ fast = "{MODEL}" }}\n'
+    a = start_router(tmp_path, sim, redis=redis, extra=aliases)
+    b = start_router(tmp_path, sim, redis=redis, extra=aliases)
+    try:
+
+        def ask(model: str, router: Proc = a, *, store: bool = True) -> str:
+            got = client(router).chat.completions.with_raw_response.create(
+                model=model,
+                messages=[{"role": "user", "content": "old weights"}],
+                temperature=0,
+                extra_headers=None if store else {"Cache-Control": "no-store"},
+            )
+            return str(got.headers["x-cache"])
+
+        assert ask("fast") == "MISS"
+        assert ask(MODEL) == "HIT"
+        # In tier 2 as well: the other router finds it by the model's name (no-store: no copy
+        # of its own in its tier 1).
+        for _ in range(50):
+            got = chat(client(b), "old weights", extra_headers={"Cache-Control": "no-store"})
+            if got.headers["x-cache"] == "HIT":
+                break
+        assert got.headers["x-cache"] == "HIT"
+        for router in (a, b):
+            status, out = asyncio.run(
+                admin(router, "POST", "/admin/cache/purge", {"model": purged_by})
+            )
+            assert status == 200, out
+        # Looked up in both tiers of both routers, storing nothing (no-store) for the next look.
+        assert ask("fast", store=False) == "MISS"
+        assert ask(MODEL, b, store=False) == "MISS"
+        assert ask("fast", b, store=False) == "MISS"
+    finally:
+        a.kill()
+        b.kill()
+        redis.kill()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import msgspec
 from aiohttp import web
@@ -15,6 +15,9 @@ from router.errors import InvalidRequest
 CACHE = web.AppKey("router.cache", ResponseCache)
 # Tenant name -> the cache namespaces its keys use (a tenant's default namespace is its name).
 NAMESPACES = web.AppKey("router.cache.namespaces", Mapping[str, frozenset[str]])
+# A client-facing model name -> the upstream models it stands for now (the live config's): an
+# entry is its upstream model's (the key is the body the region gets), whichever name asked.
+MODELS: web.AppKey[Callable[[str], frozenset[str]]] = web.AppKey("router.cache.models")
 
 
 class PurgeRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -34,7 +37,8 @@ async def stats(request: web.Request) -> web.StreamResponse:
 
 
 async def purge(request: web.Request) -> web.StreamResponse:
-    """POST {"tenant"?, "namespace"?, "model"?}: drop matching entries from both tiers."""
+    """POST {"tenant"?, "namespace"?, "model"?}: drop matching entries from both tiers (a
+    model given by a client-facing name: the entries of every upstream model it stands for)."""
     raw = await request.read()
     try:
         body = _PURGE.decode(raw) if raw.strip() else PurgeRequest()
@@ -47,9 +51,17 @@ async def purge(request: web.Request) -> web.StreamResponse:
     if body.tenant is not None:
         known = request.app.get(NAMESPACES, {})
         namespaces = sorted(known.get(body.tenant, frozenset({body.tenant})))
+    models: Sequence[str | None] = [body.model]
+    if body.model is not None:
+        # The name itself (an upstream model) and the models it stands for (an alias's, or a
+        # rollout's versions').
+        stands_for = request.app.get(MODELS)
+        more = stands_for(body.model) if stands_for is not None else frozenset()
+        models = sorted({body.model, *more})
     purged = 0
     for ns in namespaces:
-        purged += await cache.purge(namespace=ns, model=body.model)
+        for model in models:
+            purged += await cache.purge(namespace=ns, model=model)
     return json_response({"purged": purged})
 
 

@@ -43,6 +43,8 @@ class Entry(msgspec.Struct, frozen=True, kw_only=True):
     whole events, byte for byte as the live relay sent them)."""
 
     namespace: str
+    # The upstream model that answered (the key is the body the region got): an alias's and
+    # its model's requests share entries, and a purge by either name finds them.
     model: str
     content_type: str
     created: float

@@ -15,7 +15,7 @@ from multidict import CIMultiDict
 
 from router import native
 from router.access.auth import ANONYMOUS_TENANT
-from router.cache.admin import CACHE, NAMESPACES, add_routes, namespaces_of
+from router.cache.admin import CACHE, MODELS, NAMESPACES, add_routes, namespaces_of
 from router.cache.coalescing import Flight, FlightFailed
 from router.cache.policy import (
     Decision,
@@ -292,7 +292,7 @@ class Tap:
     ) -> Entry:
         return self._cache.new_entry(
             namespace=self._namespace,
-            model=self.ctx.request.model,
+            model=self.ctx.request.upstream_model,
             rule=self._rule,
             content_type=content_type,
             body=body,
@@ -362,7 +362,7 @@ async def serve(
     if entry is None and cache.shared_first():
         # Tier 2 is measured to be much nearer than any region: asking it first costs little
         # (at most shared_lookup_first_ms).
-        entry = await cache.shared_first_lookup(key, namespace, parsed.model)
+        entry = await cache.shared_first_lookup(key, namespace, parsed.upstream_model)
         if entry is None:
             entry = cache.memory.get(key, namespace)
     elif entry is None:
@@ -388,7 +388,8 @@ async def _lead_or_follow(
 ) -> web.StreamResponse:
     """A miss in what was asked so far: lead the upstream call (racing tier 2 when `shared`
     and there is one) or follow the identical request already leading it."""
-    model = ctx.request.model
+    # Entries are the upstream model's (the key is the body the region gets).
+    model = ctx.request.upstream_model
     race = shared and cache.shared_may_win(model)
     if not cache.config.coalesce:
         tap = Tap(cache, ctx, key, namespace, rule, store=decision.store, flight=None)
@@ -441,7 +442,7 @@ async def _origin(
         return await origin(tap)
     began = time.perf_counter()
     answer = await origin(tap)
-    cache.answered(ctx.request.model, (mark.committed or time.perf_counter()) - began)
+    cache.answered(ctx.request.upstream_model, (mark.committed or time.perf_counter()) - began)
     return answer
 
 
@@ -490,7 +491,7 @@ async def _race(
                     return await _replay(request, ctx, cache, entry)
         cache.count(XCache.MISS)
         response = await answer
-        cache.answered(ctx.request.model, (mark.committed or time.perf_counter()) - began)
+        cache.answered(ctx.request.upstream_model, (mark.committed or time.perf_counter()) - began)
         return response
     except asyncio.CancelledError:
         answer.cancel()
@@ -711,9 +712,13 @@ class CacheLayer:
         yield
         await cache.close()
 
-    def add_routes(self, app: web.Application, guard: Guard) -> None:
-        """GET /admin/cache/stats and POST /admin/cache/purge behind the admin check."""
+    def add_routes(
+        self, app: web.Application, guard: Guard, models: Callable[[str], frozenset[str]]
+    ) -> None:
+        """GET /admin/cache/stats and POST /admin/cache/purge behind the admin check
+        (`models`: the upstream models a client-facing name stands for now)."""
         app[NAMESPACES] = self.namespaces
+        app[MODELS] = models
         add_routes(AdminRoutes(app.router, guard))
 
     async def serve(

@@ -248,7 +248,7 @@ def build_app(
     if config.cache.enabled:
         cache = CacheLayer(config)
         app.cleanup_ctx.append(cache.lifetime)
-        cache.add_routes(ops, auth.check_admin)
+        cache.add_routes(ops, auth.check_admin, lambda name: live.config.upstream_models(name))
         if ops is not app:
             ops.on_startup.append(_sharing_cache(app))
     decorators: list[ResponseDecorator] = [version_header, rate_limit_headers, routing_headers]
