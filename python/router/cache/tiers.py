@@ -20,6 +20,7 @@ from router.cache.policy import (
 )
 from router.cache.redis_tier import RedisTier
 from router.config import CacheConfig
+from router.core.request import EMBEDDINGS
 
 
 class ResponseCache:
@@ -67,7 +68,11 @@ class ResponseCache:
         usage: bool = False,
         shape: bytes = b"",
     ) -> bytes:
-        """The tier key of one request body (`shape`: what else shapes its answer)."""
+        """The tier key of one request body (`shape`: what else shapes its answer). Embeddings
+        key at `exact` at any level: a vector is a function of every character of its input
+        (folded blank space gives another vector), not an answer to a question."""
+        if endpoint == EMBEDDINGS:
+            level = "exact"
         fp = self.key_fn(body, namespace, level)
         return storage_key(fp, endpoint=endpoint, stream=stream, usage=usage, shape=shape)
 

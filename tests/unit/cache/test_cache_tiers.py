@@ -12,7 +12,7 @@ import pytest
 from router.cache.coalescing import Flight, FlightFailed
 from router.cache.policy import CacheControl, Entry, Level, Rule, XCache, decide
 from router.cache.redis_tier import RedisTier, redis_key
-from router.cache.serving import Tap, _forwarded, answer_shape, fields_of, knobs
+from router.cache.serving import Tap, _forwarded, answer_shape, fields_of, knobs, native_key_fn
 from router.cache.tiers import ResponseCache
 from router.config import CacheConfig, CacheModelConfig
 from router.core.context import RequestContext
@@ -60,6 +60,27 @@ def test_key_depends_on_level_endpoint_stream_and_usage() -> None:
         for stream, usage in ((False, False), (True, False), (True, True))
     }
     assert len(keys) == 12
+
+
+def test_embeddings_key_every_character_of_their_input_at_any_level() -> None:
+    # At `normalized`, "hello  world " and "hello world" ask the same question of a chat model;
+    # an embedding of each is another vector. (The Rust fingerprint, not the stand-in.)
+    cache = ResponseCache(CacheConfig(enabled=True), native_key_fn())
+
+    def key(endpoint: str, body: dict[str, object]) -> bytes:
+        raw = json.dumps({"model": "m", **body}).encode()
+        return cache.key(raw, namespace="a", level="normalized", endpoint=endpoint, stream=False)
+
+    chat = (
+        [{"role": "user", "content": "hello  world "}],
+        [{"role": "user", "content": "hello world"}],
+    )
+    assert key("/v1/chat/completions", {"messages": chat[0]}) == key(
+        "/v1/chat/completions", {"messages": chat[1]}
+    )
+    assert key("/v1/embeddings", {"input": "hello  world "}) != key(
+        "/v1/embeddings", {"input": "hello world"}
+    )
 
 
 def test_entry_expires_after_the_rule_ttl() -> None:
