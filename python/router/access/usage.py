@@ -193,8 +193,24 @@ def usage_tokens(payload: bytes) -> int | None:
     return used.sum() if used is not None else None
 
 
+class _Function(msgspec.Struct):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class _ToolCall(msgspec.Struct):
+    function: _Function | None = None
+
+
 class _Delta(msgspec.Struct):
+    # Everything a chat delta generates: text, reasoning (vLLM's and llama.cpp's
+    # `reasoning_content`, newer servers' `reasoning`), a refusal, tool and function calls.
     content: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+    refusal: str | None = None
+    tool_calls: list[_ToolCall] | None = None
+    function_call: _Function | None = None
 
 
 class _Choice(msgspec.Struct):
@@ -219,6 +235,17 @@ class _Chunk(msgspec.Struct):
 
 
 _CHUNK = msgspec.json.Decoder(_Chunk)
+# The Responses API's events whose `delta` is generated text: the answer, reasoning, a
+# function call's arguments, a refusal.
+_GENERATED = frozenset(
+    {
+        "response.output_text.delta",
+        "response.reasoning_text.delta",
+        "response.reasoning_summary_text.delta",
+        "response.function_call_arguments.delta",
+        "response.refusal.delta",
+    }
+)
 # Generated text kept for counting a stream that reports no usage; beyond this it is estimated.
 _MAX_TEXT = 1 << 22
 
@@ -279,10 +306,23 @@ class StreamUsage:
         except (msgspec.MsgspecError, RecursionError):
             return
         for choice in chunk.choices:
-            self._keep(choice.delta.content if choice.delta is not None else choice.text)
+            d = choice.delta
+            if d is None:
+                self._keep(choice.text)
+                continue
+            self._keep(d.content)
+            self._keep(d.reasoning_content)
+            self._keep(d.reasoning)
+            self._keep(d.refusal)
+            calls = [c.function for c in d.tool_calls or () if c.function is not None]
+            if d.function_call is not None:
+                calls.append(d.function_call)
+            for call in calls:
+                self._keep(call.name)
+                self._keep(call.arguments)
         delta = chunk.delta
         if isinstance(delta, str):
-            if chunk.type == "response.output_text.delta":
+            if chunk.type in _GENERATED:
                 self._keep(delta)
         elif delta is not None:
             self._keep(delta.text or delta.partial_json or delta.thinking)

@@ -156,6 +156,37 @@ def test_stream_text_of_chat_and_completions_is_counted() -> None:
         assert meter.used() == 2 + count_tokens("one two three ", "cl100k_base")
 
 
+@pytest.mark.parametrize(
+    "event",
+    [
+        b'{"choices":[{"index":0,"delta":{"reasoning_content":"one two three "}}]}',
+        b'{"choices":[{"index":0,"delta":{"reasoning":"one two three "}}]}',
+        b'{"choices":[{"index":0,"delta":{"refusal":"one two three "}}]}',
+        b'{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":'
+        b'{"arguments":"one two three "}}]}}]}',
+        b'{"choices":[{"index":0,"delta":{"function_call":{"arguments":"one two three "}}}]}',
+        b'{"type":"response.reasoning_text.delta","delta":"one two three "}',
+        b'{"type":"response.function_call_arguments.delta","delta":"one two three "}',
+    ],
+    ids=[
+        "reasoning_content",
+        "reasoning",
+        "refusal",
+        "tool_call",
+        "function_call",
+        "responses-reasoning",
+        "responses-arguments",
+    ],
+)
+def test_a_stream_s_reasoning_and_tool_calls_are_counted_too(event: bytes) -> None:
+    # A stream left before its usage event is settled by its text: reasoning and tool calls
+    # are generated tokens too (a client could otherwise leave such streams for the prompt's
+    # price).
+    meter = StreamUsage(prompt_tokens=2, encoding="cl100k_base")
+    meter.feed(b"data: " + event + b"\n\n")
+    assert meter.used() == 2 + count_tokens("one two three ", "cl100k_base")
+
+
 def test_reported_usage_wins_over_counting() -> None:
     meter = StreamUsage(prompt_tokens=100, encoding="cl100k_base")
     meter.feed(STREAM)
