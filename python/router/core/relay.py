@@ -208,11 +208,12 @@ async def relay_stream(
             # Before the write: a client that leaves during it takes nothing from the others
             # reading this exchange (coalesced requests, the cache entry).
             tap.chunk(data)
+        if meter is not None:
+            # Before the write too: the region generated it whether or not the client takes it.
+            meter.feed(data)
         await resp.write(data if guard is None else guard.feed(data))
         if guard is not None:
             guard.settle()
-        if meter is not None:
-            meter.feed(data)
 
     # The client left during a continuation that others still read: it goes on for them.
     gone = False
