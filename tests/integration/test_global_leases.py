@@ -105,3 +105,35 @@ async def _until_evals(leases: GlobalLeases, admin: aioredis.Redis, at_least: in
         assert time.monotonic() < deadline, "condition never held"
         leases.take("k", RATES, 0)
         await asyncio.sleep(0.01)
+
+
+async def _until_leased(leases: GlobalLeases, key: str, rates: Rates) -> None:
+    deadline = time.monotonic() + 20
+    while key not in leases.leases or not leases.leases[key].leased:
+        assert time.monotonic() < deadline, "no lease answer"
+        await asyncio.sleep(0.01)
+
+
+async def test_a_tokens_only_key_is_topped_up_before_the_tick(redis_proc: Proc) -> None:
+    # A tick too long to come (9-11 s): a key limited on tokens only, its slice used up, asks
+    # Redis at once, as a key limited on requests does (its requests goal is 0, so it waited
+    # for the tick).
+    pop = GlobalLeases(f"redis://127.0.0.1:{redis_proc.port}/0", interval_s=10.0)
+    rates = Rates(
+        request_capacity=UNLIMITED, requests_per_s=1, token_capacity=10_000, tokens_per_s=10
+    )
+    try:
+        first = pop.take("k", rates, 100)  # on credit; the first answer grants a slice
+        assert first is not None
+        assert first[0]
+        await _until_leased(pop, "k", rates)
+        began = time.monotonic()
+        admitted = 1
+        while admitted < 4:
+            verdict = pop.take("k", rates, 100)
+            assert verdict is not None
+            admitted += verdict[0]
+            assert time.monotonic() - began < 5, f"{admitted} admitted, {pop.syncs} calls"
+            await asyncio.sleep(0.01)
+    finally:
+        await pop.close()

@@ -247,7 +247,7 @@ class GlobalLeases:
         credit_left = 0 if lease.scarce else lease.credit
         remaining_r = held_r + max(lease.remaining_requests, credit_left)
         remaining_t = lease.remaining_tokens + held_t
-        if not lease.scarce and not lease.syncing and held_r < self._goal_requests(lease) / 2:
+        if not lease.scarce and not lease.syncing and self._low(lease, held_r, held_t):
             # Running low while the global bucket has plenty: top up now, not at the tick.
             self._kick.set()
         if allowed:
@@ -273,6 +273,13 @@ class GlobalLeases:
             self.allowance.reconcile(key, reserved, used)
         else:
             lease.owe_tokens -= reserved - used
+
+    def _low(self, lease: Lease, held_r: int, held_t: int) -> bool:
+        """Whether the slice is down to half its goal, in either dimension (a key limited on
+        tokens alone has no requests goal)."""
+        if held_r < self._goal_requests(lease) / 2:
+            return True
+        return lease.rates.tokens_limited and held_t < self._goal_tokens(lease) / 2
 
     def _open(self, key: str, rates: Rates, now: float) -> Lease:
         # A tokens-only key: one request on credit, whatever it reserves.
