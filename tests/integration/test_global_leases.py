@@ -105,3 +105,97 @@ async def _until_evals(leases: GlobalLeases, admin: aioredis.Redis, at_least: in
         assert time.monotonic() < deadline, "condition never held"
         leases.take("k", RATES, 0)
         await asyncio.sleep(0.01)
+
+
+# A key limited on tokens only: 600 a minute (10/s), a burst of 600.
+TOKENS = Rates(request_capacity=UNLIMITED, requests_per_s=1, token_capacity=600, tokens_per_s=10)
+
+
+async def _until_leased(leases: GlobalLeases, key: str, rates: Rates) -> None:
+    deadline = time.monotonic() + 20
+    while key not in leases.leases or not leases.leases[key].leased:
+        assert time.monotonic() < deadline, "no lease answer"
+        await asyncio.sleep(0.01)
+
+
+async def _level(admin: aioredis.Redis, leases: GlobalLeases, key: str, rates: Rates) -> float:
+    """The key's global token level now, as the lease script would refill it."""
+    tokens, stamp = await admin.hmget(leases.key(key), ["t", "ts"])
+    seconds, micros = await admin.time()
+    elapsed = max(0.0, seconds + micros / 1e6 - float(stamp or 0))
+    return min(rates.token_capacity, float(tokens or 0) + elapsed * rates.tokens_per_s)
+
+
+async def test_a_token_refusal_waits_for_the_tokens_the_request_needs(
+    leases: GlobalLeases, admin: aioredis.Redis
+) -> None:
+    # Drained by 160-token requests: a refusal's wait is the time the global bucket needs for
+    # what the request lacks (it was the lease interval, 20 ms here, whatever the tokens). The
+    # level read just before a take, with no call begun or answered meanwhile, is the one the
+    # instance last heard of, refilled since.
+    first = leases.take("k", TOKENS, 160)  # on credit
+    assert first is not None
+    assert first[0]
+    await _until_leased(leases, "k", TOKENS)
+    deadline = time.monotonic() + 20
+    lacking = 0.0
+    while lacking < 20:  # a refusal that must wait 2 s or more
+        assert time.monotonic() < deadline, "never refused for want of tokens"
+        await asyncio.sleep(0.01)
+        calls = leases.syncs
+        level = await _level(admin, leases, "k", TOKENS)
+        if leases.leases["k"].syncing or leases.syncs != calls:
+            continue
+        verdict = leases.take("k", TOKENS, 160)
+        assert verdict is not None
+        allowed, retry_s, _, held, _, reset_tokens_s = verdict
+        if allowed:
+            continue
+        lacking = 160 - held - level
+        assert retry_s >= lacking / TOKENS.tokens_per_s - 0.5, (retry_s, lacking)
+        assert reset_tokens_s >= retry_s - 0.5
+
+
+async def test_a_token_refusal_counts_the_global_debt(
+    leases: GlobalLeases, admin: aioredis.Redis
+) -> None:
+    # The global bucket 600 tokens in debt (bounded by one burst, as credit can leave it): the
+    # first request is admitted on credit (and adds to the debt), the next one waits for the debt
+    # and its own tokens, over 76 s.
+    seconds, micros = await admin.time()
+    await admin.hset(leases.key("k"), mapping={"t": -600, "ts": seconds + micros / 1e6})
+    first = leases.take("k", TOKENS, 160)
+    assert first is not None
+    assert first[0]
+    await _until_leased(leases, "k", TOKENS)
+    verdict = leases.take("k", TOKENS, 160)
+    assert verdict is not None
+    allowed, retry_s, _, _, _, reset_tokens_s = verdict
+    assert not allowed
+    assert retry_s >= 60, retry_s
+    assert reset_tokens_s >= retry_s - 0.5
+
+
+async def test_a_tokens_only_key_is_topped_up_before_the_tick(redis_proc: Proc) -> None:
+    # A tick too long to come (9-11 s): a key limited on tokens only, its slice used up, asks
+    # Redis at once, as a key limited on requests does (its requests goal is 0, so it waited
+    # for the tick).
+    pop = GlobalLeases(f"redis://127.0.0.1:{redis_proc.port}/0", interval_s=10.0)
+    rates = Rates(
+        request_capacity=UNLIMITED, requests_per_s=1, token_capacity=10_000, tokens_per_s=10
+    )
+    try:
+        first = pop.take("k", rates, 100)  # on credit; the first answer grants a slice
+        assert first is not None
+        assert first[0]
+        await _until_leased(pop, "k", rates)
+        began = time.monotonic()
+        admitted = 1
+        while admitted < 4:
+            verdict = pop.take("k", rates, 100)
+            assert verdict is not None
+            admitted += verdict[0]
+            assert time.monotonic() - began < 5, f"{admitted} admitted, {pop.syncs} calls"
+            await asyncio.sleep(0.01)
+    finally:
+        await pop.close()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import math
 import signal
 import time
 from collections.abc import Iterator, Sequence
@@ -17,6 +19,8 @@ from router.access.auth import hash_key
 from router.access.global_limits import UNLIMITED, GlobalLeases, Rates
 from router.access.leasing import LeasePolicy, accuracy_bound, credit, max_slice
 from router.core.timing import parse_server_timing
+from router.native import count_request_tokens, encoding_for_model
+from router.net.redis_client import hash_tagged
 from tests.integration.conftest import region_toml, sim_stats, start_router, start_sim
 from tests.support import Proc, redis_server_binary, start_redis
 
@@ -30,12 +34,20 @@ KEYS: dict[str, str] = {
     "small2": "requests_per_minute = 60\nrequest_burst = 4",
     "small3": "requests_per_minute = 60\nrequest_burst = 4",
     "tokens": "tokens_per_minute = 600\ntoken_burst = 1000",
+    "tokens600": "tokens_per_minute = 600",
     "conc": "max_concurrent = 1",
     "both": "requests_per_minute = 60\nrequest_burst = 100\ntokens_per_minute = 6000\n"
     "token_burst = 10000",
     "open": "",
 }
 BODY = {"model": "sim-1", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+# 150 words and 10 completion tokens: each request reserves over 90 tokens (the sim says it
+# used over 160).
+BIG = {
+    "model": "sim-1",
+    "messages": [{"role": "user", "content": " ".join(["a"] * 150)}],
+    "max_tokens": 10,
+}
 TIMEOUT = aiohttp.ClientTimeout(total=10)
 
 
@@ -547,3 +559,86 @@ async def test_admissions_on_credit_never_claim_fewer_remain_than_are_admitted(
         if said[-1] != 0 or any(n < len(said) - 2 - i for i, n in enumerate(said[:-1]))
     ]
     assert not understated, (first, second)
+
+
+def _reserved(body: dict[str, Any]) -> int:
+    """The tokens the router reserves for `body` (a model it has no tokenizer for: estimated)."""
+    return count_request_tokens(json.dumps(body).encode(), encoding_for_model(body["model"])) + int(
+        body["max_tokens"]
+    )
+
+
+def _seconds(reset: str) -> float:
+    """An x-ratelimit-reset-* value (250ms, 1.5s, 6m0s) in seconds."""
+    if reset.endswith("ms"):
+        return float(reset[:-2]) / 1000
+    minutes, _, rest = reset.rpartition("m")
+    return float(minutes or 0) * 60 + float(rest.removesuffix("s") or 0)
+
+
+@pytest.mark.redis
+async def test_global_token_refusal_waits_out_the_debt(
+    sim: Proc, routers: list[Proc], tmp_path: Path, redis_proc: Proc
+) -> None:
+    # Two routers share a key of 600 tokens a minute whose global bucket is 600 tokens in debt
+    # (as credit can leave it, up to one burst). Each admits its first request on credit; the
+    # next one needs the debt paid and its own tokens: over a minute at 10/s. A 429 for tokens
+    # in global mode said 250 ms (the lease interval) whatever the wait.
+    reserved = _reserved(BIG)
+    text = _config(sim, _redis_limits(redis_proc))
+    pair = [_start(routers, tmp_path, text) for _ in range(2)]
+    admin = aioredis.Redis(port=redis_proc.port)
+    try:
+        seconds, micros = await admin.time()
+        key = hash_tagged("router:rl:", hash_key(key_of("tokens600"))[:16])
+        await admin.hset(key, mapping={"t": -600, "ts": seconds + micros / 1e6})
+    finally:
+        await admin.aclose()
+    began = time.monotonic()
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+        for router in pair:
+            assert (await _post(session, router, "tokens600", BIG))[0] == 200  # on credit
+        for router in pair:
+            # Refused with the interval until the router's first lease answer is in.
+            deadline = time.monotonic() + 20
+            while True:
+                status, headers, _ = await _post(session, router, "tokens600", BIG)
+                assert status == 429
+                if int(headers["retry-after-ms"]) > 250 or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.25)
+            retry_s = int(headers["retry-after-ms"]) / 1000
+            # The debt, refilled since, less this router's slice: what 160 tokens wait for.
+            lacking = reserved + 600 - int(headers["x-ratelimit-remaining-tokens"]) - 1
+            needed = lacking / 10 - (time.monotonic() - began)
+            assert retry_s >= needed - 1, (retry_s, needed, headers)
+            assert int(headers["Retry-After"]) == math.ceil(retry_s)
+            assert _seconds(headers["x-ratelimit-reset-tokens"]) >= retry_s - 0.5, headers
+
+
+@pytest.mark.redis
+async def test_client_obeying_global_token_waits_is_rarely_refused(
+    sim: Proc, routers: list[Proc], tmp_path: Path, redis_proc: Proc
+) -> None:
+    # Two routers share a key of 600 tokens a minute; a client sends requests of about 160
+    # tokens to each in turn for 12 s, waiting out every 429's retry-after-ms. The bucket admits
+    # a few at first and one every 16 s after: the waits said 250 ms each time, and the client
+    # was refused about 45 times.
+    text = _config(sim, _redis_limits(redis_proc))
+    pair = [_start(routers, tmp_path, text) for _ in range(2)]
+    statuses: list[int] = []
+    waits: list[int] = []
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+        end = time.monotonic() + 12
+        while time.monotonic() < end:
+            router = pair[len(statuses) % 2]
+            status, headers, _ = await _post(session, router, "tokens600", BIG)
+            statuses.append(status)
+            if status == 429:
+                waits.append(int(headers["retry-after-ms"]))
+                await asyncio.sleep(min(waits[-1] / 1000, max(0.0, end - time.monotonic())))
+    assert set(statuses) <= {200, 429}
+    admitted = statuses.count(200)
+    assert 2 <= admitted <= 6, statuses
+    assert len(waits) <= 2 * admitted + 4, (statuses, waits)
+    assert max(waits) > 2000, waits

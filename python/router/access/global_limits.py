@@ -48,7 +48,11 @@ UNLIMITED = 1 << 40
 # there. KEYS[1] the hash; ARGV: request capacity, requests/s, token capacity, tokens/s, owe
 # requests, owe tokens, back requests, back tokens, want requests, want tokens. A debt is
 # bounded by one bucket. Returns granted requests, granted tokens, remaining requests, remaining
-# tokens, ms until each bucket is full again, ms until one more request is there.
+# tokens, ms until each bucket is full again, ms until one more request is there, and the token
+# level (negative in debt: how long a request short of tokens waits depends on its size, so the
+# instance works it out). Every router sends its own script text with EVAL, and the hash's
+# fields and their meaning are unchanged, so routers of different versions may share the keys
+# (a rolling upgrade): each reads the answer of the script it sent.
 LEASE = """
 local rcap = tonumber(ARGV[1]); local rrate = tonumber(ARGV[2])
 local tcap = tonumber(ARGV[3]); local trate = tonumber(ARGV[4])
@@ -73,7 +77,7 @@ local wait = 0
 if r < 1 then wait = (1 - r) / rrate end
 redis.call('PEXPIRE', KEYS[1], math.ceil(math.max(rfull, tfull) * 1000) + 1000)
 return {gr, gt, math.floor(math.max(r, 0)), math.floor(math.max(k, 0)),
-        math.ceil(rfull * 1000), math.ceil(tfull * 1000), math.ceil(wait * 1000)}
+        math.ceil(rfull * 1000), math.ceil(tfull * 1000), math.ceil(wait * 1000), math.floor(k)}
 """
 
 
@@ -126,6 +130,8 @@ class Lease:
     reset_requests_s: float = 0.0
     reset_tokens_s: float = 0.0
     wait_s: float = 0.0
+    # The global token level at the last answer, debt included (negative).
+    level_tokens: int = 0
     # What was asked in the call in flight, to be settled with its answer.
     sent: tuple[int, int, int, int] = field(default=(0, 0, 0, 0))
 
@@ -247,7 +253,7 @@ class GlobalLeases:
         credit_left = 0 if lease.scarce else lease.credit
         remaining_r = held_r + max(lease.remaining_requests, credit_left)
         remaining_t = lease.remaining_tokens + held_t
-        if not lease.scarce and not lease.syncing and held_r < self._goal_requests(lease) / 2:
+        if not lease.scarce and not lease.syncing and self._low(lease, held_r, held_t):
             # Running low while the global bucket has plenty: top up now, not at the tick.
             self._kick.set()
         if allowed:
@@ -259,7 +265,7 @@ class GlobalLeases:
                 lease.reset_requests_s,
                 lease.reset_tokens_s,
             )
-        retry = max(lease.wait_s, self.interval_s)
+        retry = max(lease.wait_s, self.interval_s, self._token_wait(lease, tokens, held_t, now))
         # Refused: what this router can admit now is its own slice, whatever the global bucket
         # held at the last sync (other routers' slices, or what Redis keeps back).
         return (False, retry, held_r, held_t, lease.reset_requests_s, lease.reset_tokens_s)
@@ -274,6 +280,27 @@ class GlobalLeases:
         else:
             lease.owe_tokens -= reserved - used
 
+    def _low(self, lease: Lease, held_r: int, held_t: int) -> bool:
+        """Whether the slice is down to half its goal, in either dimension (a key limited on
+        tokens alone has no requests goal)."""
+        if held_r < self._goal_requests(lease) / 2:
+            return True
+        return lease.rates.tokens_limited and held_t < self._goal_tokens(lease) / 2
+
+    @staticmethod
+    def _token_wait(lease: Lease, tokens: int, held_t: int, now: float) -> float:
+        """Seconds until the global bucket holds what a refused request's `tokens` lack beyond
+        the slice: from its level at the last answer (debt included), refilled since. Other
+        instances' takes since that answer are not known here (at most a slice each)."""
+        rates = lease.rates
+        if not rates.tokens_limited:
+            return 0.0
+        level = min(
+            rates.token_capacity,
+            lease.level_tokens + max(0.0, now - lease.synced) * rates.tokens_per_s,
+        )
+        return max(0.0, tokens - held_t - level) / rates.tokens_per_s
+
     def _open(self, key: str, rates: Rates, now: float) -> Lease:
         # A tokens-only key: one request on credit, whatever it reserves.
         first = credit(self.policy, rates.request_capacity) if rates.requests_limited else 1
@@ -283,6 +310,8 @@ class GlobalLeases:
             # Limits changed: what was held goes back with the first call under the new ones.
             lease.owe_requests, lease.owe_tokens = old.owe_requests, old.owe_tokens
             lease.leased = True
+            # Until the first answer under them, waits count from the last level heard.
+            lease.level_tokens, lease.synced = old.level_tokens, old.synced
             self._reshape(key, rates)
         self.leases[key] = lease
         self._kick.set()
@@ -466,7 +495,7 @@ class GlobalLeases:
     def _apply(
         self, key: str, lease: Lease, plan: tuple[int, ...], raw: list[int], now: float
     ) -> None:
-        granted_r, granted_t, rem_r, rem_t, reset_r, reset_t, wait_ms = raw
+        granted_r, granted_t, rem_r, rem_t, reset_r, reset_t, wait_ms, level_t = raw
         if self.leases.get(key) is not lease:
             return  # reopened with new limits meanwhile; what was granted lapses
         if self.failing.pop(key, None) is not None:
@@ -487,6 +516,7 @@ class GlobalLeases:
         lease.remaining_requests, lease.remaining_tokens = rem_r, rem_t
         lease.reset_requests_s, lease.reset_tokens_s = reset_r / 1000, reset_t / 1000
         lease.wait_s = wait_ms / 1000
+        lease.level_tokens = level_t
         lease.synced = now
 
     async def _call(
