@@ -311,8 +311,12 @@ class StreamUsage:
                 self._keep(choice.text)
                 continue
             self._keep(d.content)
-            self._keep(d.reasoning_content)
-            self._keep(d.reasoning)
+            # One reasoning text, however many fields carry it: servers moving from
+            # `reasoning_content` to `reasoning` send both, and llama.cpp's deepseek-legacy
+            # format keeps the reasoning in `content` as well.
+            reasoning = d.reasoning_content or d.reasoning
+            if reasoning and not (d.content and reasoning in d.content):
+                self._keep(reasoning)
             self._keep(d.refusal)
             calls = [c.function for c in d.tool_calls or () if c.function is not None]
             if d.function_call is not None:

@@ -262,13 +262,15 @@ async def relay_stream(
                     if on_id is not None and isinstance(state, EventState) and state.response_id:
                         on_id(state.response_id)
                         on_id = None
+                    if stripped and meter is not None:
+                        # Before the write: the usage the region reported counts if the client
+                        # leaves during it.
+                        meter.feed(b"".join(stripped))
                     if data:
                         if plain:
                             await resp.write(data)  # no one else reads the bytes: no detour
                         else:
                             await send(data)
-                    if stripped and meter is not None:
-                        meter.feed(b"".join(stripped))
                     if state.error is not None:
                         break  # the region's error event: its stream ends there
                     idle.waiting()
@@ -283,10 +285,10 @@ async def relay_stream(
                 # The region's last event, only its blank line missing (`data: [DONE]\n`).
                 stripped = [] if strip_usage else None
                 data = passable(splitter.end(), state, strip_usage, stripped)
-                if data:
-                    await send(data if scrub is None else scrub(data))
                 if stripped and meter is not None:
                     meter.feed(b"".join(stripped))
+                if data:
+                    await send(data if scrub is None else scrub(data))
             # A finished stream is complete whatever unended bytes follow (a stray newline).
             if not state.complete:
                 cut = splitter.pending and state.error is None

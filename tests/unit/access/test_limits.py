@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import msgspec
 import pytest
 from aiohttp import web
 
@@ -185,6 +186,23 @@ def test_a_stream_s_reasoning_and_tool_calls_are_counted_too(event: bytes) -> No
     meter = StreamUsage(prompt_tokens=2, encoding="cl100k_base")
     meter.feed(b"data: " + event + b"\n\n")
     assert meter.used() == 2 + count_tokens("one two three ", "cl100k_base")
+
+
+@pytest.mark.parametrize(
+    "delta",
+    [
+        # Servers moving from `reasoning_content` to `reasoning` send both.
+        b'{"reasoning_content":"one two three ","reasoning":"one two three "}',
+        # llama.cpp's deepseek-legacy format: the reasoning in `content` too.
+        b'{"content":"<think>one two three </think>","reasoning_content":"one two three "}',
+    ],
+    ids=["both-fields", "deepseek-legacy"],
+)
+def test_one_reasoning_text_is_counted_once(delta: bytes) -> None:
+    meter = StreamUsage(prompt_tokens=2, encoding="cl100k_base")
+    meter.feed(b'data: {"choices":[{"index":0,"delta":' + delta + b"}]}\n\n")
+    content = msgspec.json.decode(delta).get("content") or "one two three "
+    assert meter.used() == 2 + count_tokens(content, "cl100k_base")
 
 
 def test_reported_usage_wins_over_counting() -> None:

@@ -186,6 +186,17 @@ def test_a_second_copy_of_a_field_the_router_acts_on_is_refused() -> None:
     assert parse_body(CHAT, nested).model == "a"
 
 
+def test_a_field_the_cache_reads_next_to_a_huge_number_is_no_duplicate() -> None:
+    # A second `"metadata":` anywhere sends the body to the exact check (json.loads), whose
+    # int() refuses past 4,300 digits what msgspec took: that is no reason to refuse it.
+    schema = b'{"type":"object","properties":{"metadata":{"maximum":' + b"9" * 4400 + b"}}}"
+    body = (
+        b'{"model":"a","messages":[{"role":"user","content":"x"}],"metadata":{"k":"v"},'
+        b'"tools":[{"type":"function","function":{"name":"f","parameters":' + schema + b"}}]}"
+    )
+    assert parse_body(CHAT, body).model == "a"
+
+
 @pytest.mark.parametrize(
     ("name", "value"),
     [("service_tier", b'"flex"'), ("web_search_options", b"{}"), ("samplers", b'["temp"]')],
