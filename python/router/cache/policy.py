@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import msgspec
 
 from router.core.sampling import sampled_anyway
+from router.core.stream import payload_of
 from router.net import sse
 
 if TYPE_CHECKING:
@@ -361,14 +362,8 @@ class StreamRecorder:
         self._tail = events.pop() if cut else b""
         if self._failed:
             return events
-        lf_only = b"\r" not in data
         for event in events:
-            # The usual event, one `data:` line: its payload sliced, not parsed.
-            if lf_only and event.startswith(b"data:") and event.find(b"\n") == len(event) - 2:
-                value = event[5:-2]
-                self._add(event, value[1:] if value.startswith(b" ") else value)
-            else:
-                self._add(event, sse.data_of(event))
+            self._add(event, payload_of(event))
         return events
 
     def close(self) -> list[bytes]:
@@ -378,7 +373,7 @@ class StreamRecorder:
         if not tail or not sse.whole_event(tail):
             self._tail = tail  # cut inside an event: never complete
             return []
-        self._add(tail, sse.data_of(tail))
+        self._add(tail, payload_of(tail))
         return [tail]
 
     def _add(self, event: bytes, payload: bytes | None) -> None:
