@@ -189,11 +189,8 @@ async def _run(
     try:
         async with asyncio.timeout(wait_s):
             await slots.acquire()
-    except BaseException as exc:
-        # Never made: nothing was sent.
-        if isinstance(exc, TimeoutError):
-            raise MaxConnectionsError("No connection available.") from None
-        raise
+    except TimeoutError:
+        raise MaxConnectionsError("No connection available.") from None  # nothing was sent
     try:
         return await make()
     finally:
