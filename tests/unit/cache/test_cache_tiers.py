@@ -7,16 +7,25 @@ import contextlib
 import hashlib
 import json
 
+import msgspec
 import pytest
 
 from router.cache.coalescing import Flight, FlightFailed
 from router.cache.policy import CacheControl, Entry, Level, Rule, XCache, decide
 from router.cache.redis_tier import RedisTier, redis_key
-from router.cache.serving import Tap, _forwarded, answer_shape, fields_of, knobs, native_key_fn
+from router.cache.serving import (
+    Tap,
+    _forwarded,
+    _Knobs,
+    answer_shape,
+    fields_of,
+    knobs,
+    native_key_fn,
+)
 from router.cache.tiers import ResponseCache
 from router.config import CacheConfig, CacheModelConfig
 from router.core.context import RequestContext
-from router.core.request import CHAT, MESSAGES, RESPONSES, parse_body
+from router.core.request import _ACTED, CHAT, MESSAGES, RESPONSES, parse_body
 from router.net import sse
 
 
@@ -120,6 +129,14 @@ def test_rules_are_memoized_but_bounded() -> None:
     for i in range(5000):
         cache.rule(f"model-{i}")
     assert len(cache._rules) <= 4097
+
+
+def test_every_field_the_cache_reads_may_appear_once_only() -> None:
+    # The cache reads the last copy of a field; a region may read the first: request parsing
+    # refuses a second top-level copy of each (core.request._ACTED), this list included.
+    names = {f.encode_name for f in msgspec.structs.fields(_Knobs)}
+    assert "service_tier" in names
+    assert names <= set(_ACTED)
 
 
 @pytest.mark.parametrize(
